@@ -1,0 +1,17 @@
+"""The wire between the sandbox and the host: errors, the JSON codec, op and result types.
+
+`bridge` imports no other qjsflow package; everything else may import it.
+"""
+
+from bridge.codec import dumps, dumps_text, loads
+from bridge.errors import CodecError, InvalidInput, QjsflowError, ToolchainError
+
+__all__ = [
+    "CodecError",
+    "InvalidInput",
+    "QjsflowError",
+    "ToolchainError",
+    "dumps",
+    "dumps_text",
+    "loads",
+]

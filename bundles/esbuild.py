@@ -1,0 +1,131 @@
+"""The pinned esbuild: where it lives, how it is installed, and how a build is run.
+
+esbuild comes from the npm registry into `<project>/.esbuild` (or `$QJSFLOW_ESBUILD_DIR`),
+installed by `python -m bundles install-esbuild`, which the project's set-up calls. A build runs
+`driver.mjs` under node in a fresh session, with an empty environment, a wall-clock timeout and
+an address-space limit, so a hostile tree can neither hang the publisher nor exhaust its memory.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import resource
+import shutil
+import signal
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from bridge import ToolchainError, dumps, loads
+
+__all__ = ["ESBUILD_VERSION", "BuildLimits", "Toolchain", "find_toolchain", "install", "run_driver"]
+
+ESBUILD_VERSION = "0.28.2"
+_DRIVER = Path(__file__).with_name("driver.mjs")
+_INSTALL_HINT = "run `make setup` (or `python -m bundles install-esbuild`) to install it"
+
+
+@dataclass(frozen=True, slots=True)
+class BuildLimits:
+    """Bounds on one esbuild run over a whole snapshot."""
+
+    timeout_s: float = 30.0
+    address_space_bytes: int = 2 * 1024 * 1024 * 1024
+    max_output_bytes: int = 32 * 1024 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class Toolchain:
+    node: str
+    esbuild_package: Path  # the esbuild npm package folder (holds lib/main.js)
+
+
+def install_dir() -> Path:
+    override = os.environ.get("QJSFLOW_ESBUILD_DIR")
+    return Path(override) if override else Path(__file__).resolve().parent.parent / ".esbuild"
+
+
+def find_toolchain() -> Toolchain:
+    """node and the pinned esbuild package, or a ToolchainError saying how to get them."""
+    node = shutil.which("node")
+    if node is None:
+        raise ToolchainError(f"node is not installed; {_INSTALL_HINT}")
+    package = install_dir() / "node_modules" / "esbuild"
+    try:
+        manifest = loads((package / "package.json").read_bytes())
+    except OSError:
+        raise ToolchainError(
+            f"esbuild {ESBUILD_VERSION} is not installed; {_INSTALL_HINT}"
+        ) from None
+    version = manifest.get("version") if isinstance(manifest, dict) else None
+    if version != ESBUILD_VERSION:
+        raise ToolchainError(
+            f"esbuild {version} is installed but qjsflow pins {ESBUILD_VERSION}; {_INSTALL_HINT}"
+        )
+    return Toolchain(node=node, esbuild_package=package)
+
+
+def install() -> Path:
+    """Install the pinned esbuild from the npm registry, unless it is already there."""
+    with contextlib.suppress(ToolchainError):
+        find_toolchain()
+        return install_dir()
+    target = install_dir()
+    target.mkdir(parents=True, exist_ok=True)
+    npm = shutil.which("npm")
+    if npm is None:
+        raise ToolchainError("npm is not installed; install Node.js and npm first")
+    subprocess.run(
+        [
+            npm, "install", "--no-save", "--no-package-lock", "--no-audit", "--no-fund",
+            "--loglevel=error", "--prefix", str(target), f"esbuild@{ESBUILD_VERSION}",
+        ],
+        check=True,
+    )  # fmt: skip
+    find_toolchain()
+    return target
+
+
+async def run_driver(request: dict[str, Any], limits: BuildLimits) -> Any:
+    """Run driver.mjs on `request` and return its decoded answer; bounded in time and memory."""
+    toolchain = find_toolchain()
+    payload = dumps({**request, "esbuild": str(toolchain.esbuild_package)})
+    process = await asyncio.create_subprocess_exec(
+        toolchain.node,
+        "--max-old-space-size=512",
+        str(_DRIVER),
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        cwd=request["root"],
+        env={},
+        start_new_session=True,
+        preexec_fn=lambda: _limit_memory(limits.address_space_bytes),
+    )
+    try:
+        stdout, stderr = await asyncio.wait_for(
+            process.communicate(payload), timeout=limits.timeout_s
+        )
+    except TimeoutError:
+        _kill_group(process.pid)
+        await process.wait()
+        return {"errors": [{"text": f"bundling took longer than {limits.timeout_s:g} s"}]}
+    finally:
+        _kill_group(process.pid)  # esbuild's own service process must not outlive the build
+    if process.returncode != 0:
+        # stderr is not shown: it could echo text the bundler read while it failed.
+        del stderr
+        return {"errors": [{"text": f"the bundler stopped with exit status {process.returncode}"}]}
+    return loads(stdout, max_bytes=limits.max_output_bytes)
+
+
+def _limit_memory(limit_bytes: int) -> None:
+    resource.setrlimit(resource.RLIMIT_AS, (limit_bytes, limit_bytes))
+
+
+def _kill_group(pid: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, signal.SIGKILL)

@@ -1,0 +1,38 @@
+// The virtual module "qjsflow". The error classes are defined here, in the bundle itself, so a
+// snapshot never depends on the version of the runtime that drives it; the runtime recognises
+// them by `name`. `db` delegates at call time to the runtime installed by the sandbox.
+export class FatalError extends Error {
+  constructor(message, options) {
+    super(message, options);
+    this.name = "FatalError";
+  }
+}
+export class NonRetryableError extends FatalError {
+  constructor(message, options) {
+    super(message, options);
+    this.name = "NonRetryableError";
+  }
+}
+export class RetryableError extends Error {
+  constructor(message, options) {
+    super(message, options);
+    this.name = "RetryableError";
+    this.retryAfter = options && options.retryAfter !== undefined ? options.retryAfter : undefined;
+  }
+}
+export class WorkflowEntrypoint {
+  constructor(ctx, env) {
+    this.ctx = ctx;
+    this.env = env;
+  }
+}
+function runtime() {
+  const installed = globalThis.__qjsflow;
+  if (!installed) throw new Error("qjsflow: the workflow runtime is not installed here");
+  return installed;
+}
+export const db = Object.freeze({
+  sql(sql, params) {
+    return runtime().db.sql(sql, params);
+  },
+});

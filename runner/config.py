@@ -1,0 +1,23 @@
+"""Runner configuration and the injectable clock."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from bundles import BuildLimits, TreeLimits
+
+__all__ = ["RunnerConfig", "system_clock"]
+
+
+def system_clock() -> float:
+    """Seconds since the epoch; tests inject their own clock instead."""
+    return time.time()
+
+
+@dataclass(frozen=True, slots=True)
+class RunnerConfig:
+    tree_limits: TreeLimits = field(default_factory=TreeLimits)
+    build_limits: BuildLimits = field(default_factory=BuildLimits)
+    clock: Callable[[], float] = system_clock

@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Everything qjsflow needs on a fresh machine, idempotent: Node.js and npm (for esbuild), a
+# virtualenv with the package and its dev tools, and the pinned esbuild in .esbuild/.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+if ! command -v node >/dev/null || ! command -v npm >/dev/null; then
+  echo "setup: installing Node.js and npm from Debian's packages"
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nodejs npm >/dev/null
+fi
+
+python=${PYTHON:-python3.11}
+command -v "$python" >/dev/null || python=python3
+if [ ! -x .venv/bin/python ]; then
+  echo "setup: creating .venv"
+  "$python" -m venv .venv
+fi
+
+# Reinstall only when pyproject.toml changed since the last install.
+stamp=.venv/.qjsflow-installed
+if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
+  echo "setup: installing qjsflow and its dev tools into .venv"
+  .venv/bin/python -m pip install -q --disable-pip-version-check -e '.[dev]'
+  touch "$stamp"
+fi
+
+.venv/bin/python -m bundles install-esbuild >/dev/null

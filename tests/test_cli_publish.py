@@ -1,0 +1,54 @@
+"""`qjsflow publish` through a real subprocess."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import orjson
+
+from tests.conftest import FIXTURES
+
+
+def _qjsflow(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "runner.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+def test_publish_json_is_one_document(tmp_path: Path) -> None:
+    db = str(tmp_path / "j.db")
+    done = _qjsflow("--db", db, "--json", "publish", str(FIXTURES), "--scope", "acme")
+    assert done.returncode == 0, done.stderr
+    document = orjson.loads(done.stdout)
+    assert len(document["snapshot_id"]) == 64
+    assert {w["workflow"] for w in document["workflows"]} == {
+        "order-approval",
+        "crm-sync",
+        "daily-digest",
+    }
+    again = _qjsflow("--db", db, "--json", "publish", str(FIXTURES), "--scope", "acme")
+    assert orjson.loads(again.stdout) == {**document, "created": False}
+
+
+def test_refused_tree_exits_2_with_one_line(tmp_path: Path) -> None:
+    tree = tmp_path / "tree" / "workflows"
+    tree.mkdir(parents=True)
+    (tree / "bad.ts").write_text('import "/etc/passwd";\nexport default 1;\n')
+    done = _qjsflow("--db", str(tmp_path / "j.db"), "publish", str(tree.parent), "--scope", "a")
+    assert done.returncode == 2
+    assert done.stdout == ""
+    assert done.stderr.count("\n") == 1
+    assert "imports a file outside the snapshot: /etc/passwd" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_bad_scope_exits_2(tmp_path: Path) -> None:
+    done = _qjsflow("--db", str(tmp_path / "j.db"), "publish", str(FIXTURES), "--scope", "../b")
+    assert done.returncode == 2
+    assert "invalid scope '../b'" in done.stderr

@@ -1,0 +1,38 @@
+"""The one JSON codec: strict, bounded."""
+
+from __future__ import annotations
+
+import pytest
+
+from bridge import CodecError, dumps, loads
+
+
+def test_round_trip() -> None:
+    value = {"a": [1, 2.5, "é", None, True], "b": {"c": []}}
+    assert loads(dumps(value)) == value
+
+
+@pytest.mark.parametrize("text", ["NaN", "[Infinity]", "{'a': 1}", "[1,]", ""])
+def test_non_standard_json_is_refused(text: str) -> None:
+    with pytest.raises(CodecError, match="malformed JSON"):
+        loads(text)
+
+
+def test_size_limit() -> None:
+    with pytest.raises(CodecError, match="exceeds the limit of 10 bytes"):
+        loads("[" + "1," * 10 + "1]", max_bytes=10)
+
+
+def test_depth_limit() -> None:
+    assert loads("[" * 5 + "]" * 5, max_depth=5) == [[[[[]]]]]
+    with pytest.raises(CodecError, match="deeper than the limit of 4"):
+        loads("[" * 5 + "]" * 5, max_depth=4)
+    with pytest.raises(CodecError, match="deeper"):
+        loads('{"a":' * 200 + "1" + "}" * 200)
+
+
+def test_unencodable_values_are_refused() -> None:
+    with pytest.raises(CodecError, match="cannot encode"):
+        dumps({"big": 2**70})
+    with pytest.raises(CodecError, match="cannot encode"):
+        dumps(object())

@@ -1,0 +1,73 @@
+"""The shape of the code base: import direction, public names, where SQL lives."""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import re
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import PROJECT_ROOT
+
+PACKAGES = ("bridge", "bundles", "sandbox", "runner")
+# DESIGN §2: runner -> sandbox -> bridge, runner -> bundles, runner -> bridge; bundles uses the
+# bridge's codec and error root; bridge imports no other project package.
+ALLOWED = {
+    "bridge": set(),
+    "bundles": {"bridge"},
+    "sandbox": {"bridge"},
+    "runner": {"bridge", "bundles", "sandbox"},
+}
+SQL = re.compile(r"\b(SELECT\s+\S|INSERT\s+INTO|CREATE\s+TABLE|UPDATE\s+\w+\s+SET|DELETE\s+FROM)")
+
+
+def _modules(package: str) -> list[Path]:
+    return sorted((PROJECT_ROOT / package).rglob("*.py"))
+
+
+def _project_imports(path: Path) -> set[str]:
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names = [node.module]
+        else:
+            continue
+        found.update(name.split(".")[0] for name in names if name.split(".")[0] in PACKAGES)
+    return found
+
+
+@pytest.mark.parametrize("package", PACKAGES)
+def test_imports_flow_one_way(package: str) -> None:
+    assert _modules(package), f"{package}/ holds no modules"
+    for path in _modules(package):
+        wrong = _project_imports(path) - ALLOWED[package] - {package}
+        assert not wrong, f"{path.relative_to(PROJECT_ROOT)} imports {sorted(wrong)}"
+
+
+def test_the_import_check_sees_a_reverse_import(tmp_path: Path) -> None:
+    reverse = tmp_path / "reverse.py"
+    reverse.write_text("from runner.store import JournalStore\nimport bundles.tree\n")
+    assert _project_imports(reverse) == {"runner", "bundles"}
+
+
+@pytest.mark.parametrize("package", PACKAGES)
+def test_public_names_exist(package: str) -> None:
+    module = importlib.import_module(package)
+    for name in module.__all__:
+        assert hasattr(module, name), f"{package}.__all__ names missing {name}"
+
+
+def test_sql_lives_only_in_the_store() -> None:
+    store = PROJECT_ROOT / "runner" / "store"
+    offenders = [
+        str(path.relative_to(PROJECT_ROOT))
+        for package in PACKAGES
+        for path in _modules(package)
+        if store not in path.parents and SQL.search(path.read_text())
+    ]
+    assert offenders == []
+    assert any(SQL.search(path.read_text()) for path in store.rglob("*.py"))

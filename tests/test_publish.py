@@ -1,0 +1,131 @@
+"""Publishing real trees with the real esbuild into a real journal file."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+import quickjs
+
+from bundles import BundleError, SourceTreeError
+from runner import InvalidScope, Runner
+from tests.conftest import FIXTURES
+
+FUNCTION_STYLE = """
+import { helper } from "../lib/x";
+export default async function run(event: { payload: number }, step: unknown) {
+  return helper(event.payload);
+}
+"""
+
+
+def _copy_fixtures(tmp_path: Path) -> Path:
+    target = tmp_path / "tree"
+    shutil.copytree(FIXTURES, target)
+    return target
+
+
+def _evaluate(code: str, expression: str) -> object:
+    context = quickjs.Context()
+    context.eval(code)
+    return context.eval(expression)
+
+
+async def test_same_tree_twice_is_one_snapshot_and_stores_nothing_new(
+    runner: Runner, tmp_path: Path
+) -> None:
+    tree = _copy_fixtures(tmp_path)
+    first = await runner.publish("acme", tree)
+    counts = await runner.store.table_counts()
+    second = await runner.publish("acme", tree)
+    assert first.created
+    assert not second.created
+    assert second.snapshot_id == first.snapshot_id
+    assert await runner.store.table_counts() == counts
+    assert counts["bundles"] == len(first.workflows) == 3
+
+
+async def test_one_changed_byte_gives_a_new_snapshot(runner: Runner, tmp_path: Path) -> None:
+    tree = _copy_fixtures(tmp_path)
+    first = await runner.publish("acme", tree)
+    lib = tree / "lib" / "format.ts"
+    lib.write_bytes(lib.read_bytes().replace(b"toFixed(2)", b"toFixed(3)"))
+    second = await runner.publish("acme", tree)
+    assert second.created
+    assert second.snapshot_id != first.snapshot_id
+
+
+async def test_workflows_are_found_by_stem(runner: Runner) -> None:
+    result = await runner.publish("acme", FIXTURES)
+    assert {(w.workflow, w.entry_path) for w in result.workflows} == {
+        ("order-approval", "workflows/order-approval.ts"),
+        ("crm-sync", "workflows/crm-sync.js"),
+        ("daily-digest", "workflows/daily-digest.ts"),
+    }
+
+
+async def test_ts_entry_importing_across_folders_evaluates_in_quickjs(runner: Runner) -> None:
+    result = await runner.publish(
+        "acme",
+        {
+            "workflows/double.ts": FUNCTION_STYLE,
+            "lib/x.ts": "export const helper = (n: number): number => n * 2;\n",
+        },
+    )
+    bundle = await runner.store.load_bundle("acme", result.snapshot_id, "double")
+    assert bundle is not None
+    assert bundle.entry_path == "workflows/double.ts"
+    assert _evaluate(bundle.code, "typeof __qjsflow_module.default") == "function"
+    assert _evaluate(bundle.code, "__qjsflow_module.default({payload: 21}).constructor.name") == (
+        "Promise"
+    )
+
+
+async def test_class_style_entry_extends_the_shim_entrypoint(runner: Runner) -> None:
+    result = await runner.publish("acme", FIXTURES)
+    bundle = await runner.store.load_bundle("acme", result.snapshot_id, "crm-sync")
+    assert bundle is not None
+    probe = "Object.getPrototypeOf(__qjsflow_module.CrmSync).name"
+    assert _evaluate(bundle.code, probe) == "WorkflowEntrypoint"
+
+
+async def test_explicit_entries_replace_the_default(runner: Runner) -> None:
+    result = await runner.publish(
+        "acme",
+        {"flows/one.js": "export default async () => 1;\n", "README.md": "notes\n"},
+        entries=["flows/one.js"],
+    )
+    assert [(w.workflow, w.entry_path) for w in result.workflows] == [("one", "flows/one.js")]
+
+
+async def test_syntax_error_names_file_line_and_column(runner: Runner) -> None:
+    counts = await runner.store.table_counts()
+    source = "export default async function run() {\n  const x = ;\n}\n"
+    with pytest.raises(BundleError) as caught:
+        await runner.publish("acme", {"workflows/broken.ts": source})
+    assert 'workflows/broken.ts:2:12: Unexpected ";"' in str(caught.value)
+    assert await runner.store.table_counts() == counts
+
+
+async def test_snapshots_belong_to_their_scope(runner: Runner) -> None:
+    result = await runner.publish("acme", FIXTURES)
+    assert await runner.store.find_snapshot("acme", result.snapshot_id) is not None
+    assert await runner.store.find_snapshot("other", result.snapshot_id) is None
+    assert await runner.store.load_bundle("other", result.snapshot_id, "crm-sync") is None
+
+
+@pytest.mark.parametrize("scope", ["", "A", "../b", "a/../../j", "x" * 65, "-a"])
+async def test_invalid_scopes_are_refused(runner: Runner, scope: str) -> None:
+    with pytest.raises(InvalidScope, match="invalid scope"):
+        await runner.publish(scope, FIXTURES)
+
+
+async def test_a_tree_without_workflows_is_refused(runner: Runner) -> None:
+    with pytest.raises(SourceTreeError, match=r"workflows/: holds no \.ts or \.js file"):
+        await runner.publish("acme", {"lib/x.ts": "export const x = 1;\n"})
+
+
+async def test_two_entries_with_one_name_are_refused(runner: Runner) -> None:
+    with pytest.raises(SourceTreeError, match="gives the workflow name 'a'"):
+        await runner.publish("acme", {"workflows/a.ts": "", "workflows/a.js": ""})
