@@ -1,6 +1,8 @@
 """QuickJS executors: load a bundle, install the step API, drive one replay against the bridge.
 
-The sandbox knows nothing of SQLite; it imports only `bridge`.
+The sandbox knows nothing of SQLite; it imports only `bridge`. See `docs/ARCHITECTURE.md`.
 """
 
-__all__: list[str] = []
+from sandbox.pool import ExecutorPool, Host, PoolConfig
+
+__all__ = ["ExecutorPool", "Host", "PoolConfig"]

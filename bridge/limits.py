@@ -1,0 +1,31 @@
+"""The per-run limits of DESIGN §5, in one frozen dataclass shared by host and sandbox."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+__all__ = ["Limits"]
+
+MiB = 1024 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """Every limit fails the run with an error naming it; the host and other runs carry on."""
+
+    memory_bytes: int = 64 * MiB
+    compute_per_drive_s: float = 5.0
+    compute_per_run_s: float = 30.0
+    stack_bytes: int = 1 * MiB
+    value_bytes: int = 1 * MiB  # a step result, tool args or result, event payload, run output
+    value_depth: int = 64
+    steps_per_run: int = 10_000
+    step_name_chars: int = 256
+    notify_per_drive: int = 100
+    ops_per_drive: int = 20_000
+    jobs_per_drive: int = 5_000_000
+    log_bytes_per_drive: int = 256 * 1024
+
+    def to_wire(self) -> dict[str, Any]:
+        return asdict(self)

@@ -1,0 +1,228 @@
+"""Wire types of the bridge (DESIGN §4): ops out of the sandbox, answers into it, outcomes.
+
+Journal values travel as `Encoded` text: the tagged JSON produced by the prelude's encoder (ASCII
+only), stored and passed back verbatim. Python never re-encodes an author's value.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from bridge.limits import Limits
+
+__all__ = [
+    "Answer",
+    "Completed",
+    "DbSql",
+    "DriveOutcome",
+    "DriveRequest",
+    "Encoded",
+    "Failed",
+    "JournalEntry",
+    "Log",
+    "Op",
+    "OpEnvelope",
+    "Result",
+    "RetryPolicy",
+    "StepCheck",
+    "StepFailure",
+    "StepNotify",
+    "StepRecord",
+    "StepSleep",
+    "StepTool",
+    "StepWaitForEvent",
+    "Suspend",
+    "SuspendKind",
+    "Suspended",
+    "Value",
+]
+
+Encoded = str
+SuspendKind = Literal["sleep", "event", "retry"]
+
+
+@dataclass(frozen=True, slots=True)
+class RetryPolicy:
+    """A step's normalized config: total attempts are `limit + 1`."""
+
+    limit: int
+    delay_ms: int
+    backoff: Literal["constant", "linear", "exponential"]
+    timeout_ms: int
+
+    def delay_after(self, attempt: int) -> int:
+        """Backoff after failed attempt `attempt` (1-based)."""
+        if self.backoff == "constant":
+            return self.delay_ms
+        if self.backoff == "linear":
+            return self.delay_ms * attempt
+        return self.delay_ms * (1 << (attempt - 1))
+
+
+@dataclass(frozen=True, slots=True)
+class StepFailure:
+    """An error thrown by a step body, or the final error a step rejects with."""
+
+    name: str
+    message: str
+    retryable: bool = True
+    retry_after_ms: int | None = None
+
+
+# -- ops (sandbox -> host) ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class StepCheck:
+    step: str
+    kind: Literal["do"]
+    count: int
+    config: RetryPolicy
+
+
+@dataclass(frozen=True, slots=True)
+class StepRecord:
+    step: str
+    count: int
+    attempt: int
+    value: Encoded | None
+    error: StepFailure | None
+
+
+@dataclass(frozen=True, slots=True)
+class StepTool:
+    step: str
+    count: int
+    address: str
+    args: Encoded
+    config: RetryPolicy
+
+
+@dataclass(frozen=True, slots=True)
+class StepSleep:
+    step: str
+    count: int
+    ms: int | None
+    until_ms: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class StepWaitForEvent:
+    step: str
+    count: int
+    type: str
+    timeout_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class StepNotify:
+    count: int
+    title: str
+    body: str | None
+    link: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class DbSql:
+    count: int
+    sql: str
+    params: Encoded
+
+
+@dataclass(frozen=True, slots=True)
+class Log:
+    """Console output; `count` numbers it within the run, so replays never repeat it."""
+
+    level: Literal["log", "info", "warn", "error"]
+    text: str
+    count: int
+
+
+Op = StepCheck | StepRecord | StepTool | StepSleep | StepWaitForEvent | StepNotify | DbSql | Log
+
+
+@dataclass(frozen=True, slots=True)
+class OpEnvelope:
+    id: int
+    op: Op
+
+
+# -- answers (host -> sandbox) -----------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Value:
+    """`value` is plain JSON; journal values inside it are `Encoded` strings."""
+
+    value: object = None
+
+
+@dataclass(frozen=True, slots=True)
+class Suspend:
+    kind: SuspendKind
+    event: str | None = None  # the awaited event type, for kind "event"
+    wake_at_ms: int | None = None  # when a sleep or a retry is due, if known
+
+
+Result = Value | Suspend | StepFailure
+
+
+@dataclass(frozen=True, slots=True)
+class Answer:
+    """The answer to op `id`. `at_ms` is the time of the journal event it reflects; the sandbox's
+    logical clock moves to it when the answer settles a step (DESIGN §5, determinism)."""
+
+    id: int
+    result: Result
+    at_ms: int | None = None
+
+
+# -- drives ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class JournalEntry:
+    """A settled step as replay sees it: `key` is `kind:count:name`."""
+
+    key: str
+    value: Encoded | None
+    error: StepFailure | None
+    at_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class DriveRequest:
+    run_id: str
+    workflow: str
+    bundle: str
+    input: Encoded
+    created_at_ms: int
+    journal: tuple[JournalEntry, ...] = ()
+    env: Encoded = "{}"
+    limits: Limits = field(default_factory=Limits)
+    cpu_used_s: float = 0.0  # the run's cumulative compute before this drive
+    logs_seen: int = 0  # console lines of this run already stored
+
+
+@dataclass(frozen=True, slots=True)
+class Completed:
+    output: Encoded
+    cpu_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class Suspended:
+    markers: tuple[Suspend, ...]
+    cpu_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class Failed:
+    retryable: bool
+    message: str
+    cpu_s: float
+    retry_after_ms: int | None = None
+
+
+DriveOutcome = Completed | Suspended | Failed

@@ -1,0 +1,311 @@
+"""Validation and conversion between the JSON frames of the bridge and its typed values.
+
+Everything that comes out of the sandbox is untrusted: `parse_op` and `parse_outcome` check
+shape, types and sizes and raise `ProtocolError` naming the problem; nothing unchecked reaches
+the host.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import asdict
+from typing import Any, Literal, cast
+
+from bridge.codec import loads
+from bridge.errors import CodecError, QjsflowError
+from bridge.limits import Limits
+from bridge.types import (
+    Answer,
+    Completed,
+    DbSql,
+    DriveOutcome,
+    DriveRequest,
+    Failed,
+    Log,
+    Op,
+    OpEnvelope,
+    RetryPolicy,
+    StepCheck,
+    StepFailure,
+    StepNotify,
+    StepRecord,
+    StepSleep,
+    StepTool,
+    StepWaitForEvent,
+    Suspend,
+    Suspended,
+    Value,
+)
+
+__all__ = [
+    "ProtocolError",
+    "answer_to_wire",
+    "parse_op",
+    "parse_outcome",
+    "request_to_wire",
+]
+
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+_MAX_MS = 2**53 - 1
+_MAX_TEXT = 4096
+_MAX_SQL = 100_000
+
+
+class ProtocolError(QjsflowError):
+    """A frame from the sandbox broke the protocol; the drive fails with this message."""
+
+
+def parse_op(raw: object, limits: Limits) -> OpEnvelope:
+    """One `{id, op}` message from the sandbox, validated."""
+    message = _object(raw, "message")
+    op_id = _int(message, "id", 0, 2**31)
+    body = _object(message.get("op"), "op")
+    kind = body.get("op")
+    parser = _PARSERS.get(kind) if isinstance(kind, str) else None
+    if parser is None:
+        raise ProtocolError(f"unknown op {str(kind)[:40]!r}")
+    try:
+        return OpEnvelope(op_id, parser(body, limits))
+    except ProtocolError as error:
+        raise ProtocolError(f"malformed {kind} op: {error}") from None
+
+
+def parse_outcome(raw: object, limits: Limits, cpu_s: float) -> DriveOutcome:
+    """A drive's outcome from the sandbox; `cpu_s` is the compute the parent measured."""
+    outcome = _object(raw, "outcome")
+    status = outcome.get("status")
+    if status == "completed":
+        return Completed(_encoded(outcome, "output", limits), cpu_s)
+    if status == "suspended":
+        markers = outcome.get("markers")
+        if not isinstance(markers, list) or not markers or len(markers) > limits.ops_per_drive:
+            raise ProtocolError("a suspended outcome needs a non-empty list of markers")
+        return Suspended(tuple(_suspend(_object(m, "marker")) for m in markers), cpu_s)
+    if status == "failed":
+        return Failed(
+            retryable=_bool(outcome, "retryable"),
+            message=_text(outcome, "message", _MAX_TEXT, allow_control=True),
+            cpu_s=cpu_s,
+            retry_after_ms=_optional_ms(outcome, "retryAfterMs"),
+        )
+    raise ProtocolError(f"unknown outcome status {str(status)[:40]!r}")
+
+
+def answer_to_wire(answer: Answer) -> dict[str, Any]:
+    result = answer.result
+    wire: dict[str, Any]
+    if isinstance(result, Value):
+        wire = {"value": result.value}
+    elif isinstance(result, Suspend):
+        wire = {"suspend": result.kind, "event": result.event}
+    else:
+        wire = {"error": _failure_to_wire(result)}
+    return {"id": answer.id, "result": wire, "at": answer.at_ms}
+
+
+def request_to_wire(request: DriveRequest) -> dict[str, Any]:
+    return {
+        "runId": request.run_id,
+        "workflow": request.workflow,
+        "input": request.input,
+        "createdAtMs": request.created_at_ms,
+        "env": request.env,
+        "journal": [
+            {
+                "key": entry.key,
+                "value": entry.value,
+                "error": None if entry.error is None else _failure_to_wire(entry.error),
+                "at": entry.at_ms,
+            }
+            for entry in request.journal
+        ],
+        "limits": asdict(request.limits),
+        "cpuUsedS": request.cpu_used_s,
+        "logsSeen": request.logs_seen,
+    }
+
+
+def _failure_to_wire(failure: StepFailure) -> dict[str, Any]:
+    return {
+        "name": failure.name,
+        "message": failure.message,
+        "retryable": failure.retryable,
+        "retryAfterMs": failure.retry_after_ms,
+    }
+
+
+# -- op parsers --------------------------------------------------------------------------------
+
+
+def _step(body: dict[str, Any], limits: Limits) -> tuple[str, int]:
+    name = _text(body, "step", limits.step_name_chars)
+    if not name:
+        raise ProtocolError("step name is empty")
+    return name, _int(body, "count", 1, limits.steps_per_run)
+
+
+def _check(body: dict[str, Any], limits: Limits) -> StepCheck:
+    step, count = _step(body, limits)
+    if body.get("kind") != "do":
+        raise ProtocolError("kind must be 'do'")
+    return StepCheck(step, "do", count, _policy(_object(body.get("config"), "config")))
+
+
+def _record(body: dict[str, Any], limits: Limits) -> StepRecord:
+    step, count = _step(body, limits)
+    attempt = _int(body, "attempt", 1, 1_000)
+    has_value, has_error = "value" in body, "error" in body
+    if has_value == has_error:
+        raise ProtocolError("exactly one of value and error is required")
+    if has_value:
+        return StepRecord(step, count, attempt, _encoded(body, "value", limits), None)
+    return StepRecord(step, count, attempt, None, _failure(_object(body["error"], "error")))
+
+
+def _tool(body: dict[str, Any], limits: Limits) -> StepTool:
+    step, count = _step(body, limits)
+    address = _text(body, "address", 256)
+    if not address:
+        raise ProtocolError("address is empty")
+    args = _encoded(body, "args", limits)
+    return StepTool(step, count, address, args, _policy(_object(body.get("config"), "config")))
+
+
+def _sleep(body: dict[str, Any], limits: Limits) -> StepSleep:
+    step, count = _step(body, limits)
+    ms, until = _optional_ms(body, "ms"), _optional_ms(body, "until")
+    if (ms is None) == (until is None):
+        raise ProtocolError("exactly one of ms and until is required")
+    return StepSleep(step, count, ms, until)
+
+
+def _wait(body: dict[str, Any], limits: Limits) -> StepWaitForEvent:
+    step, count = _step(body, limits)
+    event_type = _text(body, "type", 256)
+    if not event_type:
+        raise ProtocolError("type is empty")
+    return StepWaitForEvent(step, count, event_type, _int(body, "timeoutMs", 0, _MAX_MS))
+
+
+def _notify(body: dict[str, Any], limits: Limits) -> StepNotify:
+    count = _int(body, "count", 1, limits.notify_per_drive * 1000)
+    title = _text(body, "title", 256, allow_control=True)
+    body_text = _optional_text(body, "body", _MAX_TEXT)
+    return StepNotify(count, title, body_text, _optional_text(body, "link", 2048))
+
+
+def _sql(body: dict[str, Any], limits: Limits) -> DbSql:
+    count = _int(body, "count", 1, limits.steps_per_run)
+    return DbSql(count, _text(body, "sql", _MAX_SQL, True), _encoded(body, "params", limits))
+
+
+def _log(body: dict[str, Any], limits: Limits) -> Log:
+    level = body.get("level")
+    if level not in ("log", "info", "warn", "error"):
+        raise ProtocolError("level must be log, info, warn or error")
+    level = cast(Literal["log", "info", "warn", "error"], level)
+    text = _text(body, "text", limits.log_bytes_per_drive, allow_control=True)
+    return Log(level, text, _int(body, "count", 1, 2**31))
+
+
+_PARSERS: dict[str, Callable[[dict[str, Any], Limits], Op]] = {
+    "step.check": _check,
+    "step.record": _record,
+    "step.tool": _tool,
+    "step.sleep": _sleep,
+    "step.waitForEvent": _wait,
+    "step.notify": _notify,
+    "db.sql": _sql,
+    "log": _log,
+}
+
+
+# -- field checks ------------------------------------------------------------------------------
+
+
+def _policy(config: dict[str, Any]) -> RetryPolicy:
+    backoff = config.get("backoff")
+    if backoff not in ("constant", "linear", "exponential"):
+        raise ProtocolError("config.backoff must be constant, linear or exponential")
+    return RetryPolicy(
+        limit=_int(config, "limit", 0, 1_000),
+        delay_ms=_int(config, "delayMs", 0, _MAX_MS),
+        backoff=cast(Literal["constant", "linear", "exponential"], backoff),
+        timeout_ms=_int(config, "timeoutMs", 1, _MAX_MS),
+    )
+
+
+def _failure(error: dict[str, Any]) -> StepFailure:
+    return StepFailure(
+        name=_text(error, "name", 256, allow_control=True),
+        message=_text(error, "message", _MAX_TEXT, allow_control=True),
+        retryable=_bool(error, "retryable"),
+        retry_after_ms=_optional_ms(error, "retryAfterMs"),
+    )
+
+
+def _suspend(marker: dict[str, Any]) -> Suspend:
+    kind = marker.get("suspend")
+    if kind not in ("sleep", "event", "retry"):
+        raise ProtocolError("a marker's suspend must be sleep, event or retry")
+    event = _optional_text(marker, "event", 256)
+    return Suspend(cast(Literal["sleep", "event", "retry"], kind), event)
+
+
+def _object(value: object, what: str) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise ProtocolError(f"{what} must be an object")
+    return value
+
+
+def _text(obj: dict[str, Any], key: str, max_chars: int, allow_control: bool = False) -> str:
+    value = obj.get(key)
+    if not isinstance(value, str):
+        raise ProtocolError(f"{key} must be a string")
+    if len(value) > max_chars:
+        raise ProtocolError(f"{key} is longer than {max_chars} characters")
+    if not allow_control and _CONTROL.search(value):
+        raise ProtocolError(f"{key} contains control characters")
+    return value
+
+
+def _optional_text(obj: dict[str, Any], key: str, max_chars: int) -> str | None:
+    return None if obj.get(key) is None else _text(obj, key, max_chars, allow_control=True)
+
+
+def _int(obj: dict[str, Any], key: str, low: int, high: int) -> int:
+    value = obj.get(key)
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
+        raise ProtocolError(f"{key} must be an integer from {low} to {high}")
+    return value
+
+
+def _optional_ms(obj: dict[str, Any], key: str) -> int | None:
+    return None if obj.get(key) is None else _int(obj, key, 0, _MAX_MS)
+
+
+def _bool(obj: dict[str, Any], key: str) -> bool:
+    value = obj.get(key)
+    if not isinstance(value, bool):
+        raise ProtocolError(f"{key} must be true or false")
+    return value
+
+
+def _encoded(obj: dict[str, Any], key: str, limits: Limits) -> str:
+    """A tagged-JSON value as text: ASCII, within the size limit, well-formed, bounded depth."""
+    value = obj.get(key)
+    if not isinstance(value, str):
+        raise ProtocolError(f"{key} must be encoded JSON text")
+    if len(value) > limits.value_bytes:
+        raise ProtocolError(f"{key} is larger than the limit of {limits.value_bytes} bytes")
+    if not value.isascii():
+        raise ProtocolError(f"{key} must be ASCII JSON text")
+    try:
+        # The tagged encoding nests at most 3 levels per value level.
+        loads(value, max_depth=3 * limits.value_depth + 3)
+    except CodecError as error:
+        raise ProtocolError(f"{key}: {error}") from None
+    return value

@@ -1,0 +1,186 @@
+"""The executor process: runs author code in QuickJS, one fresh context per drive.
+
+Started by the pool as `python -I -m sandbox.executor` with an empty environment, a private empty
+working folder and rlimits. It reads frames on fd 0 and writes frames on a private copy of fd 1
+(fd 1 itself is pointed at stderr, so nothing can corrupt the frame stream). It never opens a
+file, socket or database: once started it lowers RLIMIT_NOFILE to the descriptors it holds.
+
+Per drive: create a context with the memory and stack limits, evaluate the prelude (which
+yields `dispatch`), boot the run, load the bundle, start the body, then loop: run pending jobs,
+settle the next replayed step, or send the outbox to the parent and settle its answers one at a
+time — until the body settles or nothing is left to do. Compute is counted with
+`time.process_time()` (this process does nothing else) and the QuickJS time limit is set to what
+is left before every call into JS.
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import orjson
+import quickjs
+
+from sandbox.frames import frame, read_frame_fd
+
+PRELUDE = (Path(__file__).with_name("prelude.js")).read_text(encoding="utf-8")
+_JOB_CHECK_EVERY = 1024
+
+
+class DriveStopped(Exception):
+    """The drive ends now with this failed outcome."""
+
+    def __init__(self, message: str, *, limit: bool) -> None:
+        super().__init__(message)
+        self.message = message
+        self.limit = limit
+
+
+class Drive:
+    def __init__(self, request: dict[str, Any], bundle: str, frames_out: int) -> None:
+        self.request = request
+        self.bundle = bundle
+        self.frames_out = frames_out
+        limits = request["limits"]
+        self.limits = limits
+        run_left = limits["compute_per_run_s"] - request["cpuUsedS"]
+        self.budget_s = min(limits["compute_per_drive_s"], run_left)
+        self.budget_name = (
+            f"compute limit per drive of {limits['compute_per_drive_s']:g} s"
+            if limits["compute_per_drive_s"] <= run_left
+            else f"compute limit per run of {limits['compute_per_run_s']:g} s"
+        )
+        self.started = time.process_time()
+        self.jobs = 0
+        self.context = quickjs.Context()
+        self.context.set_memory_limit(limits["memory_bytes"])
+        self.context.set_max_stack_size(limits["stack_bytes"])
+
+    def run(self) -> bytes:
+        """The outcome frame payload: ASCII JSON from the prelude, or a failure built here."""
+        try:
+            if self.budget_s <= 0:
+                raise DriveStopped(f"{self.budget_name} exceeded", limit=False)
+            self._limit_time()
+            self.dispatch = self.context.eval(PRELUDE)
+            self._call("boot", orjson.dumps(self.request).decode())
+            self._call("load", self.bundle, what="loading the workflow")
+            self._call("start", "", what="starting the workflow")
+            return self._loop()
+        except DriveStopped as stop:
+            return _failed(stop.message, recycle=stop.limit)
+
+    def _loop(self) -> bytes:
+        while True:
+            self._drain()
+            outcome = self._call("outcome")
+            if outcome:
+                return _outcome(outcome)
+            if self._call("hit") == "1":
+                continue
+            ops = self._call("take")
+            if not ops:
+                return _outcome(self._call("finish"))
+            _write_all(self.frames_out, frame(b'{"type":"ops","ops":' + ops.encode("ascii") + b"}"))
+            reply = read_frame_fd(0)
+            if reply is None:
+                raise SystemExit(0)  # the parent went away
+            for answer in orjson.loads(reply)["answers"]:
+                self._call("answer", orjson.dumps(answer).decode())
+                self._drain()
+
+    def _remaining(self) -> float:
+        return float(self.budget_s) - (time.process_time() - self.started)
+
+    def _limit_time(self) -> None:
+        remaining = self._remaining()
+        if remaining <= 0:
+            raise DriveStopped(f"{self.budget_name} exceeded", limit=False)
+        self.context.set_time_limit(remaining)
+
+    def _call(self, command: str, argument: str = "", what: str = "") -> str:
+        self._limit_time()
+        try:
+            answer = self.dispatch(command, argument)
+        except quickjs.JSException as error:
+            raise DriveStopped(self._engine_failure(error), limit=True) from None
+        if not isinstance(answer, str):
+            raise DriveStopped(f"the prelude answered {command} with a non-string", limit=True)
+        if answer.startswith('{"error":'):
+            failure = orjson.loads(answer)["error"]
+            prefix = f"{what}: " if what else ""
+            message = f"{prefix}{failure['name']}: {failure['message']}"
+            raise DriveStopped(failure["message"] if failure.get("limit") else message,
+                               limit=bool(failure.get("limit")))  # fmt: skip
+        return answer
+
+    def _drain(self) -> None:
+        context = self.context
+        while True:
+            if self.jobs % _JOB_CHECK_EVERY == 0:
+                self._limit_time()
+                if self.jobs >= self.limits["jobs_per_drive"]:
+                    raise DriveStopped(
+                        f"jobs per drive limit of {self.limits['jobs_per_drive']} exceeded",
+                        limit=False,
+                    )
+            try:
+                ran = context.execute_pending_job()
+            except quickjs.JSException as error:
+                raise DriveStopped(self._engine_failure(error), limit=True) from None
+            if not ran:
+                return
+            self.jobs += 1
+
+    def _engine_failure(self, error: quickjs.JSException) -> str:
+        # Only engine-made errors escape the prelude (uncatchable interrupts, memory): their
+        # text is the engine's, never an author object's toString.
+        text = str(error).split("\n", 1)[0][:500]
+        if "interrupted" in text:
+            return f"{self.budget_name} exceeded"
+        if "out of memory" in text:
+            return f"memory limit of {self.limits['memory_bytes']} bytes exceeded"
+        if "stack" in text:
+            return f"stack limit of {self.limits['stack_bytes']} bytes exceeded"
+        return f"the engine stopped the drive: {text}"
+
+
+def _outcome(text: str) -> bytes:
+    return b'{"type":"outcome","outcome":' + text.encode("ascii") + b"}"
+
+
+def _failed(message: str, *, recycle: bool) -> bytes:
+    outcome = {"status": "failed", "retryable": False, "message": message}
+    return orjson.dumps({"type": "outcome", "outcome": outcome, "recycle": recycle})
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
+def main() -> None:
+    frames_out = os.dup(1)
+    os.dup2(2, 1)
+    highest = max(frames_out, 2) + 1
+    resource.setrlimit(resource.RLIMIT_NOFILE, (highest, highest))
+    _write_all(frames_out, frame(b'{"type":"ready"}'))
+    while True:
+        payload = read_frame_fd(0)
+        if payload is None:
+            return
+        message = orjson.loads(payload)
+        drive = Drive(message["request"], message["bundle"], frames_out)
+        result = drive.run()
+        del drive
+        _write_all(frames_out, frame(result))
+
+
+if __name__ == "__main__":
+    main()
+    sys.exit(0)

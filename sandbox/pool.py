@@ -1,0 +1,274 @@
+"""The executor pool: warm executor processes, drives serviced through an async host callback,
+and a watchdog that cannot be argued with.
+
+The watchdog reads each busy executor's CPU time from /proc and SIGKILLs it once a drive has used
+more than its compute budget (plus a small grace). CPU time only grows while the executor
+computes, never while it waits for the host, so time spent servicing ops is not charged. A
+killed, crashed or limit-hitting executor is discarded and a fresh one takes its place;
+executors are also recycled after `recycle_after` drives.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import os
+import resource
+import shutil
+import signal
+import sys
+import tempfile
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from bridge import CodecError, QjsflowError
+from bridge.codec import loads
+from bridge.types import Answer, DriveOutcome, DriveRequest, Failed, Log, OpEnvelope
+from bridge.wire import ProtocolError, answer_to_wire, parse_op, parse_outcome, request_to_wire
+from sandbox.frames import FrameError, frame, read_frame_async
+
+__all__ = ["ExecutorPool", "Host", "PoolConfig"]
+
+Host = Callable[[Sequence[OpEnvelope]], Awaitable[Sequence[Answer]]]
+_CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+@dataclass(frozen=True, slots=True)
+class PoolConfig:
+    size: int = 2
+    recycle_after: int = 200
+    watchdog_interval_s: float = 0.05
+    watchdog_grace_s: float = 0.25
+    address_space_bytes: int = 1024 * 1024 * 1024
+    startup_timeout_s: float = 30.0
+
+
+class _Executor:
+    """One executor process and its private working folder."""
+
+    def __init__(self, process: asyncio.subprocess.Process, workdir: str) -> None:
+        self.process = process
+        self.workdir = workdir
+        self.drives = 0
+        self.killed_for: str | None = None
+
+    @classmethod
+    async def spawn(cls, config: PoolConfig, cpu_limit_s: int) -> _Executor:
+        workdir = tempfile.mkdtemp(prefix="qjsflow-executor-")
+        process = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-I",
+            "-m",
+            "sandbox.executor",
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            cwd=workdir,
+            env={},
+            limit=2**20,
+            preexec_fn=lambda: _limit_process(config.address_space_bytes, cpu_limit_s),
+        )
+        executor = cls(process, workdir)
+        try:
+            ready = await asyncio.wait_for(executor.receive(), config.startup_timeout_s)
+        except (FrameError, TimeoutError):
+            executor.kill("it did not start")
+            await executor.reap()
+            raise QjsflowError("a QuickJS executor process failed to start") from None
+        if ready != {"type": "ready"}:
+            executor.kill("it did not start")
+            await executor.reap()
+            raise QjsflowError("a QuickJS executor process started with a bad greeting")
+        return executor
+
+    def cpu_seconds(self) -> float:
+        try:
+            with open(f"/proc/{self.process.pid}/stat", "rb") as handle:
+                fields = handle.read().rsplit(b")", 1)[1].split()
+        except OSError:
+            return 0.0
+        return (int(fields[11]) + int(fields[12])) / _CLOCK_TICKS
+
+    async def send(self, payload: bytes) -> None:
+        stdin = self.process.stdin
+        assert stdin is not None
+        stdin.write(frame(payload))
+        await stdin.drain()
+
+    async def receive(self) -> Any:
+        stdout = self.process.stdout
+        assert stdout is not None
+        return loads(await read_frame_async(stdout), max_depth=10_000)
+
+    def kill(self, reason: str) -> None:
+        if self.killed_for is None:
+            self.killed_for = reason
+        with contextlib.suppress(ProcessLookupError):
+            self.process.kill()
+
+    async def reap(self) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            self.process.kill()
+        await self.process.wait()
+        shutil.rmtree(self.workdir, ignore_errors=True)
+
+
+@dataclass(slots=True)
+class _Watch:
+    executor: _Executor
+    cpu_start: float
+    budget_s: float
+    name: str
+
+
+class ExecutorPool:
+    """Drives bundles in executor processes; `async with ExecutorPool() as pool:`."""
+
+    def __init__(self, config: PoolConfig | None = None) -> None:
+        self.config = config or PoolConfig()
+        self._idle: list[_Executor] = []
+        self._live = 0
+        self._slots = asyncio.Semaphore(self.config.size)
+        self._watches: dict[int, _Watch] = {}
+        self._watchdog: asyncio.Task[None] | None = None
+        self._closed = False
+        self.replaced = 0  # executors discarded after a kill, crash or limit (for tests, stats)
+
+    async def __aenter__(self) -> ExecutorPool:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        self._closed = True
+        if self._watchdog is not None:
+            self._watchdog.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._watchdog
+        idle, self._idle = self._idle, []
+        for executor in idle:
+            await executor.reap()
+
+    async def drive(self, request: DriveRequest, host: Host) -> DriveOutcome:
+        """Run one replay of `request.bundle`, servicing its ops through `host`."""
+        if self._closed:
+            raise QjsflowError("the executor pool is closed")
+        self._ensure_watchdog()
+        async with self._slots:
+            executor = await self._take()
+            keep = False
+            watch = _Watch(executor, executor.cpu_seconds(), *_budget(request))
+            self._watches[id(watch)] = watch
+            try:
+                outcome, keep = await self._converse(executor, request, host)
+            except (FrameError, ConnectionError, BrokenPipeError):
+                outcome = self._died(executor)
+            except CodecError as error:
+                executor.kill("protocol")
+                outcome = Failed(False, f"the sandbox broke the protocol: {error}", 0.0)
+            finally:
+                del self._watches[id(watch)]
+                used = max(0.0, executor.cpu_seconds() - watch.cpu_start)
+                await self._give_back(executor, keep)
+            return dataclasses.replace(outcome, cpu_s=used)
+
+    async def _converse(
+        self, executor: _Executor, request: DriveRequest, host: Host
+    ) -> tuple[DriveOutcome, bool]:
+        limits = request.limits
+        message = {"type": "drive", "request": request_to_wire(request), "bundle": request.bundle}
+        await executor.send(orjson.dumps(message))
+        while True:
+            reply = await executor.receive()
+            kind = reply.get("type") if isinstance(reply, dict) else None
+            try:
+                if kind == "outcome":
+                    recycle = reply.get("recycle") is True
+                    return parse_outcome(reply.get("outcome"), limits, 0.0), not recycle
+                if kind != "ops" or not isinstance(reply.get("ops"), list):
+                    raise ProtocolError(f"unexpected frame {str(kind)[:40]!r}")
+                ops = [parse_op(raw, limits) for raw in reply["ops"]]
+            except ProtocolError as error:
+                executor.kill("protocol")
+                return Failed(False, f"the sandbox broke the protocol: {error}", 0.0), False
+            answers = await self._service(executor, ops, host)
+            wire = {"type": "answers", "answers": [answer_to_wire(a) for a in answers]}
+            await executor.send(orjson.dumps(wire))
+
+    async def _service(
+        self, executor: _Executor, ops: list[OpEnvelope], host: Host
+    ) -> Sequence[Answer]:
+        try:
+            answers = await host(ops)
+        except BaseException:
+            executor.kill("the host failed")
+            raise
+        expected = [op.id for op in ops if not isinstance(op.op, Log)]
+        if [answer.id for answer in answers] != expected:
+            executor.kill("the host failed")
+            raise QjsflowError("the host must answer every op except log, in order")
+        return answers
+
+    def _died(self, executor: _Executor) -> Failed:
+        reason = executor.killed_for
+        if reason is not None and reason.startswith("compute"):
+            return Failed(False, f"{reason} exceeded (the executor was killed)", 0.0)
+        executor.kill("died")
+        return Failed(True, "the executor process died during the drive", 0.0)
+
+    async def _take(self) -> _Executor:
+        if self._idle:
+            return self._idle.pop()
+        cpu_limit = int(self.config.recycle_after * 30 + 60)
+        executor = await _Executor.spawn(self.config, cpu_limit)
+        self._live += 1
+        return executor
+
+    async def _give_back(self, executor: _Executor, keep: bool) -> None:
+        executor.drives += 1
+        healthy = keep and executor.killed_for is None and executor.process.returncode is None
+        if healthy and executor.drives < self.config.recycle_after and not self._closed:
+            self._idle.append(executor)
+            return
+        if not healthy:
+            self.replaced += 1
+        self._live -= 1
+        await executor.reap()
+
+    def _ensure_watchdog(self) -> None:
+        if self._watchdog is None or self._watchdog.done():
+            self._watchdog = asyncio.get_running_loop().create_task(self._watch_loop())
+
+    async def _watch_loop(self) -> None:
+        grace = self.config.watchdog_grace_s
+        while True:
+            await asyncio.sleep(self.config.watchdog_interval_s)
+            for watch in list(self._watches.values()):
+                used = watch.executor.cpu_seconds() - watch.cpu_start
+                if used > watch.budget_s + grace:
+                    watch.executor.kill(watch.name)
+
+
+def _budget(request: DriveRequest) -> tuple[float, str]:
+    limits = request.limits
+    run_left = limits.compute_per_run_s - request.cpu_used_s
+    if limits.compute_per_drive_s <= run_left:
+        return limits.compute_per_drive_s, (
+            f"compute limit per drive of {limits.compute_per_drive_s:g} s"
+        )
+    return max(0.0, run_left), f"compute limit per run of {limits.compute_per_run_s:g} s"
+
+
+def _limit_process(address_space_bytes: int, cpu_s: int) -> None:
+    """rlimits of an executor, set in the child before exec."""
+    os.setsid()
+    resource.setrlimit(resource.RLIMIT_AS, (address_space_bytes, address_space_bytes))
+    resource.setrlimit(resource.RLIMIT_CPU, (cpu_s, cpu_s + 5))
+    resource.setrlimit(resource.RLIMIT_FSIZE, (0, 0))
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    resource.setrlimit(resource.RLIMIT_NOFILE, (64, 64))
+    signal.signal(signal.SIGPIPE, signal.SIG_DFL)

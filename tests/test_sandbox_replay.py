@@ -1,0 +1,333 @@
+"""The step API through the real executor: op sequences, keys, replay, determinism, values."""
+
+from __future__ import annotations
+
+import orjson
+import pytest
+
+from bridge.types import (
+    Completed,
+    Failed,
+    Log,
+    StepCheck,
+    StepRecord,
+    StepSleep,
+    StepWaitForEvent,
+    Suspended,
+)
+from sandbox import ExecutorPool
+from tests.conftest import bundle_of
+from tests.memory_host import MemoryHost
+
+STORY = """
+export default async function run(event, step) {
+  const first = await step.do("first", async (ctx) => ({ n: event.payload.n, attempt: ctx.attempt }));
+  const [a, b] = await Promise.all([
+    step.do("twin", async () => "left"),
+    step.do("twin", async () => "right"),
+  ]);
+  const loop = [];
+  for (let i = 0; i < 3; i++) loop.push(await step.do("item", async () => i * 10));
+  console.log("before sleep", Date.now(), Math.random());
+  await step.sleep("nap", "2 seconds");
+  const approval = await step.waitForEvent("approval", { type: "approve", timeout: "1 hour" });
+  return { first, a, b, loop, by: approval.payload.by, when: approval.timestamp instanceof Date,
+           now: Date.now(), random: Math.random() };
+}
+"""
+
+
+def _summary(host: MemoryHost) -> list[tuple[str, ...]]:
+    out: list[tuple[str, ...]] = []
+    for op in host.ops:
+        match op:
+            case StepCheck(step=step, count=count):
+                out.append(("check", step, str(count)))
+            case StepRecord(step=step, count=count, value=value):
+                out.append(("record", step, str(count), str(value)))
+            case StepSleep(step=step):
+                out.append(("sleep", step))
+            case StepWaitForEvent(step=step, type=event_type):
+                out.append(("wait", step, event_type))
+            case Log(text=text):
+                out.append(("log", text.split(" ")[0]))
+    return out
+
+
+async def test_op_sequence_keys_and_replay(pool: ExecutorPool) -> None:
+    code = await bundle_of(STORY)
+    host = MemoryHost()
+    outcome = await pool.drive(host.request(code, '{"n": 7}'), host)
+    assert isinstance(outcome, Suspended)
+    assert [m.kind for m in outcome.markers] == ["sleep"]
+    assert _summary(host) == [
+        ("check", "first", "1"),
+        ("record", "first", "1", '{"n":7,"attempt":1}'),
+        ("check", "twin", "1"),
+        ("check", "twin", "2"),
+        ("record", "twin", "1", '"left"'),
+        ("record", "twin", "2", '"right"'),
+        ("check", "item", "1"),
+        ("record", "item", "1", "0"),
+        ("check", "item", "2"),
+        ("record", "item", "2", "10"),
+        ("check", "item", "3"),
+        ("record", "item", "3", "20"),
+        ("log", "before"),
+        ("sleep", "nap"),
+    ]
+    assert host.keys() == ["do:1:first", "do:1:twin", "do:2:twin"] + [
+        f"do:{i}:item" for i in (1, 2, 3)
+    ]
+    first_log = host.logs[0]
+
+    # Second drive: the sleep is due; no step body runs again and the log is not repeated.
+    host.ops.clear()
+    host.sleeps_due = True
+    outcome = await pool.drive(host.request(code, '{"n": 7}'), host)
+    assert isinstance(outcome, Suspended)
+    assert outcome.markers[0].event == "approve"
+    assert _summary(host) == [("sleep", "nap"), ("wait", "approval", "approve")]
+    assert host.logs == [first_log]
+
+    # Third drive: the event arrived; the run completes from the journal.
+    host.ops.clear()
+    host.events["approve"] = ['{"by": "maria"}']
+    outcome = await pool.drive(host.request(code, '{"n": 7}'), host)
+    assert isinstance(outcome, Completed)
+    output = orjson.loads(outcome.output)
+    assert output["a"] == "left"
+    assert output["b"] == "right"
+    assert output["loop"] == [0, 10, 20]
+    assert output["by"] == "maria"
+    assert output["when"] is True
+    assert [type(op).__name__ for op in host.ops] == ["StepWaitForEvent"]
+
+    # A pure replay reproduces the clock and the random numbers the first execution saw.
+    host.ops.clear()
+    again = await pool.drive(host.request(code, '{"n": 7}'), host)
+    assert isinstance(again, Completed)
+    assert orjson.loads(again.output) == output
+    assert host.ops == []
+
+
+DETERMINISM = """
+export default async function run(event, step) {
+  const seen = [Date.now(), Math.random()];
+  await step.do("one", async () => Math.random());
+  seen.push(Date.now(), Math.random(), new Date().getTime());
+  await step.sleep("pause", 10);
+  seen.push(Date.now(), Math.random());
+  return { seen, weak: typeof WeakRef, fin: typeof FinalizationRegistry,
+           perf: typeof performance, sab: typeof SharedArrayBuffer, atomics: typeof Atomics };
+}
+"""
+
+
+async def test_clock_and_random_replay_identically(pool: ExecutorPool) -> None:
+    code = await bundle_of(DETERMINISM)
+    host = MemoryHost(sleeps_due=True)
+    first = await pool.drive(host.request(code), host)
+    assert isinstance(first, Completed)
+    replay = await pool.drive(host.request(code), host)
+    assert isinstance(replay, Completed)
+    assert first.output == replay.output
+    output = orjson.loads(first.output)
+    seen = output["seen"]
+    assert seen[0] == 999_000  # the run's creation time before any step
+    assert seen[2] == host.entries[0].at_ms  # the recorded time of the step it passed
+    assert seen[2] == seen[4]
+    assert seen[5] == host.entries[1].at_ms
+    assert len({seen[1], seen[3], seen[6]}) == 3
+    assert {output[k] for k in ("weak", "fin", "perf", "sab", "atomics")} == {"undefined"}
+
+
+VALUES = r"""
+export default async function run(event, step) {
+  const made = await step.do("values", async () => ({
+    u: undefined, d: new Date(86400000), m: new Map([["k", new Set([1, 2n ** 70n])]]),
+    n: [NaN, Infinity, -Infinity, -0], big: -(2n ** 65n), bytes: new Uint8Array([0, 255, 7]),
+    floats: new Float64Array([1.5, -2]), re: /a+b/gi, $t: "not a tag", nul: "a\u0000b",
+    lone: "x\ud800y", wide: "\u4e2d\u6587\ud83d\ude00".repeat(20000), err: new TypeError("bad"),
+  }));
+  const checks = {
+    u: made.u === undefined && "u" in made,
+    d: made.d instanceof Date && made.d.getTime() === 86400000,
+    m: made.m instanceof Map && made.m.get("k") instanceof Set && made.m.get("k").has(2n ** 70n),
+    n: Number.isNaN(made.n[0]) && made.n[1] === Infinity && made.n[2] === -Infinity && Object.is(made.n[3], -0),
+    big: made.big === -(2n ** 65n),
+    bytes: made.bytes instanceof Uint8Array && made.bytes.join() === "0,255,7",
+    floats: made.floats instanceof Float64Array && made.floats.join() === "1.5,-2",
+    re: made.re instanceof RegExp && made.re.flags === "gi" && made.re.source === "a+b",
+    tag: made.$t === "not a tag",
+    nul: made.nul === "a\u0000b" && made.nul.length === 3,
+    lone: made.lone === "x\ud800y",
+    wide: made.wide.length === 80000 && made.wide.startsWith("\u4e2d\u6587\ud83d\ude00"),
+    err: made.err instanceof Error && made.err.name === "TypeError" && made.err.message === "bad",
+  };
+  return checks;
+}
+"""
+
+
+async def test_values_round_trip_through_the_journal(pool: ExecutorPool) -> None:
+    code = await bundle_of(VALUES)
+    host = MemoryHost()
+    outcome = await pool.drive(host.request(code), host)
+    assert isinstance(outcome, Completed), outcome
+    checks = orjson.loads(outcome.output)
+    assert checks == dict.fromkeys(checks, True)
+    recorded = host.entries[0].value
+    assert recorded is not None
+    assert recorded.isascii()
+    replayed = await pool.drive(host.request(code), host)
+    assert isinstance(replayed, Completed)
+    assert replayed.output == outcome.output
+
+
+@pytest.mark.parametrize(
+    ("expression", "problem"),
+    [
+        ("() => 1", "holds a function"),
+        ("Symbol('s')", "holds a symbol"),
+        ("(() => { const a = {}; a.self = a; return a; })()", "holds a cycle"),
+        ("Promise.resolve(1).then(() => ({ p: Promise.resolve(2) }))", "holds a Promise"),
+        ("'x'.repeat(1024 * 1024 + 1)", "larger than the limit of 1048576 bytes"),
+        (
+            "(() => { let v = 1; for (let i = 0; i < 4000; i++) v = [v]; return v; })()",
+            "nested deeper than 64 levels",
+        ),
+    ],
+)
+async def test_unstorable_results_fail_naming_the_step(
+    pool: ExecutorPool, expression: str, problem: str
+) -> None:
+    source = f'export default async (e, step) => step.do("bad", async () => {expression});'
+    host = MemoryHost()
+    outcome = await pool.drive(host.request(await bundle_of(source)), host)
+    assert isinstance(outcome, Failed)
+    assert 'the result of step "bad" (#1)' in outcome.message
+    assert problem in outcome.message
+    assert not any(isinstance(op, StepRecord) for op in host.ops)
+
+
+TAMPER = """
+export default async function run(event, step) {
+  const attempts = [];
+  const tamper = [
+    () => { JSON.stringify = () => '[{"id":1,"op":{"op":"step.sleep","step":"forged","count":1,"ms":1}}]'; },
+    () => { JSON.parse = () => ({ forged: true }); },
+    () => { Promise.prototype.then = function () { return this; }; },
+    () => { Array.prototype.push = function () { return 0; }; },
+    () => { step.do = async () => "forged"; },
+    () => { globalThis.JSON = { stringify: () => "forged", parse: () => 1 }; },
+    () => { Object.defineProperty(Object.prototype, "then", { get() { return (r) => r("x"); } }); },
+  ];
+  for (const change of tamper) {
+    try { change(); attempts.push("changed"); } catch (error) { attempts.push(error.name); }
+  }
+  const a = await step.do("a", async () => ({ v: 1 }));
+  const b = await step.do("b", async () => [a.v, 2]);
+  const list = [];
+  list.push(1);
+  return { attempts, b, json: JSON.stringify({ k: [1] }), list, thenable: ({}).then === undefined };
+}
+"""
+PLAIN = """
+export default async function run(event, step) {
+  const a = await step.do("a", async () => ({ v: 1 }));
+  const b = await step.do("b", async () => [a.v, 2]);
+  return { b };
+}
+"""
+
+
+async def test_tampering_cannot_forge_drop_or_reorder_messages(pool: ExecutorPool) -> None:
+    tampered, plain = MemoryHost(), MemoryHost()
+    outcome = await pool.drive(tampered.request(await bundle_of(TAMPER)), tampered)
+    reference = await pool.drive(plain.request(await bundle_of(PLAIN)), plain)
+    assert isinstance(outcome, Completed), outcome
+    assert isinstance(reference, Completed)
+    assert tampered.ops == plain.ops
+    output = orjson.loads(outcome.output)
+    assert output["b"] == [1, 2]
+    # Sloppy-mode assignments to frozen intrinsics are ignored, defineProperty throws; either
+    # way nothing changed.
+    assert set(output["attempts"][:6]) <= {"changed", "TypeError"}
+    assert output["attempts"][6] == "TypeError"
+    assert output["json"] == '{"k":[1]}'
+    assert output["list"] == [1]
+    assert output["thenable"] is True
+
+
+CONFIG = """
+export default async function run(event, step) {
+  const seen = [];
+  await step.do("defaults", async (ctx) => { seen.push(ctx.config, ctx.step); });
+  await step.do("partial", { retries: { limit: 2 } }, async (ctx) => { seen.push(ctx.config); });
+  const errors = [];
+  for (const bad of [{ retries: { limit: 1, jitter: true } }, { timeout: "soon" }, { retries: { backoff: "random" } }]) {
+    try { await step.do("bad", bad, async () => 1); } catch (error) { errors.push(error.message); }
+  }
+  for (const duration of ["5 fortnights", "-1 second", -5, "400 days", null]) {
+    try { await step.sleep("s", duration); } catch (error) { errors.push(error.message); }
+  }
+  try { await step.do("", async () => 1); } catch (error) { errors.push(error.message); }
+  return { seen, errors };
+}
+"""
+
+
+async def test_config_defaults_merging_and_validation(pool: ExecutorPool) -> None:
+    host = MemoryHost()
+    outcome = await pool.drive(host.request(await bundle_of(CONFIG)), host)
+    assert isinstance(outcome, Completed), outcome
+    result = orjson.loads(outcome.output)
+    retries = {"limit": 5, "delay": 10000, "backoff": "exponential"}
+    assert result["seen"][0] == {"retries": retries, "timeout": 600000}
+    assert result["seen"][1] == {"name": "defaults", "count": 1}
+    assert result["seen"][2] == {"retries": {**retries, "limit": 2}, "timeout": 600000}
+    errors = result["errors"]
+    assert 'has an unknown key "jitter"' in errors[0]
+    assert '"soon" is not a duration' in errors[1]
+    assert "backoff must be" in errors[2]
+    assert '"5 fortnights" is not a duration' in errors[3]
+    assert '"-1 second" is not a duration' in errors[4]
+    assert "from 0 ms to 365 days" in errors[5]
+    assert "from 0 ms to 365 days" in errors[6]
+    assert "must be a number of milliseconds" in errors[7]
+    assert "name must be a string of 1 to 256 characters" in errors[8]
+
+
+async def test_class_style_and_step_errors(pool: ExecutorPool) -> None:
+    source = """
+    import { WorkflowEntrypoint, NonRetryableError } from "cloudflare:workers";
+    export class Flow extends WorkflowEntrypoint {
+      async run(event, step) {
+        try {
+          await step.do("fatal", async () => { throw new NonRetryableError("no way"); });
+        } catch (error) {
+          return { caught: error.message, name: error.name, env: typeof this.env.db.sql };
+        }
+      }
+    }
+    """
+    host = MemoryHost()
+    outcome = await pool.drive(host.request(await bundle_of(source, "flow.js")), host)
+    assert isinstance(outcome, Completed), outcome
+    assert orjson.loads(outcome.output) == {
+        "caught": "no way",
+        "name": "NonRetryableError",
+        "env": "function",
+    }
+    record = next(op for op in host.ops if isinstance(op, StepRecord))
+    assert record.error is not None
+    assert record.error.retryable is False
+
+
+async def test_awaiting_nothing_fails_clearly(pool: ExecutorPool) -> None:
+    source = "export default async () => { await new Promise(() => {}); };"
+    host = MemoryHost()
+    outcome = await pool.drive(host.request(await bundle_of(source)), host)
+    assert isinstance(outcome, Failed)
+    assert "awaited something that can never resolve" in outcome.message
