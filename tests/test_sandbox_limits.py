@@ -1,0 +1,180 @@
+"""Hostile workflow code hits a limit: the drive fails naming it, quickly, while the parent's
+event loop keeps ticking and the pool keeps serving well-behaved drives."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import os
+import signal
+import time
+from collections.abc import AsyncIterator, Sequence
+from pathlib import Path
+
+import orjson
+import pytest
+
+from bridge.limits import Limits
+from bridge.types import Answer, Completed, Failed, OpEnvelope, StepFailure
+from sandbox import ExecutorPool, PoolConfig
+from tests.conftest import bundle_of
+from tests.memory_host import MemoryHost
+
+BUDGET_S = 0.5
+LIMITS = Limits(compute_per_drive_s=BUDGET_S, memory_bytes=32 * 1024 * 1024)
+WELL_BEHAVED = 'export default async (e, step) => step.do("ok", async () => 41 + 1);'
+
+
+class Heartbeat:
+    """Ticks every 50 ms; the largest gap shows whether anything froze the event loop."""
+
+    def __init__(self) -> None:
+        self.largest_gap_s = 0.0
+        self.ticks = 0
+
+    async def run(self) -> None:
+        last = time.monotonic()
+        while True:
+            await asyncio.sleep(0.05)
+            now = time.monotonic()
+            self.largest_gap_s = max(self.largest_gap_s, now - last)
+            self.ticks += 1
+            last = now
+
+
+@pytest.fixture
+async def heartbeat() -> AsyncIterator[Heartbeat]:
+    beat = Heartbeat()
+    task = asyncio.get_running_loop().create_task(beat.run())
+    yield beat
+    task.cancel()
+
+
+HOSTILE = {
+    "busy loop": ("for (;;) {}", "compute limit per drive of 0.5 s"),
+    "endless promise chain": (
+        "const spin = () => { Promise.resolve().then(spin); }; spin(); await new Promise(() => {});",
+        "compute limit per drive of 0.5 s",
+    ),
+    "native allocation loop": ("for (;;) new Array(1e6).fill(1);", "compute limit per drive"),
+    "string doubling": ('let s = "x"; for (;;) s += s;', "memory limit of 33554432 bytes"),
+    "unbounded recursion": ("const f = (n) => f(n + 1) + 1; f(0);", "stack limit of 1048576 bytes"),
+    "looping getter on a thrown value": (
+        "throw { get message() { for (;;) {} }, toString() { for (;;) {} } };",
+        "compute limit per drive of 0.5 s",
+    ),
+    "looping toString on a thrown value": (
+        "throw { toString() { for (;;) {} }, [Symbol.toPrimitive]() { for (;;) {} } };",
+        "Error: ",
+    ),
+    "loop inside a step": (
+        'await step.do("spin", async () => { for (;;) {} });',
+        "compute limit per drive of 0.5 s",
+    ),
+    "huge BigInt thrown": ("throw 10n ** 100000n;", "a BigInt was thrown"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(HOSTILE))
+@pytest.mark.timeout(60)
+async def test_hostile_code_fails_naming_the_limit(
+    pool: ExecutorPool, heartbeat: Heartbeat, case: str
+) -> None:
+    body, expected = HOSTILE[case]
+    source = f"export default async function run(event, step) {{ {body} }}"
+    host = MemoryHost()
+    outcome = await pool.drive(host.request(await bundle_of(source), limits=LIMITS), host)
+    assert isinstance(outcome, Failed), outcome
+    assert expected in outcome.message
+    assert outcome.retryable is False
+    assert outcome.cpu_s <= 2 * BUDGET_S
+    assert heartbeat.largest_gap_s < 0.5
+    assert heartbeat.ticks > 0
+
+    good = MemoryHost()
+    after = await pool.drive(good.request(await bundle_of(WELL_BEHAVED)), good)
+    assert isinstance(after, Completed)
+    assert orjson.loads(after.output) == 42
+
+
+async def test_compute_per_run_is_a_ledger_across_drives(pool: ExecutorPool) -> None:
+    limits = Limits(compute_per_drive_s=5.0, compute_per_run_s=1.0)
+    host = MemoryHost()
+    request = host.request(
+        await bundle_of("export default async () => { for (;;) {} };"), "{}", limits
+    )
+    outcome = await pool.drive(dataclasses.replace(request, cpu_used_s=0.7), host)
+    assert isinstance(outcome, Failed)
+    assert "compute limit per run of 1 s" in outcome.message
+    assert outcome.cpu_s <= 2 * 0.3 + 0.1
+
+
+async def test_limits_are_configurable_per_drive(pool: ExecutorPool) -> None:
+    source = 'export default async (e, step) => { for (let i = 0; i < 4; i++) await step.do("s", async () => i); };'
+    host = MemoryHost()
+    outcome = await pool.drive(
+        host.request(await bundle_of(source), limits=Limits(steps_per_run=3)), host
+    )
+    assert isinstance(outcome, Failed)
+    assert "steps per run limit of 3 exceeded" in outcome.message
+
+
+async def test_notify_per_drive_limit(pool: ExecutorPool) -> None:
+    source = 'export default async (e, step) => { for (let i = 0; i < 5; i++) await step.notify({ title: "t" + i }); };'
+    host = MemoryHost()
+    outcome = await pool.drive(
+        host.request(await bundle_of(source), limits=Limits(notify_per_drive=3)), host
+    )
+    assert isinstance(outcome, Failed)
+    assert "notify per drive limit of 3 exceeded" in outcome.message
+    assert len(host.entries) == 3
+
+
+def _executor_pids() -> list[int]:
+    pids = []
+    for task in Path(f"/proc/{os.getpid()}/task").iterdir():
+        for child in (task / "children").read_text().split():
+            cmdline = Path(f"/proc/{child}/cmdline").read_bytes()
+            if b"sandbox.executor" in cmdline:
+                pids.append(int(child))
+    return pids
+
+
+async def test_an_executor_killed_mid_drive_is_replaced(pool: ExecutorPool) -> None:
+    source = 'export default async (e, step) => step.tool("call", "slow.tool", {});'
+    killed: list[int] = []
+
+    async def killing_host(ops: Sequence[OpEnvelope]) -> list[Answer]:
+        for pid in _executor_pids():
+            os.kill(pid, signal.SIGKILL)
+            killed.append(pid)
+        await asyncio.sleep(0.1)
+        return [Answer(op.id, StepFailure("Error", "unused")) for op in ops]
+
+    host = MemoryHost()
+    outcome = await pool.drive(host.request(await bundle_of(source)), killing_host)
+    assert killed
+    assert isinstance(outcome, Failed)
+    assert outcome.retryable is True
+    assert "executor process died" in outcome.message
+    assert pool.replaced == 1
+
+    good = MemoryHost()
+    after = await pool.drive(good.request(await bundle_of(WELL_BEHAVED)), good)
+    assert isinstance(after, Completed)
+    assert not set(killed) & set(_executor_pids())
+
+
+async def test_executors_are_recycled_after_n_drives() -> None:
+    code = await bundle_of(WELL_BEHAVED)
+    seen: set[int] = set()
+    async with ExecutorPool(PoolConfig(size=1, recycle_after=2)) as pool:
+        for _ in range(4):
+            host = MemoryHost()
+
+            async def observing(ops: Sequence[OpEnvelope], host: MemoryHost = host) -> list[Answer]:
+                seen.update(_executor_pids())
+                return await host(ops)
+
+            assert isinstance(await pool.drive(host.request(code), observing), Completed)
+    assert len(seen) == 2
