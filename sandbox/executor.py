@@ -5,8 +5,8 @@ working folder and rlimits. It reads frames on fd 0 and writes frames on a priva
 (fd 1 itself is pointed at stderr, so nothing can corrupt the frame stream). It never opens a
 file, socket or database: once started it lowers RLIMIT_NOFILE to the descriptors it holds.
 
-Per drive: create a context with the memory and stack limits, evaluate the prelude (which
-yields `dispatch`), boot the run, load the bundle, start the body, then loop: run pending jobs,
+Per drive: take the context prepared while idle (prelude evaluated, which yields `dispatch`,
+and intrinsics locked down), set the memory and stack limits, boot the run, load the bundle, start the body, then loop: run pending jobs,
 settle the next replayed step, or send the outbox to the parent and settle its answers one at a
 time — until the body settles or nothing is left to do. Compute is counted with
 `time.process_time()` (this process does nothing else) and the QuickJS time limit is set to what
@@ -40,8 +40,25 @@ class DriveStopped(Exception):
         self.limit = limit
 
 
+_PREPARE_TIME_LIMIT_S = 5.0
+
+
+class Prepared:
+    """A fresh context with the prelude evaluated and the intrinsics locked down: everything a
+    drive needs that does not depend on the run, made while the executor waits for work."""
+
+    def __init__(self) -> None:
+        self.context = quickjs.Context()
+        self.context.set_time_limit(_PREPARE_TIME_LIMIT_S)
+        self.dispatch = self.context.eval(PRELUDE)
+        if self.dispatch("prepare", "") != "{}":
+            raise RuntimeError("the prelude failed to prepare a context")
+
+
 class Drive:
-    def __init__(self, request: dict[str, Any], bundle: str, frames_out: int) -> None:
+    def __init__(
+        self, request: dict[str, Any], bundle: str, frames_out: int, prepared: Prepared
+    ) -> None:
         self.request = request
         self.bundle = bundle
         self.frames_out = frames_out
@@ -56,7 +73,8 @@ class Drive:
         )
         self.started = time.process_time()
         self.jobs = 0
-        self.context = quickjs.Context()
+        self.context = prepared.context
+        self.dispatch = prepared.dispatch
         self.context.set_memory_limit(limits["memory_bytes"])
         self.context.set_max_stack_size(limits["stack_bytes"])
 
@@ -65,8 +83,6 @@ class Drive:
         try:
             if self.budget_s <= 0:
                 raise DriveStopped(f"{self.budget_name} exceeded", limit=False)
-            self._limit_time()
-            self.dispatch = self.context.eval(PRELUDE)
             self._call("boot", orjson.dumps(self.request).decode())
             self._call("load", self.bundle, what="loading the workflow")
             self._call("start", "", what="starting the workflow")
@@ -170,15 +186,17 @@ def main() -> None:
     highest = max(frames_out, 2) + 1
     resource.setrlimit(resource.RLIMIT_NOFILE, (highest, highest))
     _write_all(frames_out, frame(b'{"type":"ready"}'))
+    prepared = Prepared()
     while True:
         payload = read_frame_fd(0)
         if payload is None:
             return
         message = orjson.loads(payload)
-        drive = Drive(message["request"], message["bundle"], frames_out)
+        drive = Drive(message["request"], message["bundle"], frames_out, prepared)
         result = drive.run()
-        del drive
+        del drive, prepared
         _write_all(frames_out, frame(result))
+        prepared = Prepared()  # one context per drive, never shared between runs
 
 
 if __name__ == "__main__":

@@ -857,7 +857,20 @@
       : "the workflow module exports several classes with run(); export the workflow as default");
   }
 
+  // Run-independent: done ahead of the drive, while the executor would otherwise be idle.
+  const db = freeze({ sql: dbSql });
+  const step = freeze({
+    do: stepDo, sleep: stepSleep, sleepUntil: stepSleepUntil, waitForEvent: stepWaitForEvent,
+    tool: stepTool, notify: stepNotify,
+  });
+  let prepared = false;
+  function prepare() {
+    lockdown(freeze({ db }));
+    prepared = true;
+  }
+
   function boot(request) {
+    if (!prepared) prepare();
     limits = request.limits;
     runId = request.runId;
     clock = request.createdAtMs;
@@ -868,13 +881,6 @@
     journalSize = request.journal.length;
     logsSeen = request.logsSeen;
     reach(clock, "start");
-    const db = freeze({ sql: dbSql });
-    const runtime = freeze({ db });
-    lockdown(runtime);
-    const step = freeze({
-      do: stepDo, sleep: stepSleep, sleepUntil: stepSleepUntil, waitForEvent: stepWaitForEvent,
-      tool: stepTool, notify: stepNotify,
-    });
     const env = decode(request.env);
     defineProperty(env, "db", { value: db, enumerable: true });
     freeze(env);
@@ -953,6 +959,7 @@
   return function dispatch(command, argument) {
     try {
       switch (command) {
+        case "prepare": prepare(); return "{}";
         case "boot": boot(parseJSON(argument)); return "{}";
         case "load": load(argument); return "{}";
         case "start": start(); return "{}";

@@ -72,6 +72,22 @@ HOSTILE = {
         "compute limit per drive of 0.5 s",
     ),
     "huge BigInt thrown": ("throw 10n ** 100000n;", "a BigInt was thrown"),
+    "step result over 1 MiB": (
+        'await step.do("big", async () => "x".repeat(1024 * 1024 + 1));',
+        "larger than the limit of 1048576 bytes",
+    ),
+    "step result nested 4,000 deep": (
+        'await step.do("deep", async () => { let v = 1; for (let i = 0; i < 4000; i++) v = [v]; return v; });',
+        "nested deeper than 64 levels",
+    ),
+    "step returning a function": (
+        'await step.do("fn", async () => () => 1);',
+        'the result of step "fn" (#1) holds a function',
+    ),
+    "step returning a cycle": (
+        'await step.do("cycle", async () => { const a = {}; a.a = a; return a; });',
+        'the result of step "cycle" (#1) holds a cycle',
+    ),
 }
 
 
@@ -178,3 +194,30 @@ async def test_executors_are_recycled_after_n_drives() -> None:
 
             assert isinstance(await pool.drive(host.request(code), observing), Completed)
     assert len(seen) == 2
+
+
+async def test_executors_run_with_no_environment_an_empty_folder_and_rlimits(
+    pool: ExecutorPool,
+) -> None:
+    facts: list[tuple[bytes, list[str], str]] = []
+
+    async def inspecting(ops: Sequence[OpEnvelope]) -> list[Answer]:
+        for pid in _executor_pids():
+            environ = Path(f"/proc/{pid}/environ").read_bytes()
+            folder = os.listdir(f"/proc/{pid}/cwd")
+            limits = Path(f"/proc/{pid}/limits").read_text()
+            facts.append((environ, folder, limits))
+        return await host(ops)
+
+    host = MemoryHost()
+    outcome = await pool.drive(host.request(await bundle_of(WELL_BEHAVED)), inspecting)
+    assert isinstance(outcome, Completed)
+    assert facts
+    environ, folder, limits = facts[0]
+    assert environ == b""
+    assert folder == []
+    lines = {line[:26].strip(): line[26:].split() for line in limits.splitlines()[1:]}
+    assert lines["Max address space"][0] == str(1024**3)
+    assert lines["Max file size"][0] == "0"
+    assert int(lines["Max open files"][0]) <= 8
+    assert lines["Max cpu time"][0] != "unlimited"

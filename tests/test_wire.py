@@ -1,0 +1,180 @@
+"""Everything out of the sandbox is validated before it reaches the host."""
+
+from __future__ import annotations
+
+import pytest
+
+from bridge.limits import Limits
+from bridge.types import Completed, Failed, Log, StepCheck, StepRecord, Suspended
+from bridge.wire import ProtocolError, parse_op, parse_outcome
+
+LIMITS = Limits()
+POLICY = {"limit": 1, "delayMs": 0, "backoff": "constant", "timeoutMs": 1000}
+
+
+def test_a_valid_check_and_record() -> None:
+    check = parse_op(
+        {
+            "id": 1,
+            "op": {"op": "step.check", "step": "s", "kind": "do", "count": 1, "config": POLICY},
+        },
+        LIMITS,
+    )
+    assert isinstance(check.op, StepCheck)
+    assert check.op.config.delay_after(3) == 0
+    record = parse_op(
+        {
+            "id": 2,
+            "op": {"op": "step.record", "step": "s", "count": 1, "attempt": 1, "value": '{"a":1}'},
+        },
+        LIMITS,
+    )
+    assert isinstance(record.op, StepRecord)
+    assert record.op.value == '{"a":1}'
+
+
+@pytest.mark.parametrize(
+    ("message", "problem"),
+    [
+        ("not an object", "message must be an object"),
+        ({"id": -1, "op": {}}, "id must be an integer"),
+        ({"id": 1, "op": {"op": "fs.read"}}, "unknown op 'fs.read'"),
+        (
+            {
+                "id": 1,
+                "op": {"op": "step.check", "step": "", "kind": "do", "count": 1, "config": POLICY},
+            },
+            "step name is empty",
+        ),
+        (
+            {
+                "id": 1,
+                "op": {
+                    "op": "step.check",
+                    "step": "s\n",
+                    "kind": "do",
+                    "count": 1,
+                    "config": POLICY,
+                },
+            },
+            "control characters",
+        ),
+        (
+            {
+                "id": 1,
+                "op": {
+                    "op": "step.check",
+                    "step": "x" * 257,
+                    "kind": "do",
+                    "count": 1,
+                    "config": POLICY,
+                },
+            },
+            "longer than 256",
+        ),
+        (
+            {
+                "id": 1,
+                "op": {"op": "step.check", "step": "s", "kind": "do", "count": 0, "config": POLICY},
+            },
+            "count must be",
+        ),
+        (
+            {
+                "id": 1,
+                "op": {
+                    "op": "step.check",
+                    "step": "s",
+                    "kind": "do",
+                    "count": 1,
+                    "config": {**POLICY, "backoff": "x"},
+                },
+            },
+            "backoff",
+        ),
+        (
+            {"id": 1, "op": {"op": "step.record", "step": "s", "count": 1, "attempt": 1}},
+            "exactly one of value and error",
+        ),
+        (
+            {
+                "id": 1,
+                "op": {"op": "step.record", "step": "s", "count": 1, "attempt": 1, "value": "{"},
+            },
+            "malformed JSON",
+        ),
+        (
+            {
+                "id": 1,
+                "op": {
+                    "op": "step.record",
+                    "step": "s",
+                    "count": 1,
+                    "attempt": 1,
+                    "value": '"\u00e9"',
+                },
+            },
+            "ASCII",
+        ),
+        (
+            {
+                "id": 1,
+                "op": {
+                    "op": "step.record",
+                    "step": "s",
+                    "count": 1,
+                    "attempt": 1,
+                    "value": "1" * (1024 * 1024 + 1),
+                },
+            },
+            "larger than the limit",
+        ),
+        (
+            {
+                "id": 1,
+                "op": {
+                    "op": "step.record",
+                    "step": "s",
+                    "count": 1,
+                    "attempt": 1,
+                    "value": "[" * 300 + "]" * 300,
+                },
+            },
+            "nested deeper",
+        ),
+        (
+            {"id": 1, "op": {"op": "step.sleep", "step": "s", "count": 1, "ms": 1, "until": 2}},
+            "exactly one of ms and until",
+        ),
+        ({"id": 1, "op": {"op": "step.sleep", "step": "s", "count": 1, "ms": -5}}, "ms must be"),
+        (
+            {"id": 1, "op": {"op": "log", "level": "shout", "text": "x", "count": 1}},
+            "level must be",
+        ),
+    ],
+)
+def test_malformed_ops_are_refused_by_name(message: object, problem: str) -> None:
+    with pytest.raises(ProtocolError, match=problem):
+        parse_op(message, LIMITS)
+
+
+def test_log_op() -> None:
+    log = parse_op(
+        {"id": 3, "op": {"op": "log", "level": "warn", "text": "careful", "count": 2}}, LIMITS
+    )
+    assert log.op == Log("warn", "careful", 2)
+
+
+def test_outcomes() -> None:
+    assert parse_outcome({"status": "completed", "output": "1"}, LIMITS, 0.5) == Completed("1", 0.5)
+    suspended = parse_outcome(
+        {"status": "suspended", "markers": [{"suspend": "event", "event": "go"}]}, LIMITS, 0
+    )
+    assert isinstance(suspended, Suspended)
+    assert suspended.markers[0].event == "go"
+    failed = parse_outcome({"status": "failed", "retryable": False, "message": "boom"}, LIMITS, 0)
+    assert failed == Failed(False, "boom", 0.0)
+    with pytest.raises(ProtocolError, match="non-empty list of markers"):
+        parse_outcome({"status": "suspended", "markers": []}, LIMITS, 0)
+    with pytest.raises(ProtocolError, match="unknown outcome status"):
+        parse_outcome({"status": "done"}, LIMITS, 0)
