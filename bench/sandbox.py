@@ -104,7 +104,7 @@ async def main() -> None:
         "per-op round trip": per_op_s,
         f"replay of {STEPS} settled steps": replay_s,
     }
-    print("| measure | median | × baseline |")
+    print("| measure | median | ratio to baseline |")
     print("|---|---:|---:|")
     for name, seconds in rows.items():
         print(f"| {name} | {seconds * 1e3:.3f} ms | {seconds / raw_s:.1f} |")

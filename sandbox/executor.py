@@ -6,11 +6,11 @@ working folder and rlimits. It reads frames on fd 0 and writes frames on a priva
 file, socket or database: once started it lowers RLIMIT_NOFILE to the descriptors it holds.
 
 Per drive: take the context prepared while idle (prelude evaluated, which yields `dispatch`,
-and intrinsics locked down), set the memory and stack limits, boot the run, load the bundle, start the body, then loop: run pending jobs,
-settle the next replayed step, or send the outbox to the parent and settle its answers one at a
-time — until the body settles or nothing is left to do. Compute is counted with
-`time.process_time()` (this process does nothing else) and the QuickJS time limit is set to what
-is left before every call into JS.
+and intrinsics locked down), set the memory and stack limits, boot the run, load the bundle,
+start the body, then loop: run pending jobs, settle the next replayed step, or send the outbox
+to the parent and settle its answers one at a time — until the body settles or nothing is left
+to do. Compute is counted with `time.process_time()` (this process does nothing else) and the
+QuickJS time limit is set to what is left before every call into JS.
 """
 
 from __future__ import annotations
