@@ -6,7 +6,10 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from bridge.limits import Limits
 from bundles import BuildLimits, TreeLimits
+from runner.bindings import Bindings
+from sandbox import PoolConfig
 
 __all__ = ["RunnerConfig", "system_clock"]
 
@@ -21,3 +24,6 @@ class RunnerConfig:
     tree_limits: TreeLimits = field(default_factory=TreeLimits)
     build_limits: BuildLimits = field(default_factory=BuildLimits)
     clock: Callable[[], float] = system_clock
+    limits: Limits = field(default_factory=Limits)
+    pool: PoolConfig = field(default_factory=PoolConfig)
+    bindings: Bindings = field(default_factory=Bindings)  # used when a call passes none

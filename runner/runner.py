@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 import asyncio
+import builtins
 import os
+import re
+import secrets
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from bridge import dumps_text
+from bridge.values import from_python, to_python
 from bundles import (
     SourceTree,
     build_snapshot,
@@ -17,13 +22,38 @@ from bundles import (
     snapshot_id_of,
     tree_from_mapping,
 )
+from runner.bindings import Bindings
 from runner.config import RunnerConfig
+from runner.driver import RunDriver
+from runner.errors import (
+    InvalidEvent,
+    InvalidRunId,
+    RunClosed,
+    RunConflict,
+    RunNotFound,
+    SnapshotNotFound,
+    UnknownWorkflow,
+)
 from runner.scopes import validate_scope
-from runner.store import JournalStore, SnapshotRecord
+from runner.store import JournalStore, LogRecord, RunRecord, SnapshotRecord
+from runner.views import (
+    TERMINAL,
+    PersistedRun,
+    RunView,
+    StartRunInput,
+    StepView,
+    ToolCallView,
+    run_view,
+    step_view,
+    tool_call_view,
+)
+from sandbox import ExecutorPool
 
 __all__ = ["PublishResult", "PublishedWorkflow", "Runner", "Source"]
 
 Source = str | os.PathLike[str] | Mapping[str, str | bytes]
+_RUN_ID = re.compile(r"^[A-Za-z0-9_-]{1,128}$")
+_EVENT_TYPE = re.compile(r"^[A-Za-z0-9_.:-]{1,100}$")
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,6 +76,8 @@ class Runner:
     def __init__(self, store: JournalStore, config: RunnerConfig) -> None:
         self._store = store
         self.config = config
+        self._pool = ExecutorPool(config.pool)
+        self._driver = RunDriver(store, self._pool, config)
 
     @classmethod
     @asynccontextmanager
@@ -68,6 +100,7 @@ class Runner:
         return cls(store, config or RunnerConfig())
 
     async def aclose(self) -> None:
+        await self._pool.aclose()
         await self._store.aclose()
 
     async def publish(
@@ -98,6 +131,171 @@ class Runner:
     @property
     def store(self) -> JournalStore:
         return self._store
+
+    # -- runs --------------------------------------------------------------------------------
+
+    async def start(self, request: StartRunInput, bindings: Bindings | None = None) -> RunView:
+        """Create a run pinned to a snapshot and drive it to its first suspension or its end.
+
+        With a caller-supplied `run_id` start is idempotent: the same arguments return the
+        existing run; different ones raise `RunConflict`.
+        """
+        scope = validate_scope(request.scope)
+        run_id = self._run_id(request.run_id)
+        snapshot = await self._store.find_snapshot(scope, request.snapshot_id)
+        if snapshot is None:
+            raise SnapshotNotFound(scope, request.snapshot_id)
+        entries = {w.workflow: w.entry_path for w in snapshot.workflows}
+        entry_path = entries.get(request.workflow)
+        if entry_path is None or request.entry_path not in (None, entry_path):
+            raise UnknownWorkflow(request.workflow, sorted(entries))
+        limit = self.config.limits.value_bytes
+        encoded_input = from_python(request.input, max_bytes=limit, what="the run input")
+        bindings_text = from_python(
+            request.persisted_bindings, max_bytes=limit, what="the persisted bindings"
+        )
+        now = self._driver.now_ms()
+        record = RunRecord(
+            run_id, scope, request.workflow, request.snapshot_id, entry_path, "running",
+            encoded_input, bindings_text, None, None, now, now, None, None, 0.0, 0, False,
+        )  # fmt: skip
+        async with self._store.transaction() as tx:
+            created = await tx.insert_run(record)
+            if created:
+                await tx.append_event(run_id, "run_created", now, dumps_text({"scope": scope}))
+            else:
+                existing = await tx.get_run(run_id)
+        if not created:
+            assert existing is not None
+            _check_same(existing, record)
+            return run_view(existing)
+        return await self._drive(run_id, bindings)
+
+    async def resume(
+        self, run_id: str, bindings: Bindings | None = None, *, scope: str | None = None
+    ) -> RunView:
+        """Drive a run again: after a crash, or once its timer is due. A finished run is
+        returned as it is."""
+        await self._run(run_id, scope)
+        return await self._drive(run_id, bindings)
+
+    async def signal(
+        self,
+        run_id: str,
+        event_type: str,
+        payload: object = None,
+        bindings: Bindings | None = None,
+        *,
+        scope: str | None = None,
+    ) -> RunView:
+        """Deliver an event for `step.waitForEvent`. Events that arrive before the wait are
+        buffered; each is consumed once, in the order they arrived."""
+        if not isinstance(event_type, str) or not _EVENT_TYPE.fullmatch(event_type):
+            raise InvalidEvent(
+                f"invalid event type {str(event_type)[:80]!r}: use 1-100 characters of "
+                "A-Z, a-z, 0-9, _ . : -"
+            )
+        encoded = from_python(
+            payload, max_bytes=self.config.limits.value_bytes, what="the event payload"
+        )
+        await self._run(run_id, scope)
+        now = self._driver.now_ms()
+        async with self._store.transaction() as tx:
+            run = await tx.get_run(run_id)
+            assert run is not None
+            if run.status in TERMINAL or run.cancel_requested:
+                raise RunClosed(run_id, "cancelled" if run.cancel_requested else run.status)
+            seq = await tx.insert_inbox(run_id, event_type, encoded, now)
+            await tx.append_event(
+                run_id, "event_received", now, dumps_text({"type": event_type, "inbox": seq})
+            )
+        current = await self._store.get_run(run_id)
+        assert current is not None
+        if current.status == "waiting":
+            return await self._drive(run_id, bindings)
+        return run_view(current)
+
+    async def cancel(self, run_id: str, *, scope: str | None = None) -> RunView:
+        """Stop a run at its next suspension point (at once if it is suspended now). Later
+        signals are refused."""
+        await self._run(run_id, scope)
+        now = self._driver.now_ms()
+        async with self._store.transaction() as tx:
+            run = await tx.get_run(run_id)
+            assert run is not None
+            if run.status not in TERMINAL and not run.cancel_requested:
+                await tx.update_run(run_id, cancel_requested=1, updated_at=now)
+                await tx.append_event(run_id, "cancel_requested", now, None)
+        return await self._drive(run_id, None)
+
+    async def get(self, run_id: str, *, scope: str | None = None) -> RunView:
+        return run_view(await self._run(run_id, scope))
+
+    async def get_persisted(self, run_id: str, *, scope: str | None = None) -> PersistedRun:
+        run = await self._run(run_id, scope)
+        bindings = to_python(run.persisted_bindings)
+        return PersistedRun(run.run_id, run.snapshot_id, run.entry_path, dict(bindings))
+
+    async def list(
+        self,
+        *,
+        scope: str | None = None,
+        workflow: str | None = None,
+        status: str | None = None,
+        limit: int = 1000,
+    ) -> list[RunView]:
+        if scope is not None:
+            validate_scope(scope)
+        runs = await self._store.list_runs(scope, workflow, status, limit)
+        return [run_view(run) for run in runs]
+
+    async def list_steps(self, run_id: str, *, scope: str | None = None) -> builtins.list[StepView]:
+        await self._run(run_id, scope)
+        return [step_view(step) for step in await self._store.list_steps(run_id)]
+
+    async def list_tool_calls(
+        self, run_id: str, *, scope: str | None = None
+    ) -> builtins.list[ToolCallView]:
+        """The audit trail of `step.tool`: one row per call, in order."""
+        await self._run(run_id, scope)
+        return [tool_call_view(call) for call in await self._store.list_tool_calls(run_id)]
+
+    async def list_logs(self, run_id: str, *, scope: str | None = None) -> builtins.list[LogRecord]:
+        await self._run(run_id, scope)
+        return await self._store.list_logs(run_id)
+
+    async def _run(self, run_id: str, scope: str | None) -> RunRecord:
+        """The run, or RunNotFound — also when it belongs to another scope."""
+        if scope is not None:
+            validate_scope(scope)
+        if not isinstance(run_id, str) or not _RUN_ID.fullmatch(run_id):
+            raise RunNotFound(str(run_id)[:128])
+        run = await self._store.get_run(run_id)
+        if run is None or (scope is not None and run.scope != scope):
+            raise RunNotFound(run_id)
+        return run
+
+    async def _drive(self, run_id: str, bindings: Bindings | None) -> RunView:
+        run = await self._driver.drive(run_id, bindings or self.config.bindings)
+        return run_view(run)
+
+    @staticmethod
+    def _run_id(run_id: str | None) -> str:
+        if run_id is None:
+            return secrets.token_hex(16)  # 128 random bits
+        if not isinstance(run_id, str) or not _RUN_ID.fullmatch(run_id):
+            raise InvalidRunId(run_id)
+        return run_id
+
+
+def _check_same(existing: RunRecord, wanted: RunRecord) -> None:
+    differences = [
+        name
+        for name in ("scope", "workflow", "snapshot_id", "input", "persisted_bindings")
+        if getattr(existing, name) != getattr(wanted, name)
+    ]
+    if differences:
+        raise RunConflict(wanted.run_id, differences)
 
 
 def _published(record: SnapshotRecord, *, created: bool) -> PublishResult:

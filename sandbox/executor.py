@@ -95,19 +95,27 @@ class Drive:
             self._drain()
             outcome = self._call("outcome")
             if outcome:
+                self._exchange(self._call("takeLogs"))
                 return _outcome(outcome)
             if self._call("hit") == "1":
                 continue
             ops = self._call("take")
             if not ops:
                 return _outcome(self._call("finish"))
-            _write_all(self.frames_out, frame(b'{"type":"ops","ops":' + ops.encode("ascii") + b"}"))
-            reply = read_frame_fd(0)
-            if reply is None:
-                raise SystemExit(0)  # the parent went away
-            for answer in orjson.loads(reply)["answers"]:
+            for answer in self._exchange(ops):
                 self._call("answer", orjson.dumps(answer).decode())
                 self._drain()
+
+    def _exchange(self, ops: str) -> list[Any]:
+        """Send a batch of ops to the parent and return its answers (none for an empty batch)."""
+        if not ops:
+            return []
+        _write_all(self.frames_out, frame(b'{"type":"ops","ops":' + ops.encode("ascii") + b"}"))
+        reply = read_frame_fd(0)
+        if reply is None:
+            raise SystemExit(0)  # the parent went away
+        answers: list[Any] = orjson.loads(reply)["answers"]
+        return answers
 
     def _remaining(self) -> float:
         return float(self.budget_s) - (time.process_time() - self.started)

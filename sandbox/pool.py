@@ -195,7 +195,11 @@ class ExecutorPool:
             except ProtocolError as error:
                 executor.kill("protocol")
                 return Failed(False, f"the sandbox broke the protocol: {error}", 0.0), False
-            answers = await self._service(executor, ops, host)
+            try:
+                answers = await self._service(executor, ops, host)
+            except ProtocolError as error:  # the host found an op that contradicts the journal
+                executor.kill("protocol")
+                return Failed(False, f"the sandbox broke the protocol: {error}", 0.0), False
             wire = {"type": "answers", "answers": [answer_to_wire(a) for a in answers]}
             await executor.send(orjson.dumps(wire))
 

@@ -575,7 +575,9 @@
       send({ op: "step.record", step: name, count, attempt, ...fields }, (result, at) => {
         if (hasOwn(result, "value")) {
           reach(at, key);
-          if (hasOwn(fields, "value")) resolve(decode(fields.value));
+          // A string is the value another writer settled first: the first writer wins.
+          if (typeof result.value === "string") resolve(decode(result.value));
+          else if (hasOwn(fields, "value")) resolve(decode(fields.value));
           else rejectStep(makeError(fields.error));
         } else {
           valueAnswer(result, at, key, count, resolve, rejectStep);
@@ -971,6 +973,14 @@
           return taken.length === 0 ? "" : asciiJSON(taken);
         }
         case "outcome": return outcome === null ? "" : asciiJSON(outcome);
+        case "takeLogs": {
+          // At the end of a drive only console output still goes out: a step call nobody
+          // awaited must not run after the body has finished.
+          const logs = [];
+          for (let i = 0; i < outbox.length; i++) if (outbox[i].op.op === "log") append(logs, outbox[i]);
+          outbox = [];
+          return logs.length === 0 ? "" : asciiJSON(logs);
+        }
         case "finish": return asciiJSON(finish());
       }
       return asciiJSON({ error: { name: "DriveError", message: "unknown command " + command } });

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from bundles import build_snapshot, tree_from_mapping
-from runner import Runner
+from runner import Bindings, Runner, RunnerConfig, RunView, StartRunInput
 from sandbox import ExecutorPool, PoolConfig
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
@@ -37,3 +37,43 @@ async def bundle_of(source: str, name: str = "w.ts") -> str:
 async def pool() -> AsyncIterator[ExecutorPool]:
     async with ExecutorPool(PoolConfig(size=2)) as opened:
         yield opened
+
+
+class FakeClock:
+    """An injectable clock: time moves only when a test says so."""
+
+    def __init__(self, start: float = 1_800_000_000.0) -> None:
+        self.now = start
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock()
+
+
+@pytest.fixture
+async def clocked_runner(tmp_path: Path, clock: FakeClock) -> AsyncIterator[Runner]:
+    config = RunnerConfig(clock=clock, pool=PoolConfig(size=2))
+    async with Runner.open(tmp_path / "journal.db", config) as opened:
+        yield opened
+
+
+async def start_source(
+    runner: Runner,
+    source: str,
+    payload: object = None,
+    *,
+    run_id: str | None = None,
+    bindings: Bindings | None = None,
+    scope: str = "acme",
+) -> RunView:
+    """Publish one workflow file and start a run of it."""
+    published = await runner.publish(scope, {"workflows/flow.ts": source})
+    request = StartRunInput(scope, "flow", published.snapshot_id, payload, run_id)
+    return await runner.start(request, bindings)

@@ -2,5 +2,29 @@
 
 from runner.store.journal import BundleRecord, JournalStore, SnapshotRecord, WorkflowRecord
 from runner.store.migrations import MIGRATIONS
+from runner.store.records import (
+    EventRecord,
+    InboxRecord,
+    JournalRow,
+    LogRecord,
+    RunRecord,
+    StepRow,
+    ToolCallRecord,
+)
+from runner.store.tx import JournalTransaction
 
-__all__ = ["MIGRATIONS", "BundleRecord", "JournalStore", "SnapshotRecord", "WorkflowRecord"]
+__all__ = [
+    "MIGRATIONS",
+    "BundleRecord",
+    "EventRecord",
+    "InboxRecord",
+    "JournalRow",
+    "JournalStore",
+    "JournalTransaction",
+    "LogRecord",
+    "RunRecord",
+    "SnapshotRecord",
+    "StepRow",
+    "ToolCallRecord",
+    "WorkflowRecord",
+]

@@ -6,11 +6,13 @@ inside one end in `_txn`. Rows leave this module only as frozen dataclasses.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import aiosqlite
 
@@ -18,6 +20,15 @@ from bridge import dumps_text
 from bundles import Snapshot
 from runner.store.connection import connect
 from runner.store.migrations import migrate
+from runner.store.records import (
+    EventRecord,
+    JournalRow,
+    LogRecord,
+    RunRecord,
+    StepRow,
+    ToolCallRecord,
+)
+from runner.store.tx import RUN_COLUMNS, STEP_COLUMNS, JournalTransaction, run_record
 
 __all__ = ["BundleRecord", "JournalStore", "SnapshotRecord", "WorkflowRecord"]
 
@@ -51,6 +62,9 @@ class JournalStore:
     def __init__(self, connection: aiosqlite.Connection, path: Path) -> None:
         self._db = connection
         self.path = path
+        # One connection serves the whole runner: statements of concurrent coroutines must not
+        # interleave inside another's transaction.
+        self._lock = asyncio.Lock()
 
     @classmethod
     async def open(cls, path: str | Path) -> JournalStore:
@@ -67,24 +81,34 @@ class JournalStore:
 
     @asynccontextmanager
     async def _transaction(self) -> AsyncIterator[aiosqlite.Connection]:
-        await self._db.execute("BEGIN IMMEDIATE")
-        try:
-            yield self._db
-        except BaseException:
-            await self._db.execute("ROLLBACK")
-            raise
-        await self._db.execute("COMMIT")
+        async with self._lock:
+            await self._db.execute("BEGIN IMMEDIATE")
+            try:
+                yield self._db
+            except BaseException:
+                await self._db.execute("ROLLBACK")
+                raise
+            await self._db.execute("COMMIT")
+
+    @asynccontextmanager
+    async def transaction(self) -> AsyncIterator[JournalTransaction]:
+        """`async with store.transaction() as tx:` — committed on exit, rolled back on error."""
+        async with self._transaction() as connection:
+            yield JournalTransaction(connection)
+
+    async def _all(self, sql: str, args: tuple[Any, ...] = ()) -> list[Any]:
+        async with self._lock, self._db.execute(sql, args) as cursor:
+            return list(await cursor.fetchall())
 
     # -- snapshots -----------------------------------------------------------------------------
 
     async def find_snapshot(self, scope: str, snapshot_id: str) -> SnapshotRecord | None:
-        async with self._db.execute(
+        rows = await self._all(
             "SELECT s.created_at, b.workflow, b.entry_path FROM snapshots s"
             " JOIN bundles b USING (scope, snapshot_id)"
             " WHERE s.scope = ? AND s.snapshot_id = ? ORDER BY b.workflow",
             (scope, snapshot_id),
-        ) as cursor:
-            rows = list(await cursor.fetchall())
+        )
         if not rows:
             return None
         workflows = tuple(WorkflowRecord(row[1], row[2]) for row in rows)
@@ -133,26 +157,83 @@ class JournalStore:
         return inserted
 
     async def load_bundle(self, scope: str, snapshot_id: str, workflow: str) -> BundleRecord | None:
-        async with self._db.execute(
+        rows = await self._all(
             "SELECT entry_path, code FROM bundles"
             " WHERE scope = ? AND snapshot_id = ? AND workflow = ?",
             (scope, snapshot_id, workflow),
-        ) as cursor:
-            row = await cursor.fetchone()
-        if row is None:
+        )
+        if not rows:
             return None
-        return BundleRecord(scope, snapshot_id, workflow, str(row[0]), str(row[1]))
+        return BundleRecord(scope, snapshot_id, workflow, str(rows[0][0]), str(rows[0][1]))
 
     async def table_counts(self) -> dict[str, int]:
         """Rows in each journal table: what tests use to show that nothing was written."""
-        async with self._db.execute(
+        rows = await self._all(
             "SELECT name FROM sqlite_schema WHERE type = 'table' AND name NOT LIKE 'sqlite_%'"
-        ) as cursor:
-            tables = [str(row[0]) for row in await cursor.fetchall()]
+        )
         counts: dict[str, int] = {}
-        for table in sorted(tables):
+        for table in sorted(str(row[0]) for row in rows):
             # `table` comes from sqlite_schema, not from a caller.
-            async with self._db.execute(f'SELECT count(*) FROM "{table}"') as cursor:
-                row = await cursor.fetchone()
-            counts[table] = int(row[0]) if row else 0
+            counted = await self._all(f'SELECT count(*) FROM "{table}"')
+            counts[table] = int(counted[0][0])
         return counts
+
+    # -- runs: reads outside any write transaction --------------------------------------------
+
+    async def get_run(self, run_id: str) -> RunRecord | None:
+        rows = await self._all(f"SELECT {RUN_COLUMNS} FROM runs WHERE run_id = ?", (run_id,))
+        return run_record(rows[0]) if rows else None
+
+    async def list_runs(
+        self, scope: str | None, workflow: str | None, status: str | None, limit: int
+    ) -> list[RunRecord]:
+        clauses, args = [], []
+        for column, value in (("scope", scope), ("workflow", workflow), ("status", status)):
+            if value is not None:
+                clauses.append(f"{column} = ?")
+                args.append(value)
+        where = f" WHERE {' AND '.join(clauses)}" if clauses else ""
+        rows = await self._all(
+            f"SELECT {RUN_COLUMNS} FROM runs{where} ORDER BY created_at, run_id LIMIT ?",
+            (*args, limit),
+        )
+        return [run_record(row) for row in rows]
+
+    async def load_journal(self, run_id: str) -> list[JournalRow]:
+        """Every settled step of a run in the order it was reached: one query per drive."""
+        rows = await self._all(
+            "SELECT kind, name, count, output, error, completed_at FROM steps"
+            " WHERE run_id = ? AND settled_seq IS NOT NULL ORDER BY settled_seq",
+            (run_id,),
+        )
+        return [JournalRow(f"{r[0]}:{r[2]}:{r[1]}", r[3], r[4], int(r[5])) for r in rows]
+
+    async def list_steps(self, run_id: str) -> list[StepRow]:
+        rows = await self._all(
+            f"SELECT {STEP_COLUMNS} FROM steps WHERE run_id = ?"
+            " ORDER BY settled_seq IS NULL, settled_seq, started_at",
+            (run_id,),
+        )
+        return [StepRow(*row) for row in rows]
+
+    async def list_events(self, run_id: str) -> list[EventRecord]:
+        rows = await self._all(
+            "SELECT seq, run_id, type, at, data FROM events WHERE run_id = ? ORDER BY seq",
+            (run_id,),
+        )
+        return [EventRecord(*row) for row in rows]
+
+    async def list_tool_calls(self, run_id: str) -> list[ToolCallRecord]:
+        rows = await self._all(
+            "SELECT seq, run_id, step_key, attempt, address, args, result, error, started_at,"
+            " duration_ms FROM tool_calls WHERE run_id = ? ORDER BY seq",
+            (run_id,),
+        )
+        return [ToolCallRecord(*row) for row in rows]
+
+    async def list_logs(self, run_id: str) -> list[LogRecord]:
+        rows = await self._all(
+            "SELECT run_id, count, level, text, at FROM logs WHERE run_id = ? ORDER BY count",
+            (run_id,),
+        )
+        return [LogRecord(*row) for row in rows]

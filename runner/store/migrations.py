@@ -38,6 +38,95 @@ MIGRATIONS: tuple[tuple[int, str, str], ...] = (
         ) STRICT;
         """,
     ),
+    (
+        2,
+        "runs, steps, events, inbox, timers, tool calls, logs",
+        """
+        CREATE TABLE runs (
+            run_id TEXT PRIMARY KEY,
+            scope TEXT NOT NULL,
+            workflow TEXT NOT NULL,
+            snapshot_id TEXT NOT NULL,
+            entry_path TEXT NOT NULL,
+            status TEXT NOT NULL,
+            input TEXT NOT NULL,
+            persisted_bindings TEXT NOT NULL,
+            output TEXT,
+            error TEXT,
+            created_at INTEGER NOT NULL,
+            updated_at INTEGER NOT NULL,
+            wake_at INTEGER,
+            waiting_for TEXT,
+            cpu_used_s REAL NOT NULL DEFAULT 0,
+            logs_count INTEGER NOT NULL DEFAULT 0,
+            cancel_requested INTEGER NOT NULL DEFAULT 0,
+            FOREIGN KEY (scope, snapshot_id) REFERENCES snapshots (scope, snapshot_id)
+        ) STRICT;
+        CREATE INDEX runs_by_scope ON runs (scope, status, created_at);
+        CREATE TABLE steps (
+            run_id TEXT NOT NULL REFERENCES runs (run_id),
+            kind TEXT NOT NULL,
+            name TEXT NOT NULL,
+            count INTEGER NOT NULL,
+            status TEXT NOT NULL,
+            attempt INTEGER NOT NULL,
+            config TEXT,
+            detail TEXT,
+            output TEXT,
+            error TEXT,
+            started_at INTEGER NOT NULL,
+            completed_at INTEGER,
+            settled_seq INTEGER,
+            PRIMARY KEY (run_id, kind, name, count)
+        ) STRICT;
+        CREATE INDEX steps_settled ON steps (run_id, settled_seq);
+        CREATE TABLE events (
+            seq INTEGER PRIMARY KEY AUTOINCREMENT,
+            run_id TEXT NOT NULL,
+            type TEXT NOT NULL,
+            at INTEGER NOT NULL,
+            data TEXT
+        ) STRICT;
+        CREATE INDEX events_by_run ON events (run_id, seq);
+        CREATE TABLE inbox (
+            seq INTEGER PRIMARY KEY AUTOINCREMENT,
+            run_id TEXT NOT NULL REFERENCES runs (run_id),
+            type TEXT NOT NULL,
+            payload TEXT NOT NULL,
+            received_at INTEGER NOT NULL,
+            consumed_by TEXT
+        ) STRICT;
+        CREATE INDEX inbox_unconsumed ON inbox (run_id, type, seq) WHERE consumed_by IS NULL;
+        CREATE TABLE timers (
+            run_id TEXT NOT NULL REFERENCES runs (run_id),
+            step_key TEXT NOT NULL,
+            kind TEXT NOT NULL,
+            due_at INTEGER NOT NULL,
+            PRIMARY KEY (run_id, step_key)
+        ) STRICT;
+        CREATE INDEX timers_by_due ON timers (due_at);
+        CREATE TABLE tool_calls (
+            seq INTEGER PRIMARY KEY AUTOINCREMENT,
+            run_id TEXT NOT NULL REFERENCES runs (run_id),
+            step_key TEXT NOT NULL,
+            attempt INTEGER NOT NULL,
+            address TEXT NOT NULL,
+            args TEXT NOT NULL,
+            result TEXT,
+            error TEXT,
+            started_at INTEGER NOT NULL,
+            duration_ms INTEGER
+        ) STRICT;
+        CREATE TABLE logs (
+            run_id TEXT NOT NULL REFERENCES runs (run_id),
+            count INTEGER NOT NULL,
+            level TEXT NOT NULL,
+            text TEXT NOT NULL,
+            at INTEGER NOT NULL,
+            PRIMARY KEY (run_id, count)
+        ) STRICT;
+        """,
+    ),
 )
 
 

@@ -1,0 +1,74 @@
+"""Errors of the run lifecycle. Tree (under `bridge.errors.QjsflowError`):
+
+    InvalidInput
+    ├── RunNotFound         no such run in the caller's scope (a run of another scope too)
+    ├── SnapshotNotFound    no such snapshot in the scope
+    ├── UnknownWorkflow     the snapshot has no workflow of that name
+    ├── RunConflict         a caller-supplied run id already names a different run
+    ├── RunClosed           the run is finished or cancelled and accepts no events
+    └── InvalidRunId / InvalidEvent   malformed ids, event types or payloads
+
+`FatalToolError` is for tool authors: raise it from a tool to fail the step without retries.
+"""
+
+from __future__ import annotations
+
+from bridge import InvalidInput
+
+__all__ = [
+    "FatalToolError",
+    "InvalidEvent",
+    "InvalidRunId",
+    "RunClosed",
+    "RunConflict",
+    "RunNotFound",
+    "SnapshotNotFound",
+    "UnknownWorkflow",
+]
+
+
+class RunNotFound(InvalidInput):
+    def __init__(self, run_id: str) -> None:
+        self.run_id = run_id
+        super().__init__(f"no run {run_id!r} (check the run id and the scope)")
+
+
+class SnapshotNotFound(InvalidInput):
+    def __init__(self, scope: str, snapshot_id: str) -> None:
+        super().__init__(
+            f"no snapshot {snapshot_id!r} in scope {scope!r}: publish the source first"
+        )
+
+
+class UnknownWorkflow(InvalidInput):
+    def __init__(self, workflow: str, known: list[str]) -> None:
+        names = ", ".join(known) or "none"
+        super().__init__(f"the snapshot has no workflow {workflow!r}; it has: {names}")
+
+
+class RunConflict(InvalidInput):
+    def __init__(self, run_id: str, differences: list[str]) -> None:
+        super().__init__(
+            f"run {run_id!r} already exists with a different {', '.join(differences)}; "
+            "use a new run id or the same arguments"
+        )
+
+
+class RunClosed(InvalidInput):
+    def __init__(self, run_id: str, status: str) -> None:
+        super().__init__(f"run {run_id!r} is {status} and accepts no more events")
+
+
+class InvalidRunId(InvalidInput):
+    def __init__(self, run_id: object) -> None:
+        super().__init__(
+            f"invalid run id {str(run_id)[:80]!r}: use 1-128 characters of A-Z, a-z, 0-9, _ and -"
+        )
+
+
+class InvalidEvent(InvalidInput):
+    pass
+
+
+class FatalToolError(Exception):
+    """Raised by a tool to fail its step at once, with no retries."""

@@ -1,0 +1,112 @@
+"""Rows of the journal as frozen dataclasses: the only shape in which they leave the store.
+
+Times are integer milliseconds since the epoch; values are encoded JSON text (bridge.values).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = [
+    "EventRecord",
+    "InboxRecord",
+    "JournalRow",
+    "LogRecord",
+    "RunRecord",
+    "StepRow",
+    "ToolCallRecord",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class RunRecord:
+    run_id: str
+    scope: str
+    workflow: str
+    snapshot_id: str
+    entry_path: str
+    status: str
+    input: str
+    persisted_bindings: str
+    output: str | None
+    error: str | None
+    created_at: int
+    updated_at: int
+    wake_at: int | None
+    waiting_for: str | None
+    cpu_used_s: float
+    logs_count: int
+    cancel_requested: bool
+
+
+@dataclass(frozen=True, slots=True)
+class StepRow:
+    run_id: str
+    kind: str
+    name: str
+    count: int
+    status: str  # running | retrying | waiting | completed | failed
+    attempt: int
+    config: str | None  # RetryPolicy as JSON
+    detail: str | None  # kind-specific JSON: a sleep's due time, a wait's type and deadline
+    output: str | None
+    error: str | None  # StepFailure as JSON
+    started_at: int
+    completed_at: int | None
+    settled_seq: int | None
+
+    @property
+    def key(self) -> str:
+        return f"{self.kind}:{self.count}:{self.name}"
+
+
+@dataclass(frozen=True, slots=True)
+class JournalRow:
+    """A settled step, in the order the run reached it."""
+
+    key: str
+    output: str | None
+    error: str | None
+    completed_at: int
+
+
+@dataclass(frozen=True, slots=True)
+class InboxRecord:
+    seq: int
+    run_id: str
+    type: str
+    payload: str
+    received_at: int
+    consumed_by: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class EventRecord:
+    seq: int
+    run_id: str
+    type: str
+    at: int
+    data: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCallRecord:
+    seq: int
+    run_id: str
+    step_key: str
+    attempt: int
+    address: str
+    args: str
+    result: str | None
+    error: str | None
+    started_at: int
+    duration_ms: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class LogRecord:
+    run_id: str
+    count: int
+    level: str
+    text: str
+    at: int

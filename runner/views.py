@@ -1,0 +1,152 @@
+"""What callers see of runs and steps: frozen dataclasses made from journal rows.
+
+Values are decoded (bridge.values) and times are float seconds since the epoch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import orjson
+
+from bridge.values import to_python
+from runner.store import RunRecord, StepRow, ToolCallRecord
+
+__all__ = [
+    "PersistedRun",
+    "RunStatus",
+    "RunView",
+    "StartRunInput",
+    "StepView",
+    "ToolCallView",
+    "run_view",
+    "step_view",
+    "tool_call_view",
+]
+
+RunStatus = Literal["running", "sleeping", "waiting", "completed", "failed", "cancelled"]
+TERMINAL: frozenset[str] = frozenset({"completed", "failed", "cancelled"})
+
+
+@dataclass(frozen=True, slots=True)
+class StartRunInput:
+    """Arguments of `Runner.start`. `entry_path`, when given, must match the workflow's."""
+
+    scope: str
+    workflow: str
+    snapshot_id: str
+    input: Any = None
+    run_id: str | None = None
+    entry_path: str | None = None
+    persisted_bindings: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class RunView:
+    run_id: str
+    scope: str
+    workflow: str
+    snapshot_id: str
+    status: RunStatus
+    input: Any
+    output: Any
+    error: str | None
+    created_at: float
+    updated_at: float
+    wake_at: float | None = None  # the next timer: a sleep, a retry or a wait's timeout
+    waiting_for: str | None = None  # the awaited event type, while waiting
+
+
+@dataclass(frozen=True, slots=True)
+class StepView:
+    run_id: str
+    name: str
+    kind: str
+    count: int
+    status: str
+    output: Any
+    error: str | None
+    attempt: int
+    completed_at: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCallView:
+    run_id: str
+    step: str
+    attempt: int
+    address: str
+    args: Any
+    result: Any
+    error: str | None
+    started_at: float
+    duration_s: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class PersistedRun:
+    run_id: str
+    snapshot_id: str
+    entry_path: str
+    persisted_bindings: dict[str, Any]
+
+
+def _seconds(ms: int | None) -> float | None:
+    return None if ms is None else ms / 1000
+
+
+def _decoded(text: str | None) -> Any:
+    return None if text is None else to_python(text)
+
+
+def _error_message(text: str | None) -> str | None:
+    if text is None:
+        return None
+    data = orjson.loads(text)
+    return f"{data['name']}: {data['message']}" if isinstance(data, dict) else str(data)
+
+
+def run_view(run: RunRecord) -> RunView:
+    return RunView(
+        run_id=run.run_id,
+        scope=run.scope,
+        workflow=run.workflow,
+        snapshot_id=run.snapshot_id,
+        status=run.status,  # type: ignore[arg-type]
+        input=_decoded(run.input),
+        output=_decoded(run.output),
+        error=run.error,
+        created_at=run.created_at / 1000,
+        updated_at=run.updated_at / 1000,
+        wake_at=_seconds(run.wake_at),
+        waiting_for=run.waiting_for,
+    )
+
+
+def step_view(step: StepRow) -> StepView:
+    return StepView(
+        run_id=step.run_id,
+        name=step.name,
+        kind=step.kind,
+        count=step.count,
+        status=step.status,
+        output=_decoded(step.output),
+        error=_error_message(step.error),
+        attempt=step.attempt,
+        completed_at=_seconds(step.completed_at),
+    )
+
+
+def tool_call_view(call: ToolCallRecord) -> ToolCallView:
+    return ToolCallView(
+        run_id=call.run_id,
+        step=call.step_key.split(":", 2)[2],
+        attempt=call.attempt,
+        address=call.address,
+        args=_decoded(call.args),
+        result=_decoded(call.result),
+        error=_error_message(call.error),
+        started_at=call.started_at / 1000,
+        duration_s=_seconds(call.duration_ms),
+    )

@@ -1,0 +1,165 @@
+"""waitForEvent, signal, cancel, scopes and the history a run leaves."""
+
+from __future__ import annotations
+
+import pytest
+
+from bridge import InvalidInput
+from runner import InvalidEvent, RunClosed, Runner, RunNotFound
+from tests.conftest import FakeClock, start_source
+
+BUFFERED = """
+export default async (event, step) => {
+  await step.sleep("first a nap", "1 minute");
+  const one = await step.waitForEvent("first", { type: "item" });
+  const two = await step.waitForEvent("second", { type: "item" });
+  return [one.payload, two.payload, one.type, one.timestamp instanceof Date];
+};
+"""
+
+
+async def test_events_sent_before_the_wait_are_buffered_fifo(
+    clocked_runner: Runner, clock: FakeClock
+) -> None:
+    run = await start_source(clocked_runner, BUFFERED)
+    assert run.status == "sleeping"
+    await clocked_runner.signal(run.run_id, "item", {"n": 1})
+    await clocked_runner.signal(run.run_id, "item", {"n": 2})
+    clock.advance(60)
+    done = await clocked_runner.resume(run.run_id)
+    assert done.status == "completed"
+    assert done.output == [{"n": 1}, {"n": 2}, "item", True]
+
+
+THREE_WAITS = """
+export default async (event, step) => {
+  const seen = [];
+  for (let i = 0; i < 3; i++) {
+    try {
+      const got = await step.waitForEvent("tick", { type: "tick", timeout: "1 minute" });
+      seen.push(got.payload);
+    } catch (error) {
+      seen.push(error.name);
+    }
+  }
+  return seen;
+};
+"""
+
+
+async def test_a_timed_out_wait_does_not_swallow_the_next_event(
+    clocked_runner: Runner, clock: FakeClock
+) -> None:
+    run = await start_source(clocked_runner, THREE_WAITS)
+    assert (run.status, run.waiting_for) == ("waiting", "tick")
+    run = await clocked_runner.signal(run.run_id, "tick", "one")
+    assert run.status == "waiting"
+    clock.advance(61)  # the second wait's deadline passes with no event...
+    run = await clocked_runner.signal(run.run_id, "tick", "two")  # ...then one arrives
+    assert run.status == "completed"
+    assert run.output == ["one", "WaitForEventTimeoutError", "two"]
+    steps = await clocked_runner.list_steps(run.run_id)
+    assert [s.status for s in steps] == ["completed", "failed", "completed"]
+
+
+async def test_default_wait_timeout_is_a_day_and_catchable(
+    clocked_runner: Runner, clock: FakeClock
+) -> None:
+    source = """
+    export default async (event, step) => {
+      try { await step.waitForEvent("approval", { type: "approve" }); }
+      catch (error) { return error.message; }
+    };
+    """
+    run = await start_source(clocked_runner, source)
+    assert run.wake_at == pytest.approx(clock() + 86400)
+    clock.advance(86399)
+    assert (await clocked_runner.resume(run.run_id)).status == "waiting"
+    clock.advance(1)
+    done = await clocked_runner.resume(run.run_id)
+    assert done.status == "completed"
+    assert "timed out after 86400000 ms" in done.output
+    replayed = await clocked_runner.resume(done.run_id)
+    assert replayed.output == done.output
+
+
+async def test_cancel_stops_a_waiting_run_and_refuses_signals(clocked_runner: Runner) -> None:
+    run = await start_source(clocked_runner, THREE_WAITS)
+    cancelled = await clocked_runner.cancel(run.run_id)
+    assert cancelled.status == "cancelled"
+    with pytest.raises(RunClosed, match="is cancelled and accepts no more events"):
+        await clocked_runner.signal(run.run_id, "tick", "late")
+    assert (await clocked_runner.resume(run.run_id)).status == "cancelled"
+
+
+async def test_another_scope_sees_no_run(clocked_runner: Runner) -> None:
+    run = await start_source(clocked_runner, THREE_WAITS)
+    for call in (
+        clocked_runner.get(run.run_id, scope="other"),
+        clocked_runner.signal(run.run_id, "tick", 1, scope="other"),
+        clocked_runner.cancel(run.run_id, scope="other"),
+        clocked_runner.list_steps(run.run_id, scope="other"),
+    ):
+        with pytest.raises(RunNotFound) as caught:
+            await call
+        assert str(caught.value) == f"no run {run.run_id!r} (check the run id and the scope)"
+    with pytest.raises(RunNotFound) as missing:
+        await clocked_runner.get("0" * 32)
+    assert "check the run id and the scope" in str(missing.value)
+    assert (await clocked_runner.get(run.run_id, scope="acme")).status == "waiting"
+    assert await clocked_runner.list(scope="other") == []
+
+
+async def test_bad_signals_are_refused_and_record_nothing(clocked_runner: Runner) -> None:
+    run = await start_source(clocked_runner, THREE_WAITS)
+    counts = await clocked_runner.store.table_counts()
+    with pytest.raises(InvalidEvent, match="invalid event type"):
+        await clocked_runner.signal(run.run_id, "bad type!", 1)
+    with pytest.raises(InvalidInput, match="the event payload is larger than the limit"):
+        await clocked_runner.signal(run.run_id, "tick", "x" * (1024 * 1024 + 1))
+    assert await clocked_runner.store.table_counts() == counts
+
+
+HISTORY = """
+export default async (event, step) => {
+  const a = await step.do("a", async () => 1);
+  await step.sleep("s", 0);
+  const b = await step.waitForEvent("w", { type: "go" });
+  return a + b.payload;
+};
+"""
+
+
+async def test_steps_and_events_hold_the_whole_history(clocked_runner: Runner) -> None:
+    run = await start_source(clocked_runner, HISTORY)
+    done = await clocked_runner.signal(run.run_id, "go", 41)
+    assert (done.status, done.output) == ("completed", 42)
+    steps = await clocked_runner.list_steps(run.run_id)
+    assert [(s.kind, s.name, s.status, s.attempt, s.output) for s in steps] == [
+        ("do", "a", "completed", 1, 1),
+        ("sleep", "s", "completed", 1, None),
+        (
+            "waitForEvent",
+            "w",
+            "completed",
+            1,
+            {"type": "go", "payload": 41, "timestamp": steps[2].output["timestamp"]},
+        ),
+    ]
+    events = [e.type for e in await clocked_runner.store.list_events(run.run_id)]
+    assert events == [
+        "run_created",
+        "drive_started",
+        "step_started",
+        "step_completed",
+        "sleep_scheduled",
+        "sleep_completed",
+        "waiting_for_event",
+        "run_suspended",
+        "event_received",
+        "drive_started",
+        "event_consumed",
+        "run_completed",
+    ]
+    seqs = [e.seq for e in await clocked_runner.store.list_events(run.run_id)]
+    assert seqs == sorted(seqs)

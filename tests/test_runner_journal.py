@@ -1,0 +1,94 @@
+"""The journal's rules seen from the runner: first writer wins, in-flight attempts, views."""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+from typing import Any
+
+from bridge.limits import Limits
+from bridge.types import OpEnvelope, RetryPolicy, StepCheck, StepRecord, Value
+from runner import Bindings, Runner, StartRunInput
+from runner.host import DriveHost
+from tests.conftest import FakeClock, start_source
+
+
+def _executor_pids() -> list[int]:
+    pids = []
+    for task in Path(f"/proc/{os.getpid()}/task").iterdir():
+        for child in (task / "children").read_text().split():
+            if b"sandbox.executor" in Path(f"/proc/{child}/cmdline").read_bytes():
+                pids.append(int(child))
+    return pids
+
+
+async def test_first_writer_wins(clocked_runner: Runner, clock: FakeClock) -> None:
+    source = 'export default async (e, step) => { await step.sleep("s", "1 hour"); };'
+    run = await start_source(clocked_runner, source)
+    now = lambda: int(clock() * 1000)  # noqa: E731
+    policy = RetryPolicy(0, 0, "constant", 60_000)
+    first = DriveHost(clocked_runner.store, run.run_id, Bindings(), Limits(), now)
+    second = DriveHost(clocked_runner.store, run.run_id, Bindings(), Limits(), now)
+    await first([OpEnvelope(1, StepCheck("shared", "do", 1, policy))])
+    [won] = await first([OpEnvelope(2, StepRecord("shared", 1, 1, '"first"', None))])
+    [lost] = await second([OpEnvelope(3, StepRecord("shared", 1, 1, '"second"', None))])
+    assert won.result == Value(None)
+    assert lost.result == Value('"first"')
+    steps = [s for s in await clocked_runner.list_steps(run.run_id) if s.name == "shared"]
+    assert [(s.status, s.output) for s in steps] == [("completed", "first")]
+
+
+IN_FLIGHT = """
+export default async (event, step) => step.do("outer", { retries: { limit: 2, delay: 0 } }, async (ctx) => {
+  const inner = await step.tool("inner", "crash", {});
+  return { attempt: ctx.attempt, inner };
+});
+"""
+
+
+async def test_an_attempt_in_flight_when_the_executor_died_counts_as_failed(
+    clocked_runner: Runner,
+) -> None:
+    calls: list[int] = []
+
+    async def crash(args: Any) -> str:
+        calls.append(1)
+        for pid in _executor_pids():
+            os.kill(pid, signal.SIGKILL)
+        return "tool done"
+
+    run = await start_source(clocked_runner, IN_FLIGHT, bindings=Bindings(tools={"crash": crash}))
+    assert run.status == "completed"
+    assert run.output == {"attempt": 2, "inner": "tool done"}
+    assert calls == [1]  # the tool's recorded result was reused by the second attempt
+    events = await clocked_runner.store.list_events(run.run_id)
+    retrying = [e for e in events if e.type == "step_retrying"]
+    assert len(retrying) == 1
+    assert retrying[0].data is not None
+    assert "interrupted" in retrying[0].data
+
+
+async def test_persisted_bindings_and_list_filters(clocked_runner: Runner) -> None:
+    published = await clocked_runner.publish(
+        "acme",
+        {
+            "workflows/flow.ts": "export default async (e, step, env) => env.region;",
+            "workflows/other.ts": 'export default async (e, step) => step.sleep("s", "1 day");',
+        },
+    )
+    request = StartRunInput(
+        "acme", "flow", published.snapshot_id, None, "r1", "workflows/flow.ts", {"region": "eu"}
+    )
+    done = await clocked_runner.start(request)
+    assert (done.status, done.output) == ("completed", "eu")
+    await clocked_runner.start(StartRunInput("acme", "other", published.snapshot_id, run_id="r2"))
+    persisted = await clocked_runner.get_persisted("r1")
+    assert (persisted.snapshot_id, persisted.entry_path, persisted.persisted_bindings) == (
+        published.snapshot_id,
+        "workflows/flow.ts",
+        {"region": "eu"},
+    )
+    assert [r.run_id for r in await clocked_runner.list(status="sleeping")] == ["r2"]
+    assert [r.run_id for r in await clocked_runner.list(workflow="flow")] == ["r1"]
+    assert [r.run_id for r in await clocked_runner.list(scope="acme")] == ["r1", "r2"]
