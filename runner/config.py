@@ -27,3 +27,4 @@ class RunnerConfig:
     limits: Limits = field(default_factory=Limits)
     pool: PoolConfig = field(default_factory=PoolConfig)
     bindings: Bindings = field(default_factory=Bindings)  # used when a call passes none
+    lease_ttl_s: float = 30.0

@@ -1,25 +1,36 @@
-"""Driving a run: load its journal, replay it in an executor, record where it ended.
+"""Driving a run: take its lease, replay it in an executor, record where it ended.
 
-Within one process a run is driven by one coroutine at a time (a lock per run). A drive that
-suspends with a timer already due (a retry with no delay, a sleep that has passed) is driven
-again at once, so `start`, `resume` and `signal` return at the run's next real suspension.
+A drive holds a lease on its run `(worker_id, lease_expires_at, epoch)`, renewed by a heartbeat
+while it runs; every journal write of the drive is fenced by the epoch, so a driver whose lease
+was taken over (it was paused past its lease, say) can write nothing more and stops. Within one
+process a run is also driven by one coroutine at a time (a lock per run).
+
+A drive that suspends with a timer already due (a retry with no delay, a sleep that has passed,
+a signal that arrived meanwhile) is driven again at once, so `start`, `resume` and `signal`
+return at the run's next real suspension.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
+import secrets
+import socket
+from collections.abc import AsyncIterator
 
 from bridge.types import Completed, DriveOutcome, DriveRequest, Failed, JournalEntry, Suspended
 from runner.bindings import Bindings
 from runner.config import RunnerConfig
 from runner.errors import RunNotFound
 from runner.host import DriveHost, failure_from_json
-from runner.store import JournalStore, JournalTransaction, RunRecord
+from runner.store import JournalStore, JournalTransaction, Lease, LeaseLost, RunRecord
 from runner.views import TERMINAL
 from sandbox import ExecutorPool
 
-__all__ = ["RunDriver"]
+__all__ = ["SIGNAL_TIMER", "RunDriver"]
 
+SIGNAL_TIMER = "signal"  # a timer key that wakes a waiting run when an event arrives
 _MAX_DRIVES_PER_CALL = 10_000
 _CRASH_RETRIES = 2
 
@@ -29,37 +40,86 @@ class RunDriver:
         self.store = store
         self.pool = pool
         self.config = config
-        self._locks: dict[str, asyncio.Lock] = {}
+        self.worker_id = f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(4)}"
+        self._locks = _KeyedLocks()
+        self.active = 0  # drives in progress in this process
 
     def now_ms(self) -> int:
         return int(self.config.clock() * 1000)
 
+    @property
+    def _ttl_ms(self) -> int:
+        return int(self.config.lease_ttl_s * 1000)
+
     async def drive(self, run_id: str, bindings: Bindings) -> RunRecord:
-        """Drive `run_id` until it suspends on something not yet due, or ends."""
-        lock = self._locks.setdefault(run_id, asyncio.Lock())
-        async with lock:
-            crashes = 0
-            for _ in range(_MAX_DRIVES_PER_CALL):
-                run = await self.store.get_run(run_id)
-                if run is None:
-                    raise RunNotFound(run_id)
-                if run.status in TERMINAL:
-                    return run
-                if run.cancel_requested:
-                    return await self._cancel(run)
-                outcome, host = await self._drive_once(run, bindings)
-                if isinstance(outcome, Failed) and outcome.retryable and crashes < _CRASH_RETRIES:
-                    crashes += 1
-                    await self._charge(run, outcome, host)
-                    continue
-                if not await self._finish(run, outcome, host):
-                    break
-            final = await self.store.get_run(run_id)
-            assert final is not None
-            return final
+        """Drive `run_id` until it suspends on something not yet due, or ends. A run whose
+        lease another live driver holds is returned as it is."""
+        async with self._locks.hold(run_id):
+            lease = await self.store.acquire_lease(
+                run_id, self.worker_id, self.now_ms(), self._ttl_ms
+            )
+            if lease is not None:
+                self.active += 1
+                try:
+                    await self._drive_leased(lease, bindings)
+                except LeaseLost:
+                    pass  # another driver has the run now; it writes the rest
+                finally:
+                    self.active -= 1
+                    await self.store.release_lease(lease)
+            run = await self.store.get_run(run_id)
+            if run is None:
+                raise RunNotFound(run_id)
+            return run
+
+    async def _drive_leased(self, lease: Lease, bindings: Bindings) -> None:
+        lost = asyncio.Event()
+        heartbeat = asyncio.get_running_loop().create_task(
+            self._heartbeat(lease, lost, asyncio.current_task())
+        )
+        try:
+            await self._drive_loop(lease, bindings)
+        except asyncio.CancelledError:
+            if not lost.is_set():
+                raise
+            raise LeaseLost(lease) from None
+        finally:
+            heartbeat.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await heartbeat
+
+    async def _heartbeat(
+        self, lease: Lease, lost: asyncio.Event, drive: asyncio.Task[object] | None
+    ) -> None:
+        while True:
+            await asyncio.sleep(self.config.lease_ttl_s / 3)
+            if not await self.store.renew_lease(lease, self.now_ms(), self._ttl_ms):
+                lost.set()
+                if drive is not None:
+                    drive.cancel()  # stops the executor; nothing more is written
+                return
+
+    async def _drive_loop(self, lease: Lease, bindings: Bindings) -> None:
+        crashes = 0
+        for _ in range(_MAX_DRIVES_PER_CALL):
+            run = await self.store.get_run(lease.run_id)
+            assert run is not None
+            if run.status in TERMINAL:
+                return
+            if run.cancel_requested:
+                async with self.store.transaction(lease) as tx:
+                    await _cancel_txn(tx, run.run_id, self.now_ms(), {"updated_at": self.now_ms()})
+                return
+            outcome, host = await self._drive_once(run, lease, bindings)
+            if isinstance(outcome, Failed) and outcome.retryable and crashes < _CRASH_RETRIES:
+                crashes += 1
+                await self._charge(lease, outcome, host)
+                continue
+            if not await self._finish(lease, outcome, host):
+                return
 
     async def _drive_once(
-        self, run: RunRecord, bindings: Bindings
+        self, run: RunRecord, lease: Lease, bindings: Bindings
     ) -> tuple[DriveOutcome, DriveHost]:
         bundle = await self.store.load_bundle(run.scope, run.snapshot_id, run.workflow)
         if bundle is None:  # snapshots are never deleted; this is a broken journal
@@ -74,10 +134,13 @@ class RunDriver:
             for row in await self.store.load_journal(run.run_id)
         )
         now = self.now_ms()
-        async with self.store.transaction() as tx:
+        async with self.store.transaction(lease) as tx:
+            await tx.delete_timer(run.run_id, SIGNAL_TIMER)
             await tx.update_run(run.run_id, status="running", updated_at=now)
-            await tx.append_event(run.run_id, "drive_started", now, None)
-        host = DriveHost(self.store, run.run_id, bindings, self.config.limits, self.now_ms)
+            await tx.append_event(
+                run.run_id, "drive_started", now, f'{{"worker":"{self.worker_id}"}}'
+            )
+        host = DriveHost(self.store, lease, bindings, self.config.limits, self.now_ms)
         request = DriveRequest(
             run_id=run.run_id,
             workflow=run.workflow,
@@ -92,21 +155,22 @@ class RunDriver:
         )
         return await self.pool.drive(request, host), host
 
-    async def _charge(self, run: RunRecord, outcome: DriveOutcome, host: DriveHost) -> None:
-        async with self.store.transaction() as tx:
-            current = await tx.get_run(run.run_id)
+    async def _charge(self, lease: Lease, outcome: DriveOutcome, host: DriveHost) -> None:
+        async with self.store.transaction(lease) as tx:
+            current = await tx.get_run(lease.run_id)
             assert current is not None
             await tx.update_run(
-                run.run_id,
+                lease.run_id,
                 cpu_used_s=current.cpu_used_s + outcome.cpu_s,
                 logs_count=max(current.logs_count, host.logs_count),
             )
 
-    async def _finish(self, run: RunRecord, outcome: DriveOutcome, host: DriveHost) -> bool:
+    async def _finish(self, lease: Lease, outcome: DriveOutcome, host: DriveHost) -> bool:
         """Record how the drive ended; True when the run should be driven again now."""
         now = self.now_ms()
-        async with self.store.transaction() as tx:
-            current = await tx.get_run(run.run_id)
+        run_id = lease.run_id
+        async with self.store.transaction(lease) as tx:
+            current = await tx.get_run(run_id)
             assert current is not None
             common: dict[str, object] = {
                 "cpu_used_s": current.cpu_used_s + outcome.cpu_s,
@@ -115,48 +179,62 @@ class RunDriver:
             }
             match outcome:
                 case Completed(output=output):
-                    await tx.delete_timers(run.run_id)
+                    await tx.delete_timers(run_id)
                     await tx.update_run(
-                        run.run_id, status="completed", output=output, wake_at=None,
+                        run_id, status="completed", output=output, wake_at=None,
                         waiting_for=None, **common,
                     )  # fmt: skip
-                    await tx.append_event(run.run_id, "run_completed", now, None)
+                    await tx.append_event(run_id, "run_completed", now, None)
                     return False
                 case Failed(message=message):
-                    await tx.delete_timers(run.run_id)
+                    await tx.delete_timers(run_id)
                     await tx.update_run(
-                        run.run_id, status="failed", error=message, wake_at=None,
+                        run_id, status="failed", error=message, wake_at=None,
                         waiting_for=None, **common,
                     )  # fmt: skip
-                    await tx.append_event(run.run_id, "run_failed", now, None)
+                    await tx.append_event(run_id, "run_failed", now, None)
                     return False
                 case Suspended(markers=markers):
                     if current.cancel_requested:
-                        await self._cancel_txn(tx, run.run_id, now, common)
+                        await _cancel_txn(tx, run_id, now, common)
                         return False
-                    wake_at = await tx.next_timer(run.run_id)
+                    wake_at = await tx.next_timer(run_id)
                     events = sorted({m.event for m in markers if m.kind == "event" and m.event})
                     status = "waiting" if events else "sleeping"
                     await tx.update_run(
-                        run.run_id, status=status, wake_at=wake_at,
+                        run_id, status=status, wake_at=wake_at,
                         waiting_for=",".join(events) or None, **common,
                     )  # fmt: skip
-                    await tx.append_event(run.run_id, "run_suspended", now, None)
+                    await tx.append_event(run_id, "run_suspended", now, None)
                     return wake_at is not None and wake_at <= now
         raise AssertionError("unreachable")
 
-    async def _cancel(self, run: RunRecord) -> RunRecord:
-        now = self.now_ms()
-        async with self.store.transaction() as tx:
-            await self._cancel_txn(tx, run.run_id, now, {"updated_at": now})
-        cancelled = await self.store.get_run(run.run_id)
-        assert cancelled is not None
-        return cancelled
 
-    @staticmethod
-    async def _cancel_txn(
-        tx: JournalTransaction, run_id: str, now: int, common: dict[str, object]
-    ) -> None:
-        await tx.delete_timers(run_id)
-        await tx.update_run(run_id, status="cancelled", wake_at=None, waiting_for=None, **common)
-        await tx.append_event(run_id, "run_cancelled", now, None)
+async def _cancel_txn(
+    tx: JournalTransaction, run_id: str, now: int, common: dict[str, object]
+) -> None:
+    await tx.delete_timers(run_id)
+    await tx.update_run(run_id, status="cancelled", wake_at=None, waiting_for=None, **common)
+    await tx.append_event(run_id, "run_cancelled", now, None)
+
+
+class _KeyedLocks:
+    """One asyncio lock per key, kept only while someone holds or awaits it: a runner with
+    thousands of suspended runs keeps no per-run state."""
+
+    def __init__(self) -> None:
+        self._locks: dict[str, tuple[asyncio.Lock, int]] = {}
+
+    @contextlib.asynccontextmanager
+    async def hold(self, key: str) -> AsyncIterator[None]:
+        lock, users = self._locks.get(key, (asyncio.Lock(), 0))
+        self._locks[key] = (lock, users + 1)
+        try:
+            async with lock:
+                yield
+        finally:
+            lock, users = self._locks[key]
+            if users == 1:
+                del self._locks[key]
+            else:
+                self._locks[key] = (lock, users - 1)

@@ -1,8 +1,8 @@
 """The host side of the bridge: every op of one drive serviced against the journal.
 
-Each op is serviced in its own `BEGIN IMMEDIATE` transaction, committed before its answer is
-returned (write-ahead). Step rows are first-writer-wins: a step settles once, and a late writer
-is answered with the winner's value. Tool calls run outside any transaction: the attempt is
+Each op is serviced in its own `BEGIN IMMEDIATE` transaction, fenced by the drive's lease and
+committed before its answer is returned (write-ahead). Step rows are first-writer-wins: a step
+settles once, and a late writer is answered with the winner's value. Tool calls run outside any transaction: the attempt is
 recorded first, the tool is called, then its result is recorded.
 """
 
@@ -39,7 +39,7 @@ from bridge.values import from_python, to_python
 from bridge.wire import ProtocolError
 from runner.bindings import Bindings, Notification
 from runner.errors import FatalToolError
-from runner.store import JournalStore, JournalTransaction, StepRow
+from runner.store import JournalStore, JournalTransaction, Lease, StepRow
 
 __all__ = ["DriveHost", "failure_from_json", "failure_to_json"]
 
@@ -98,13 +98,14 @@ class DriveHost:
     def __init__(
         self,
         store: JournalStore,
-        run_id: str,
+        lease: Lease,
         bindings: Bindings,
         limits: Limits,
         clock_ms: Callable[[], int],
     ) -> None:
         self.store = store
-        self.run_id = run_id
+        self.lease = lease
+        self.run_id = lease.run_id
         self.bindings = bindings
         self.limits = limits
         self.now = clock_ms
@@ -139,7 +140,7 @@ class DriveHost:
 
     async def _check(self, op: StepCheck) -> tuple[Result, int | None]:
         now = self.now()
-        async with self.store.transaction() as tx:
+        async with self.store.transaction(self.lease) as tx:
             row = await tx.get_step(self.run_id, "do", op.step, op.count)
             if row is None:
                 await tx.insert_step(
@@ -211,7 +212,7 @@ class DriveHost:
 
     async def _record(self, op: StepRecord) -> tuple[Result, int | None]:
         now = self.now()
-        async with self.store.transaction() as tx:
+        async with self.store.transaction(self.lease) as tx:
             row = await tx.get_step(self.run_id, "do", op.step, op.count)
             if row is None:
                 raise ProtocolError(f"step {op.step!r} #{op.count} was recorded without a check")
@@ -241,7 +242,7 @@ class DriveHost:
 
     async def _sleep(self, op: StepSleep) -> tuple[Result, int | None]:
         now = self.now()
-        async with self.store.transaction() as tx:
+        async with self.store.transaction(self.lease) as tx:
             row = await tx.get_step(self.run_id, "sleep", op.step, op.count)
             if row is None:
                 due = op.until_ms if op.until_ms is not None else now + (op.ms or 0)
@@ -268,7 +269,7 @@ class DriveHost:
 
     async def _wait(self, op: StepWaitForEvent) -> tuple[Result, int | None]:
         now = self.now()
-        async with self.store.transaction() as tx:
+        async with self.store.transaction(self.lease) as tx:
             row = await tx.get_step(self.run_id, "waitForEvent", op.step, op.count)
             if row is None:
                 deadline = now + op.timeout_ms
@@ -316,7 +317,7 @@ class DriveHost:
 
     async def _tool(self, op: StepTool) -> tuple[Result, int | None]:
         now = self.now()
-        async with self.store.transaction() as tx:
+        async with self.store.transaction(self.lease) as tx:
             row = await tx.get_step(self.run_id, "tool", op.step, op.count)
             if row is None:
                 await tx.insert_step(
@@ -336,7 +337,7 @@ class DriveHost:
             await self._event(tx, "tool_called", now, tool_key(op), address=op.address)
         value, failure, duration_ms = await self._call_tool(op)
         finished = self.now()
-        async with self.store.transaction() as tx:
+        async with self.store.transaction(self.lease) as tx:
             await tx.finish_tool_call(
                 call_seq, value, None if failure is None else failure_to_json(failure),
                 duration_ms,
@@ -379,7 +380,7 @@ class DriveHost:
     async def _notify(self, op: StepNotify) -> tuple[Result, int | None]:
         now = self.now()
         message = dumps_text({"title": op.title, "body": op.body, "link": op.link})
-        async with self.store.transaction() as tx:
+        async with self.store.transaction(self.lease) as tx:
             row = await tx.get_step(self.run_id, "notify", "", op.count)
             settled = None if row is None else _settled(row)
             if settled is not None:
@@ -409,7 +410,7 @@ class DriveHost:
         return failure, None
 
     async def _log(self, op: Log) -> None:
-        async with self.store.transaction() as tx:
+        async with self.store.transaction(self.lease) as tx:
             await tx.insert_log(self.run_id, op.count, op.level, op.text, self.now())
         self.logs_count = max(self.logs_count, op.count)
 

@@ -24,7 +24,7 @@ from bundles import (
 )
 from runner.bindings import Bindings
 from runner.config import RunnerConfig
-from runner.driver import RunDriver
+from runner.driver import SIGNAL_TIMER, RunDriver
 from runner.errors import (
     InvalidEvent,
     InvalidRunId,
@@ -134,8 +134,11 @@ class Runner:
 
     # -- runs --------------------------------------------------------------------------------
 
-    async def start(self, request: StartRunInput, bindings: Bindings | None = None) -> RunView:
-        """Create a run pinned to a snapshot and drive it to its first suspension or its end.
+    async def start(
+        self, request: StartRunInput, bindings: Bindings | None = None, *, drive: bool = True
+    ) -> RunView:
+        """Create a run pinned to a snapshot and drive it to its first suspension or its end
+        (with `drive=False`, leave it for a worker).
 
         With a caller-supplied `run_id` start is idempotent: the same arguments return the
         existing run; different ones raise `RunConflict`.
@@ -169,6 +172,8 @@ class Runner:
             assert existing is not None
             _check_same(existing, record)
             return run_view(existing)
+        if not drive:
+            return run_view(record)
         return await self._drive(run_id, bindings)
 
     async def resume(
@@ -187,9 +192,11 @@ class Runner:
         bindings: Bindings | None = None,
         *,
         scope: str | None = None,
+        drive: bool = True,
     ) -> RunView:
         """Deliver an event for `step.waitForEvent`. Events that arrive before the wait are
-        buffered; each is consumed once, in the order they arrived."""
+        buffered; each is consumed once, in the order they arrived. A waiting run is driven
+        inline (or, with `drive=False`, woken for a worker)."""
         if not isinstance(event_type, str) or not _EVENT_TYPE.fullmatch(event_type):
             raise InvalidEvent(
                 f"invalid event type {str(event_type)[:80]!r}: use 1-100 characters of "
@@ -209,9 +216,12 @@ class Runner:
             await tx.append_event(
                 run_id, "event_received", now, dumps_text({"type": event_type, "inbox": seq})
             )
+            if run.status == "waiting":
+                # Wakes the run for whichever driver comes next, here or in a worker.
+                await tx.set_timer(run_id, SIGNAL_TIMER, "signal", now)
         current = await self._store.get_run(run_id)
         assert current is not None
-        if current.status == "waiting":
+        if drive and current.status == "waiting":
             return await self._drive(run_id, bindings)
         return run_view(current)
 

@@ -26,10 +26,15 @@ def _executor_pids() -> list[int]:
 async def test_first_writer_wins(clocked_runner: Runner, clock: FakeClock) -> None:
     source = 'export default async (e, step) => { await step.sleep("s", "1 hour"); };'
     run = await start_source(clocked_runner, source)
-    now = lambda: int(clock() * 1000)  # noqa: E731
+
+    def now() -> int:
+        return int(clock() * 1000)
+
     policy = RetryPolicy(0, 0, "constant", 60_000)
-    first = DriveHost(clocked_runner.store, run.run_id, Bindings(), Limits(), now)
-    second = DriveHost(clocked_runner.store, run.run_id, Bindings(), Limits(), now)
+    lease = await clocked_runner.store.acquire_lease(run.run_id, "test", now(), 60_000)
+    assert lease is not None
+    first = DriveHost(clocked_runner.store, lease, Bindings(), Limits(), now)
+    second = DriveHost(clocked_runner.store, lease, Bindings(), Limits(), now)
     await first([OpEnvelope(1, StepCheck("shared", "do", 1, policy))])
     [won] = await first([OpEnvelope(2, StepRecord("shared", 1, 1, '"first"', None))])
     [lost] = await second([OpEnvelope(3, StepRecord("shared", 1, 1, '"second"', None))])

@@ -11,7 +11,7 @@ from runner.store.records import (
     StepRow,
     ToolCallRecord,
 )
-from runner.store.tx import JournalTransaction
+from runner.store.tx import JournalTransaction, Lease, LeaseLost
 
 __all__ = [
     "MIGRATIONS",
@@ -21,6 +21,8 @@ __all__ = [
     "JournalRow",
     "JournalStore",
     "JournalTransaction",
+    "Lease",
+    "LeaseLost",
     "LogRecord",
     "RunRecord",
     "SnapshotRecord",

@@ -28,7 +28,7 @@ from runner.store.records import (
     StepRow,
     ToolCallRecord,
 )
-from runner.store.tx import RUN_COLUMNS, STEP_COLUMNS, JournalTransaction, run_record
+from runner.store.tx import RUN_COLUMNS, STEP_COLUMNS, JournalTransaction, Lease, run_record
 
 __all__ = ["BundleRecord", "JournalStore", "SnapshotRecord", "WorkflowRecord"]
 
@@ -91,10 +91,71 @@ class JournalStore:
             await self._db.execute("COMMIT")
 
     @asynccontextmanager
-    async def transaction(self) -> AsyncIterator[JournalTransaction]:
-        """`async with store.transaction() as tx:` — committed on exit, rolled back on error."""
+    async def transaction(self, fence: Lease | None = None) -> AsyncIterator[JournalTransaction]:
+        """`async with store.transaction() as tx:` — committed on exit, rolled back on error.
+
+        With a `fence`, the transaction first checks that the lease's epoch is still the run's
+        and raises `LeaseLost` (writing nothing) if another driver has taken the run over.
+        """
         async with self._transaction() as connection:
-            yield JournalTransaction(connection)
+            tx = JournalTransaction(connection, fence)
+            if fence is not None:
+                await tx.check_fence(fence)
+            yield tx
+
+    # -- leases ------------------------------------------------------------------------------
+
+    async def acquire_lease(
+        self, run_id: str, worker_id: str, now: int, ttl_ms: int
+    ) -> Lease | None:
+        """Take the run for one driver, or None while another live driver holds it."""
+        async with self._transaction() as db, db.execute(
+            "UPDATE runs SET worker_id = ?, lease_expires_at = ?, epoch = epoch + 1"
+            " WHERE run_id = ? AND status NOT IN ('completed', 'failed', 'cancelled')"
+            " AND (worker_id IS NULL OR lease_expires_at IS NULL OR lease_expires_at <= ?)"
+            " RETURNING epoch",
+            (worker_id, now + ttl_ms, run_id, now),
+        ) as cursor:
+            row = await cursor.fetchone()
+        return None if row is None else Lease(run_id, worker_id, int(row[0]))
+
+    async def renew_lease(self, lease: Lease, now: int, ttl_ms: int) -> bool:
+        async with self._transaction() as db, db.execute(
+            "UPDATE runs SET lease_expires_at = ? WHERE run_id = ? AND epoch = ?"
+            " AND worker_id = ? RETURNING 1",
+            (now + ttl_ms, lease.run_id, lease.epoch, lease.worker_id),
+        ) as cursor:
+            return await cursor.fetchone() is not None
+
+    async def release_lease(self, lease: Lease) -> None:
+        async with self._transaction() as db:
+            await db.execute(
+                "UPDATE runs SET worker_id = NULL, lease_expires_at = NULL"
+                " WHERE run_id = ? AND epoch = ? AND worker_id = ?",
+                (lease.run_id, lease.epoch, lease.worker_id),
+            )
+
+    async def claimable_runs(self, now: int, limit: int) -> list[str]:
+        """Runs a worker should drive now: a timer is due, a cancel is pending, or the run is
+        `running` with no live lease (its driver died, or it was started without a drive)."""
+        rows = await self._all(
+            "SELECT run_id FROM runs r"
+            " WHERE status NOT IN ('completed', 'failed', 'cancelled')"
+            " AND (worker_id IS NULL OR lease_expires_at IS NULL OR lease_expires_at <= ?)"
+            " AND (status = 'running' OR cancel_requested = 1 OR EXISTS"
+            "  (SELECT 1 FROM timers t WHERE t.run_id = r.run_id AND t.due_at <= ?))"
+            " ORDER BY updated_at LIMIT ?",
+            (now, now, limit),
+        )
+        return [str(row[0]) for row in rows]
+
+    async def next_due(self) -> int | None:
+        """The earliest timer of any unfinished run."""
+        rows = await self._all(
+            "SELECT min(t.due_at) FROM timers t JOIN runs r USING (run_id)"
+            " WHERE r.status NOT IN ('completed', 'failed', 'cancelled')"
+        )
+        return None if rows[0][0] is None else int(rows[0][0])
 
     async def _all(self, sql: str, args: tuple[Any, ...] = ()) -> list[Any]:
         async with self._lock, self._db.execute(sql, args) as cursor:

@@ -127,6 +127,17 @@ MIGRATIONS: tuple[tuple[int, str, str], ...] = (
         ) STRICT;
         """,
     ),
+    (
+        3,
+        "leases on runs, fencing epochs on events",
+        """
+        ALTER TABLE runs ADD COLUMN worker_id TEXT;
+        ALTER TABLE runs ADD COLUMN lease_expires_at INTEGER;
+        ALTER TABLE runs ADD COLUMN epoch INTEGER NOT NULL DEFAULT 0;
+        ALTER TABLE events ADD COLUMN epoch INTEGER;
+        CREATE INDEX runs_unleased ON runs (status, lease_expires_at);
+        """,
+    ),
 )
 
 

@@ -8,14 +8,15 @@ class whose every method is one).
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Any
 
 import aiosqlite
 
-from bridge import dumps_text
+from bridge import QjsflowError, dumps_text
 from runner.store.records import InboxRecord, RunRecord, StepRow
 
-__all__ = ["RUN_COLUMNS", "STEP_COLUMNS", "JournalTransaction", "run_record"]
+__all__ = ["RUN_COLUMNS", "STEP_COLUMNS", "JournalTransaction", "Lease", "LeaseLost", "run_record"]
 
 RUN_COLUMNS = (
     "run_id, scope, workflow, snapshot_id, entry_path, status, input, persisted_bindings,"
@@ -33,6 +34,23 @@ _RUN_UPDATABLE = {
 _STEP_UPDATABLE = {"status", "attempt", "config", "detail", "output", "error", "started_at"}
 
 
+@dataclass(frozen=True, slots=True)
+class Lease:
+    """One driver's hold on a run; `epoch` fences every write of its drive."""
+
+    run_id: str
+    worker_id: str
+    epoch: int
+
+
+class LeaseLost(QjsflowError):
+    """Another driver took the run over: this driver must stop without writing."""
+
+    def __init__(self, lease: Lease) -> None:
+        self.lease = lease
+        super().__init__(f"the lease on run {lease.run_id!r} (epoch {lease.epoch}) was taken over")
+
+
 def run_record(row: Iterable[Any]) -> RunRecord:
     values = list(row)
     values[-1] = bool(values[-1])
@@ -40,8 +58,14 @@ def run_record(row: Iterable[Any]) -> RunRecord:
 
 
 class JournalTransaction:
-    def __init__(self, connection: aiosqlite.Connection) -> None:
+    def __init__(self, connection: aiosqlite.Connection, fence: Lease | None = None) -> None:
         self._db = connection
+        self._epoch = None if fence is None else fence.epoch
+
+    async def check_fence(self, lease: Lease) -> None:
+        row = await self._one("SELECT epoch, worker_id FROM runs WHERE run_id = ?", (lease.run_id,))
+        if row is None or row[0] != lease.epoch or row[1] != lease.worker_id:
+            raise LeaseLost(lease)
 
     async def _one(self, sql: str, args: tuple[Any, ...]) -> Any:
         async with self._db.execute(sql, args) as cursor:
@@ -147,8 +171,9 @@ class JournalTransaction:
 
     async def append_event(self, run_id: str, event_type: str, at: int, data: str | None) -> int:
         row = await self._one(
-            "INSERT INTO events (run_id, type, at, data) VALUES (?, ?, ?, ?) RETURNING seq",
-            (run_id, event_type, at, data),
+            "INSERT INTO events (run_id, type, at, data, epoch) VALUES (?, ?, ?, ?, ?)"
+            " RETURNING seq",
+            (run_id, event_type, at, data, self._epoch),
         )
         return int(row[0])
 
