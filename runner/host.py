@@ -2,8 +2,8 @@
 
 Each op is serviced in its own `BEGIN IMMEDIATE` transaction, fenced by the drive's lease and
 committed before its answer is returned (write-ahead). Step rows are first-writer-wins: a step
-settles once, and a late writer is answered with the winner's value. Tool calls run outside any transaction: the attempt is
-recorded first, the tool is called, then its result is recorded.
+settles once, and a late writer is answered with the winner's value. Tool calls run outside
+any transaction: the attempt is recorded first, the tool is called, then its result is recorded.
 """
 
 from __future__ import annotations
