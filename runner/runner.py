@@ -47,6 +47,7 @@ from runner.views import (
     step_view,
     tool_call_view,
 )
+from runner.worker import Worker
 from sandbox import ExecutorPool
 
 __all__ = ["PublishResult", "PublishedWorkflow", "Runner", "Source"]
@@ -237,6 +238,22 @@ class Runner:
                 await tx.update_run(run_id, cancel_requested=1, updated_at=now)
                 await tx.append_event(run_id, "cancel_requested", now, None)
         return await self._drive(run_id, None)
+
+    async def serve(
+        self,
+        *,
+        until_idle: bool = False,
+        concurrency: int = 8,
+        stop: asyncio.Event | None = None,
+        bindings: Bindings | None = None,
+    ) -> int:
+        """The worker loops (timers, recovery, signals) until `stop` is set, or until idle.
+        Returns how many drives this call made."""
+        worker = Worker(
+            self._store, self._driver, bindings or self.config.bindings, concurrency=concurrency
+        )
+        await worker.serve(until_idle=until_idle, stop=stop)
+        return worker.drives
 
     async def get(self, run_id: str, *, scope: str | None = None) -> RunView:
         return run_view(await self._run(run_id, scope))

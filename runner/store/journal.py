@@ -109,22 +109,28 @@ class JournalStore:
         self, run_id: str, worker_id: str, now: int, ttl_ms: int
     ) -> Lease | None:
         """Take the run for one driver, or None while another live driver holds it."""
-        async with self._transaction() as db, db.execute(
-            "UPDATE runs SET worker_id = ?, lease_expires_at = ?, epoch = epoch + 1"
-            " WHERE run_id = ? AND status NOT IN ('completed', 'failed', 'cancelled')"
-            " AND (worker_id IS NULL OR lease_expires_at IS NULL OR lease_expires_at <= ?)"
-            " RETURNING epoch",
-            (worker_id, now + ttl_ms, run_id, now),
-        ) as cursor:
+        async with (
+            self._transaction() as db,
+            db.execute(
+                "UPDATE runs SET worker_id = ?, lease_expires_at = ?, epoch = epoch + 1"
+                " WHERE run_id = ? AND status NOT IN ('completed', 'failed', 'cancelled')"
+                " AND (worker_id IS NULL OR lease_expires_at IS NULL OR lease_expires_at <= ?)"
+                " RETURNING epoch",
+                (worker_id, now + ttl_ms, run_id, now),
+            ) as cursor,
+        ):
             row = await cursor.fetchone()
         return None if row is None else Lease(run_id, worker_id, int(row[0]))
 
     async def renew_lease(self, lease: Lease, now: int, ttl_ms: int) -> bool:
-        async with self._transaction() as db, db.execute(
-            "UPDATE runs SET lease_expires_at = ? WHERE run_id = ? AND epoch = ?"
-            " AND worker_id = ? RETURNING 1",
-            (now + ttl_ms, lease.run_id, lease.epoch, lease.worker_id),
-        ) as cursor:
+        async with (
+            self._transaction() as db,
+            db.execute(
+                "UPDATE runs SET lease_expires_at = ? WHERE run_id = ? AND epoch = ?"
+                " AND worker_id = ? RETURNING 1",
+                (now + ttl_ms, lease.run_id, lease.epoch, lease.worker_id),
+            ) as cursor,
+        ):
             return await cursor.fetchone() is not None
 
     async def release_lease(self, lease: Lease) -> None:

@@ -1,0 +1,112 @@
+"""The worker loops: wake due timers (sleeps, retry delays, wait timeouts, signals), recover runs
+whose driver died (their lease lapsed), and drive them with bounded concurrency.
+
+Polling the journal is the safety net that makes several worker processes on one database
+cooperate; between polls the worker sleeps only until the next timer it knows of. A lease
+decides which worker drives a run, so two workers may both see a run as due and only one
+drives it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import logging
+from typing import Any
+
+from runner.bindings import Bindings
+from runner.driver import RunDriver
+from runner.store import JournalStore
+
+__all__ = ["Worker"]
+
+_log = logging.getLogger("qjsflow.worker")
+IDLE_HORIZON_MS = 1000
+
+
+class Worker:
+    def __init__(
+        self,
+        store: JournalStore,
+        driver: RunDriver,
+        bindings: Bindings,
+        *,
+        concurrency: int = 8,
+        poll_interval_s: float = 0.2,
+        shutdown_grace_s: float = 10.0,
+    ) -> None:
+        self.store = store
+        self.driver = driver
+        self.bindings = bindings
+        self.concurrency = max(1, concurrency)
+        self.poll_interval_s = poll_interval_s
+        self.shutdown_grace_s = shutdown_grace_s
+        self.drives = 0
+
+    async def serve(self, *, until_idle: bool = False, stop: asyncio.Event | None = None) -> None:
+        """Run until `stop` is set (then finish or release what is held), or, with
+        `until_idle`, until nothing is in progress and no timer is due within a second."""
+        stop = stop or asyncio.Event()
+        tasks: dict[str, asyncio.Task[None]] = {}
+        try:
+            while not stop.is_set():
+                now = self.driver.now_ms()
+                claimable = await self._claim(tasks, now)
+                if until_idle and not tasks and not claimable:
+                    due = await self.store.next_due()
+                    if due is None or due > now + IDLE_HORIZON_MS:
+                        return
+                await self._pause(tasks, stop)
+        finally:
+            await self._shut_down(tasks)
+
+    async def _claim(self, tasks: dict[str, asyncio.Task[None]], now: int) -> list[str]:
+        free = self.concurrency - len(tasks)
+        if free <= 0:
+            return []
+        claimable = await self.store.claimable_runs(now, free + len(tasks))
+        for run_id in claimable:
+            if run_id in tasks or len(tasks) >= self.concurrency:
+                continue
+            task = asyncio.get_running_loop().create_task(self._drive(run_id))
+            tasks[run_id] = task
+            task.add_done_callback(functools.partial(_forget, tasks, run_id))
+        return claimable
+
+    async def _drive(self, run_id: str) -> None:
+        try:
+            await self.driver.drive(run_id, self.bindings)
+            self.drives += 1
+        except asyncio.CancelledError:
+            raise
+        except Exception:  # one run's host failure must not stop the worker
+            _log.exception("driving run %s failed", run_id)
+
+    async def _pause(self, tasks: dict[str, asyncio.Task[None]], stop: asyncio.Event) -> None:
+        """Sleep until the next known timer, a finished drive, a stop, or the poll interval."""
+        timeout = self.poll_interval_s
+        due = await self.store.next_due()
+        if due is not None:
+            timeout = min(timeout, max(0.0, (due - self.driver.now_ms()) / 1000))
+        stopped = asyncio.ensure_future(stop.wait())
+        waiters: list[asyncio.Future[Any]] = [stopped, *tasks.values()]
+        await asyncio.wait(waiters, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+        stopped.cancel()
+
+    async def _shut_down(self, tasks: dict[str, asyncio.Task[None]]) -> None:
+        """Let drives in progress finish; past the grace period, cancel them (their leases are
+        released on the way out, so another worker takes over at once)."""
+        running = list(tasks.values())
+        if not running:
+            return
+        _, late = await asyncio.wait(running, timeout=self.shutdown_grace_s)
+        for task in late:
+            task.cancel()
+        for task in late:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+
+def _forget(tasks: dict[str, asyncio.Task[None]], run_id: str, _: object) -> None:
+    tasks.pop(run_id, None)

@@ -1,0 +1,33 @@
+"""Tools for the worker crash tests, loaded by worker subprocesses through `--tools`.
+
+Each invocation appends one line to the file named by QJSFLOW_TOOL_LOG before it answers, so
+the file is the ground truth of how often a tool really ran.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from typing import Any
+
+
+def _append(line: str) -> None:
+    with open(os.environ["QJSFLOW_TOOL_LOG"], "a", encoding="utf-8") as handle:
+        handle.write(line + "\n")
+        handle.flush()
+        os.fsync(handle.fileno())
+
+
+async def append(args: Any) -> Any:
+    _append(f"{args['run']} {args['step']}")
+    await asyncio.sleep(0.03)  # a window for a kill to land inside the call
+    return args["step"]
+
+
+async def slow(args: Any) -> Any:
+    _append(f"{args['run']} slow")
+    await asyncio.sleep(float(args.get("seconds", 3)))
+    return "slow done"
+
+
+TOOLS = {"append": append, "slow": slow}

@@ -1,0 +1,289 @@
+"""Crash recovery with real worker subprocesses, real SIGKILL, SIGSTOP and one SQLite file."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from collections import Counter
+from collections.abc import AsyncIterator, Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from runner import Runner, RunnerConfig, StartRunInput
+from sandbox import PoolConfig
+from tests.conftest import PROJECT_ROOT
+
+STEPS = 20
+CRASHY = """
+export default async (event, step) => {
+  const fast = { retries: { limit: 20, delay: 0 } };
+  const results = [];
+  for (let i = 0; i < STEPS; i++) {
+    if (i === STEPS / 2) {
+      await step.sleep("rest", "1 second");
+      const approval = await step.waitForEvent("approval", { type: "approve", timeout: "1 hour" });
+      results.push(approval.payload);
+    }
+    results.push(await step.do(`step ${i}`, fast, async () =>
+      step.tool(`append ${i}`, "append", { run: event.instanceId, step: i }, fast)));
+  }
+  return results;
+};
+""".replace("STEPS", str(STEPS))
+
+
+class Workers:
+    """Worker subprocesses on one journal file, with the crash tools bound."""
+
+    def __init__(self, tmp_path: Path) -> None:
+        self.db = tmp_path / "journal.db"
+        self.tool_log = tmp_path / "tools.log"
+        self.tool_log.touch()
+        self.logs = tmp_path / "worker-logs"
+        self.logs.mkdir()
+        self.spawned: list[subprocess.Popen[bytes]] = []
+
+    def spawn(self, *worker_args: str, lease_ttl: float = 2.0) -> subprocess.Popen[bytes]:
+        log = (self.logs / f"worker-{len(self.spawned)}.log").open("wb")
+        process = subprocess.Popen(
+            [
+                sys.executable, "-m", "runner.cli", "--db", str(self.db),
+                "--tools", "tests.crash_tools:TOOLS", "--lease-ttl", str(lease_ttl),
+                "worker", *worker_args,
+            ],
+            cwd=PROJECT_ROOT,
+            env={**os.environ, "QJSFLOW_TOOL_LOG": str(self.tool_log)},
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )  # fmt: skip
+        log.close()
+        self.spawned.append(process)
+        return process
+
+    async def serving(self, process: subprocess.Popen[bytes]) -> None:
+        """Wait until the worker has installed its signal handlers and opened the journal."""
+        log = self.logs / f"worker-{self.spawned.index(process)}.log"
+        await _until(lambda: b"qjsflow worker: serving" in log.read_bytes(), 60, "a worker")
+
+    def stop_all(self) -> None:
+        for process in self.spawned:
+            if process.poll() is None:
+                process.kill()
+            process.wait(timeout=30)
+
+    def tool_lines(self) -> Counter[tuple[str, str]]:
+        lines = self.tool_log.read_text().split()
+        return Counter(zip(lines[::2], lines[1::2], strict=True))
+
+
+@pytest.fixture
+def workers(tmp_path: Path) -> Iterator[Workers]:
+    pool = Workers(tmp_path)
+    yield pool
+    pool.stop_all()
+
+
+@pytest.fixture
+async def api(workers: Workers) -> AsyncIterator[Runner]:
+    """The test's own view of the journal: it starts runs and sends events without driving."""
+    config = RunnerConfig(pool=PoolConfig(size=1))
+    async with Runner.open(workers.db, config) as runner:
+        yield runner
+
+
+async def _until(condition: Callable[[], object], timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        result = condition()
+        if asyncio.iscoroutine(result):
+            result = await result
+        if result:
+            return
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+
+
+async def _all_done(api: Runner, run_ids: list[str]) -> bool:
+    statuses = [(await api.get(run_id)).status for run_id in run_ids]
+    return all(status in {"completed", "failed", "cancelled"} for status in statuses)
+
+
+def _journal_checks(db: Path) -> None:
+    with sqlite3.connect(db) as connection:
+        assert connection.execute("PRAGMA integrity_check").fetchone() == ("ok",)
+        settled = connection.execute(
+            "SELECT run_id, data, count(*) FROM events"
+            " WHERE type IN ('step_completed', 'step_failed', 'sleep_completed',"
+            " 'event_consumed', 'event_timed_out', 'notified')"
+            " GROUP BY run_id, data HAVING count(*) > 1"
+        ).fetchall()
+        assert settled == [], "a step has two recorded results"
+
+
+@pytest.mark.timeout(600)
+async def test_sigkill_at_random_moments_loses_and_repeats_nothing(
+    workers: Workers, api: Runner
+) -> None:
+    published = await api.publish("acme", {"workflows/crashy.ts": CRASHY})
+    run_ids = []
+    for index in range(10):
+        request = StartRunInput("acme", "crashy", published.snapshot_id, run_id=f"crash-{index}")
+        run_ids.append((await api.start(request, drive=False)).run_id)
+    chaos = random.Random(20261130)
+    for kill in range(30):
+        worker = workers.spawn("--concurrency", "2")
+        await workers.serving(worker)
+        await asyncio.sleep(chaos.uniform(0.0, 0.6))
+        worker.send_signal(signal.SIGKILL)
+        worker.wait(timeout=30)
+        if kill == 8:
+            for run_id in run_ids:  # buffered if the run has not reached its wait yet
+                await api.signal(run_id, "approve", "boss", drive=False)
+    survivor = workers.spawn("--concurrency", "6")
+    await workers.serving(survivor)
+    await _until(lambda: _all_done(api, run_ids), 300, "every run to finish")
+    survivor.send_signal(signal.SIGTERM)
+    assert survivor.wait(timeout=60) == 0
+
+    expected = [*range(STEPS // 2), "boss", *range(STEPS // 2, STEPS)]
+    lines = workers.tool_lines()
+    for run_id in run_ids:
+        run = await api.get(run_id)
+        assert (run.status, run.output) == ("completed", expected), run.error
+        calls = await api.list_tool_calls(run_id)
+        for step in range(STEPS):
+            rows = [c for c in calls if c.step == f"append {step}"]
+            recorded = [i for i, c in enumerate(rows) if c.result is not None]
+            # One recorded result, and it is the last call: nothing ran after it was recorded.
+            assert recorded == [len(rows) - 1], (run_id, step, rows)
+            # Every invocation was written ahead as a call row before it ran.
+            assert 1 <= lines[(run_id, str(step))] <= len(rows)
+    _journal_checks(workers.db)
+    with sqlite3.connect(workers.db) as connection:
+        unfinished_calls = connection.execute(
+            "SELECT count(*) FROM tool_calls WHERE result IS NULL"
+        ).fetchone()[0]
+        interrupted = connection.execute(
+            "SELECT count(*) FROM events WHERE type = 'step_retrying' AND data LIKE '%interrupted%'"
+        ).fetchone()[0]
+        drives = connection.execute(
+            "SELECT count(*) FROM events WHERE type = 'drive_started'"
+        ).fetchone()[0]
+    print(
+        f"chaos: {unfinished_calls} tool calls cut short, {interrupted} attempts interrupted, {drives} drives"
+    )
+    # The kills landed inside work, not only between runs.
+    assert unfinished_calls + interrupted > 0
+
+
+@pytest.mark.timeout(300)
+async def test_two_workers_share_200_runs(workers: Workers, api: Runner) -> None:
+    source = """
+    export default async (event, step) => {
+      const a = await step.do("a", async () => event.payload.n);
+      const b = await step.do("b", async () => a * 2);
+      return b + (await step.do("c", async () => 1));
+    };
+    """
+    published = await api.publish("acme", {"workflows/quick.ts": source})
+    run_ids = []
+    for n in range(200):
+        request = StartRunInput("acme", "quick", published.snapshot_id, {"n": n}, f"quick-{n}")
+        run_ids.append((await api.start(request, drive=False)).run_id)
+    first = workers.spawn("--until-idle", "--concurrency", "4")
+    second = workers.spawn("--until-idle", "--concurrency", "4")
+    assert first.wait(timeout=240) == 0
+    assert second.wait(timeout=240) == 0
+    for n, run_id in enumerate(run_ids):
+        run = await api.get(run_id)
+        assert (run.status, run.output) == ("completed", 2 * n + 1)
+    drivers: set[str] = set()
+    for run_id in run_ids:
+        for event in await api.store.list_events(run_id):
+            if event.type == "drive_started" and event.data:
+                drivers.add(event.data)
+        assert sum(1 for e in await api.store.list_events(run_id) if e.type == "run_completed") == 1
+    assert len(drivers) == 2, "both workers drove runs"
+    _journal_checks(workers.db)
+
+
+@pytest.mark.timeout(120)
+async def test_a_paused_driver_whose_lease_was_taken_cannot_write(
+    workers: Workers, api: Runner
+) -> None:
+    source = """
+    export default async (event, step) => step.do("slow", { retries: { limit: 3, delay: 0 } },
+      async (ctx) => ({ attempt: ctx.attempt,
+                        got: await step.tool(`slow ${ctx.attempt}`, "slow", { run: event.instanceId, seconds: 3 }) }));
+    """
+    published = await api.publish("acme", {"workflows/slow.ts": source})
+    request = StartRunInput("acme", "slow", published.snapshot_id, run_id="paused")
+    await api.start(request, drive=False)
+    paused = workers.spawn(lease_ttl=1.0)
+    await _until(lambda: workers.tool_lines()[("paused", "slow")] == 1, 60, "the first tool call")
+    paused.send_signal(signal.SIGSTOP)
+    await asyncio.sleep(2.0)  # past the 1 s lease
+    events_before = {e.seq for e in await api.store.list_events("paused")}
+    taker = workers.spawn("--until-idle", lease_ttl=1.0)
+    assert taker.wait(timeout=60) == 0
+    run = await api.get("paused")
+    assert run.status == "completed"
+    paused.send_signal(signal.SIGCONT)
+    await asyncio.sleep(4.0)  # the paused tool call returns and its driver tries to write
+    with sqlite3.connect(workers.db) as connection:
+        epochs = connection.execute(
+            "SELECT seq, type, epoch FROM events WHERE run_id = 'paused' ORDER BY seq"
+        ).fetchall()
+        calls = connection.execute(
+            "SELECT attempt, result FROM tool_calls WHERE run_id = 'paused' ORDER BY seq"
+        ).fetchall()
+    first_epoch = next(epoch for seq, kind, epoch in epochs if kind == "drive_started")
+    late = [
+        (seq, kind)
+        for seq, kind, epoch in epochs
+        if epoch == first_epoch and seq not in events_before
+    ]
+    assert late == [], "the paused driver wrote after its lease was taken over"
+    assert calls[0][1] is None  # the paused driver never recorded its tool's result
+    assert run.output["attempt"] == 2
+    assert (await api.get("paused")).updated_at == run.updated_at
+    paused.kill()
+    _journal_checks(workers.db)
+
+
+@pytest.mark.timeout(120)
+async def test_due_sleep_completes_when_a_worker_starts_and_signals_wake_fast(
+    workers: Workers, api: Runner
+) -> None:
+    source = """
+    export default async (event, step) => {
+      await step.sleep("nap", "1 second");
+      const got = await step.waitForEvent("go", { type: "go", timeout: "1 hour" });
+      return got.payload;
+    };
+    """
+    published = await api.publish("acme", {"workflows/napper.ts": source})
+    run = await api.start(StartRunInput("acme", "napper", published.snapshot_id, run_id="napper"))
+    assert run.status == "sleeping"
+    await asyncio.sleep(1.5)  # the wake time passes with no worker running
+    worker = workers.spawn()
+    await workers.serving(worker)
+    await _until(lambda: _status(api, "napper", "waiting"), 30, "the sleep to be woken")
+    await api.signal("napper", "go", "now", drive=False)
+    sent = time.monotonic()
+    await _until(lambda: _status(api, "napper", "completed"), 5, "the signal to wake the run")
+    assert time.monotonic() - sent < 1.0
+    worker.send_signal(signal.SIGTERM)
+    assert worker.wait(timeout=30) == 0
+    assert (await api.get("napper")).output == "now"
+
+
+async def _status(api: Runner, run_id: str, status: str) -> bool:
+    return (await api.get(run_id)).status == status
