@@ -1,7 +1,8 @@
 """The pinned esbuild: where it lives, how it is installed, and how a build is run.
 
-esbuild comes from the npm registry into `<project>/.esbuild` (or `$QJSFLOW_ESBUILD_DIR`),
-installed by `python -m bundles install-esbuild`, which the project's set-up calls. A build runs
+esbuild comes from the npm registry into `<project>/.jstools` (or `$QJSFLOW_JSTOOLS_DIR`),
+installed by `python -m bundles install-esbuild`, which the project's set-up calls, together
+with the pinned TypeScript compiler the tests use to type-check `bundles/types/`. A build runs
 `driver.mjs` under node in a fresh session, with an empty environment, a wall-clock timeout and
 an address-space limit, so a hostile tree can neither hang the publisher nor exhaust its memory.
 """
@@ -24,6 +25,7 @@ from bridge import ToolchainError, dumps, loads
 __all__ = ["ESBUILD_VERSION", "BuildLimits", "Toolchain", "find_toolchain", "install", "run_driver"]
 
 ESBUILD_VERSION = "0.28.2"
+TYPESCRIPT_VERSION = "5.9.3"  # for the tests only: publishing never type-checks
 _DRIVER = Path(__file__).with_name("driver.mjs")
 _INSTALL_HINT = "run `make setup` (or `python -m bundles install-esbuild`) to install it"
 
@@ -44,8 +46,22 @@ class Toolchain:
 
 
 def install_dir() -> Path:
-    override = os.environ.get("QJSFLOW_ESBUILD_DIR")
-    return Path(override) if override else Path(__file__).resolve().parent.parent / ".esbuild"
+    override = os.environ.get("QJSFLOW_JSTOOLS_DIR")
+    return Path(override) if override else Path(__file__).resolve().parent.parent / ".jstools"
+
+
+def tsc_path() -> Path:
+    """The pinned TypeScript compiler's entry script (run it with node)."""
+    return install_dir() / "node_modules" / "typescript" / "bin" / "tsc"
+
+
+def _installed_version(package: str) -> str | None:
+    try:
+        manifest = loads((install_dir() / "node_modules" / package / "package.json").read_bytes())
+    except (OSError, ValueError):
+        return None
+    version = manifest.get("version") if isinstance(manifest, dict) else None
+    return version if isinstance(version, str) else None
 
 
 def find_toolchain() -> Toolchain:
@@ -69,9 +85,10 @@ def find_toolchain() -> Toolchain:
 
 
 def install() -> Path:
-    """Install the pinned esbuild from the npm registry, unless it is already there."""
-    with contextlib.suppress(ToolchainError):
-        find_toolchain()
+    """Install the pinned esbuild and TypeScript from the npm registry, unless present."""
+    wanted = {"esbuild": ESBUILD_VERSION, "typescript": TYPESCRIPT_VERSION}
+    missing = [f"{name}@{v}" for name, v in wanted.items() if _installed_version(name) != v]
+    if not missing:
         return install_dir()
     target = install_dir()
     target.mkdir(parents=True, exist_ok=True)
@@ -81,7 +98,7 @@ def install() -> Path:
     subprocess.run(
         [
             npm, "install", "--no-save", "--no-package-lock", "--no-audit", "--no-fund",
-            "--loglevel=error", "--prefix", str(target), f"esbuild@{ESBUILD_VERSION}",
+            "--loglevel=error", "--prefix", str(target), *missing,
         ],
         check=True,
     )  # fmt: skip

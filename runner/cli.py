@@ -1,7 +1,9 @@
 """The `qjsflow` command line (DESIGN §9).
 
-Exit codes: 0 ok, 1 the operation failed, 2 bad usage or input. `--json` prints exactly one
-JSON document on stdout; errors go to stderr as one line (a traceback only with `--debug`).
+Exit codes: 0 ok, 1 the operation failed, 2 bad usage or input (nothing is written then).
+`--json` prints exactly one JSON document on stdout; errors go to stderr as one line (with a
+traceback only under `--debug`). A run that ends `failed` is a successful command: its status
+says how it ended.
 """
 
 from __future__ import annotations
@@ -12,22 +14,36 @@ import importlib
 import signal
 import sys
 import traceback
-from collections.abc import Mapping, Sequence
-from dataclasses import asdict
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
-from bridge import InvalidInput, QjsflowError, dumps_text
+import orjson
+
+from bridge import InvalidInput, QjsflowError
 from runner.bindings import Bindings, ToolFn
+from runner.cli_output import render_json, render_publish, render_run, render_runs, render_steps
 from runner.config import RunnerConfig
+from runner.demo import run_demo
 from runner.runner import PublishResult, Runner
+from runner.views import RunView, StartRunInput
 
 __all__ = ["main"]
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+_Command = Callable[[argparse.Namespace, Runner], Awaitable[Any]]
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but usage errors are one line on stderr and exit 2."""
+
+    def error(self, message: str) -> Any:
+        print(f"qjsflow: error: {message}", file=sys.stderr)
+        raise SystemExit(EXIT_USAGE)
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="qjsflow", description=__doc__.splitlines()[0])
+    parser = _Parser(prog="qjsflow", description="Durable, sandboxed JS/TS workflows.")
     parser.add_argument("--db", default="./qjsflow.db", help="journal database (./qjsflow.db)")
     parser.add_argument("--json", action="store_true", help="print one JSON document on stdout")
     parser.add_argument("--debug", action="store_true", help="show tracebacks of failures")
@@ -43,10 +59,36 @@ def _parser() -> argparse.ArgumentParser:
         metavar="MODULE:ATTRIBUTE",
         help="a mapping of tool address to async function, for step.tool",
     )
-    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    commands = parser.add_subparsers(
+        dest="command", required=True, metavar="COMMAND", parser_class=_Parser
+    )
     publish = commands.add_parser("publish", help="publish a source folder as a snapshot")
     publish.add_argument("dir", help="the folder holding workflows/ and the code it imports")
     publish.add_argument("--scope", required=True, help="the tenant the snapshot belongs to")
+    start = commands.add_parser("start", help="start a run pinned to a snapshot")
+    start.add_argument("workflow")
+    start.add_argument("--scope", required=True)
+    start.add_argument("--snapshot", required=True, help="the snapshot id from publish")
+    start.add_argument("--input", default="null", help="the event payload, as JSON")
+    start.add_argument("--run-id", help="makes start idempotent")
+    for name, text in (
+        ("status", "show a run"),
+        ("resume", "drive a run again"),
+        ("cancel", "stop a run at its next suspension"),
+        ("steps", "list a run's steps"),
+    ):
+        command = commands.add_parser(name, help=text)
+        command.add_argument("run")
+        command.add_argument("--scope")
+    signal_ = commands.add_parser("signal", help="deliver an event to a run")
+    signal_.add_argument("run")
+    signal_.add_argument("type")
+    signal_.add_argument("--payload", default="null", help="the event payload, as JSON")
+    signal_.add_argument("--scope")
+    listing = commands.add_parser("list", help="list runs")
+    listing.add_argument("--scope")
+    listing.add_argument("--workflow")
+    listing.add_argument("--status")
     worker = commands.add_parser("worker", help="wake due runs and recover crashed ones")
     worker.add_argument(
         "--until-idle",
@@ -54,12 +96,8 @@ def _parser() -> argparse.ArgumentParser:
         help="exit once nothing is running and no timer is due within 1 s",
     )
     worker.add_argument("--concurrency", type=int, default=8, help="drives at once (8)")
+    commands.add_parser("demo", help="the whole story on a fresh database, with a timeline")
     return parser  # fmt: skip
-
-
-def _config(args: argparse.Namespace) -> RunnerConfig:
-    bindings = Bindings(tools=load_tools(args.tools)) if args.tools else Bindings()
-    return RunnerConfig(lease_ttl_s=args.lease_ttl, bindings=bindings)
 
 
 def load_tools(spec: str) -> Mapping[str, ToolFn]:
@@ -76,57 +114,99 @@ def load_tools(spec: str) -> Mapping[str, ToolFn]:
     return tools
 
 
-async def _worker(args: argparse.Namespace) -> int:
+def _json_arg(text: str, option: str) -> Any:
+    try:
+        return orjson.loads(text)
+    except orjson.JSONDecodeError as error:
+        raise InvalidInput(f"{option} is not valid JSON: {error}") from None
+
+
+def _config(args: argparse.Namespace) -> RunnerConfig:
+    if args.lease_ttl <= 0:
+        raise InvalidInput("--lease-ttl must be more than 0 seconds")
+    bindings = Bindings(tools=load_tools(args.tools)) if args.tools else Bindings()
+    return RunnerConfig(lease_ttl_s=args.lease_ttl, bindings=bindings)
+
+
+async def _with_runner(args: argparse.Namespace, action: _Command, *, create: bool = False) -> Any:
+    if not create and not Path(args.db).is_file():
+        raise InvalidInput(f"no journal database at {args.db}: publish something first")
+    async with Runner.open(args.db, _config(args)) as runner:
+        return await action(args, runner)
+
+
+async def _serve(args: argparse.Namespace, runner: Runner) -> int:
+    """`qjsflow worker`: the worker loops until SIGTERM (finishing or releasing what it holds)."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
-    async with Runner.open(args.db, _config(args)) as runner:
-        mode = "until idle" if args.until_idle else "until SIGTERM"
-        print(f"qjsflow worker: serving {args.db} ({mode})", file=sys.stderr, flush=True)
-        return await runner.serve(
-            until_idle=args.until_idle, concurrency=args.concurrency, stop=stop
+    mode = "until idle" if args.until_idle else "until SIGTERM"
+    print(f"qjsflow worker: serving {args.db} ({mode})", file=sys.stderr, flush=True)
+    return await runner.serve(until_idle=args.until_idle, concurrency=args.concurrency, stop=stop)
+
+
+async def _start(args: argparse.Namespace, runner: Runner) -> RunView:
+    payload = _json_arg(args.input, "--input")
+    request = StartRunInput(args.scope, args.workflow, args.snapshot, payload, args.run_id)
+    return await runner.start(request)
+
+
+async def _signal(args: argparse.Namespace, runner: Runner) -> RunView:
+    payload = _json_arg(args.payload, "--payload")
+    return await runner.signal(args.run, args.type, payload, scope=args.scope)
+
+
+async def _list(args: argparse.Namespace, runner: Runner) -> list[RunView]:
+    return await runner.list(scope=args.scope, workflow=args.workflow, status=args.status)
+
+
+_RUN_COMMANDS: dict[str, _Command] = {
+    "start": _start,
+    "signal": _signal,
+    "status": lambda args, runner: runner.get(args.run, scope=args.scope),
+    "resume": lambda args, runner: runner.resume(args.run, scope=args.scope),
+    "cancel": lambda args, runner: runner.cancel(args.run, scope=args.scope),
+}
+
+
+def _run(args: argparse.Namespace) -> str:
+    """Carry out one command; returns what to print."""
+    colour = sys.stdout.isatty() and not args.json
+    command = args.command
+    if command == "demo":
+        return run_demo(as_json=args.json)
+    if command == "publish":
+        publish: _Command = lambda a, r: r.publish(a.scope, a.dir)  # noqa: E731
+        result: PublishResult = asyncio.run(_with_runner(args, publish, create=True))
+        if not args.json:
+            return render_publish(result)
+        workflows = list(result.workflows)
+        return render_json(
+            {"snapshot_id": result.snapshot_id, "workflows": workflows, "created": result.created}
         )
-
-
-async def _publish(args: argparse.Namespace) -> PublishResult:
-    async with Runner.open(args.db, _config(args)) as runner:
-        return await runner.publish(args.scope, args.dir)
-
-
-def _show_publish(result: PublishResult, as_json: bool) -> str:
-    if as_json:
-        document: dict[str, Any] = {
-            "snapshot_id": result.snapshot_id,
-            "workflows": [asdict(workflow) for workflow in result.workflows],
-            "created": result.created,
-        }
-        return dumps_text(document)
-    state = "new" if result.created else "already published"
-    rows = [("WORKFLOW", "ENTRY")] + [(w.workflow, w.entry_path) for w in result.workflows]
-    return "\n".join(
-        [f"snapshot {result.snapshot_id} in scope {result.scope} ({state})", *_table(rows)]
-    )
-
-
-def _table(rows: Sequence[tuple[str, ...]]) -> list[str]:
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    return ["  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
-            for row in rows]  # fmt: skip
+    if command == "worker":
+        drives = asyncio.run(_with_runner(args, _serve))
+        return (
+            render_json({"drives": drives})
+            if args.json
+            else f"worker stopped after {drives} drives"
+        )
+    if command == "steps":
+        list_steps: _Command = lambda a, r: r.list_steps(a.run, scope=a.scope)  # noqa: E731
+        steps = asyncio.run(_with_runner(args, list_steps))
+        return render_json(steps) if args.json else render_steps(steps)
+    if command == "list":
+        runs = asyncio.run(_with_runner(args, _list))
+        return render_json(runs) if args.json else render_runs(runs, colour)
+    view = asyncio.run(_with_runner(args, _RUN_COMMANDS[command]))
+    return render_json(view) if args.json else render_run(view, colour)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
-        if args.command == "publish":
-            print(_show_publish(asyncio.run(_publish(args)), args.json))
-        elif args.command == "worker":
-            drives = asyncio.run(_worker(args))
-            print(
-                dumps_text({"drives": drives})
-                if args.json
-                else f"worker stopped after {drives} drives"
-            )
+        print(_run(args))
         return EXIT_OK
     except InvalidInput as error:
         return _fail(error, EXIT_USAGE, args.debug)

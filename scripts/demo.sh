@@ -1,7 +1,5 @@
 #!/usr/bin/env bash
-# Until the full demo lands: publish fixtures/ into a fresh database and print what was published.
+# The README's first command: the whole story on a fresh embedded database.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-workdir=$(mktemp -d)
-trap 'rm -rf "$workdir"' EXIT
-.venv/bin/qjsflow --db "$workdir/demo.db" publish fixtures --scope demo
+exec .venv/bin/qjsflow demo

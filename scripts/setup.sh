@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Everything qjsflow needs on a fresh machine, idempotent: Node.js and npm (for esbuild), a
-# virtualenv with the package and its dev tools, and the pinned esbuild in .esbuild/.
+# virtualenv with the package and its dev tools, and the pinned esbuild (and TypeScript, for
+# the tests) in .jstools/.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 

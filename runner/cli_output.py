@@ -1,0 +1,142 @@
+"""How the CLI shows things: one JSON document with `--json`, aligned tables otherwise."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import orjson
+
+from runner.runner import PublishResult
+from runner.views import RunView, StepView
+
+__all__ = ["render_json", "render_publish", "render_run", "render_runs", "render_steps"]
+
+_COLOURS = {
+    "completed": "32",
+    "failed": "31",
+    "cancelled": "90",
+    "running": "36",
+    "sleeping": "33",
+    "waiting": "35",
+}
+
+
+def render_json(value: Any) -> str:
+    """Views (dataclasses, lists of them, dicts) as one JSON document."""
+    return orjson.dumps(_plain(value), default=_fallback).decode()
+
+
+def _plain(value: Any) -> Any:
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, list | tuple):
+        return [_plain(item) for item in value]
+    return value
+
+
+def _fallback(value: Any) -> Any:
+    if isinstance(value, bytes):
+        return value.hex()
+    raise TypeError(f"{type(value).__name__} is not JSON serializable")
+
+
+def render_publish(result: PublishResult) -> str:
+    state = "new" if result.created else "already published"
+    rows = [("WORKFLOW", "ENTRY"), *((w.workflow, w.entry_path) for w in result.workflows)]
+    return "\n".join(
+        [f"snapshot {result.snapshot_id} in scope {result.scope} ({state})", *table(rows)]
+    )
+
+
+def render_run(run: RunView, colour: bool) -> str:
+    lines = [
+        ("run", run.run_id),
+        ("status", _status(run.status, colour)),
+        ("workflow", f"{run.workflow} (scope {run.scope}, snapshot {run.snapshot_id[:12]})"),
+        ("created", age(run.created_at)),
+        ("updated", age(run.updated_at)),
+    ]
+    next_up = _next(run)
+    if next_up:
+        lines.append(("next", next_up))
+    lines.append(("input", _short(run.input)))
+    if run.status == "completed":
+        lines.append(("output", _short(run.output)))
+    if run.error:
+        lines.append(("error", run.error))
+    width = max(len(name) for name, _ in lines)
+    return "\n".join(f"{name.ljust(width)}  {value}" for name, value in lines)
+
+
+def render_runs(runs: Sequence[RunView], colour: bool) -> str:
+    if not runs:
+        return "no runs"
+    rows = [("RUN", "STATUS", "WORKFLOW", "AGE", "NEXT")]
+    rows += [
+        (r.run_id, _status(r.status, colour), r.workflow, age(r.created_at), _next(r)) for r in runs
+    ]
+    return "\n".join(table(rows))
+
+
+def render_steps(steps: Sequence[StepView]) -> str:
+    if not steps:
+        return "no steps"
+    rows = [("KIND", "NAME", "#", "STATUS", "ATTEMPT", "RESULT")]
+    rows += [
+        (s.kind, s.name, str(s.count), s.status, str(s.attempt),
+         s.error if s.error else _short(s.output))
+        for s in steps
+    ]  # fmt: skip
+    return "\n".join(table(rows))
+
+
+def table(rows: Sequence[Sequence[str]]) -> list[str]:
+    widths = [max(_visible(row[i]) for row in rows) for i in range(len(rows[0]))]
+    lines = []
+    for row in rows:
+        cells = [
+            cell + " " * (width - _visible(cell)) for cell, width in zip(row, widths, strict=True)
+        ]
+        lines.append("  ".join(cells).rstrip())
+    return lines
+
+
+def age(moment: float, now: float | None = None) -> str:
+    """A relative time: '3s ago', 'in 2m'."""
+    delta = (time.time() if now is None else now) - moment
+    text = _span(abs(delta))
+    return f"{text} ago" if delta >= 0 else f"in {text}"
+
+
+def _span(seconds: float) -> str:
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{int(seconds // size)}{unit}"
+    return f"{int(seconds)}s"
+
+
+def _next(run: RunView) -> str:
+    if run.status == "waiting" and run.waiting_for:
+        timeout = f" (times out {age(run.wake_at)})" if run.wake_at else ""
+        return f"event {run.waiting_for}{timeout}"
+    if run.wake_at is not None and run.status not in {"completed", "failed", "cancelled"}:
+        return f"wakes {age(run.wake_at)}"
+    return ""
+
+
+def _status(status: str, colour: bool) -> str:
+    if not colour or status not in _COLOURS:
+        return status
+    return f"\x1b[{_COLOURS[status]}m{status}\x1b[0m"
+
+
+def _visible(cell: str) -> int:
+    return len(cell) - (9 if cell.startswith("\x1b[") else 0)
+
+
+def _short(value: Any, limit: int = 60) -> str:
+    text = orjson.dumps(value, default=_fallback).decode()
+    return text if len(text) <= limit else text[: limit - 1] + "…"

@@ -1,0 +1,186 @@
+"""The user's four flows through the `qjsflow` command line, as subprocesses with --json."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+
+from tests.conftest import PROJECT_ROOT
+
+FLOW = """
+import type { WorkflowEvent, WorkflowStep } from "qjsflow";
+import { greeting } from "../lib/text";
+export default async function (event: WorkflowEvent<{ name: string }>, step: WorkflowStep) {
+  const slow = await step.tool("slow", "slow", { run: event.instanceId, seconds: 1.5 },
+                               { retries: { limit: 3, delay: 0 } });
+  const go = await step.waitForEvent<{ ok: boolean }>("go", { type: "go" });
+  return { hello: greeting(event.payload.name), slow, ok: go.payload.ok };
+}
+"""
+
+
+class Cli:
+    def __init__(self, tmp_path: Path) -> None:
+        self.db = tmp_path / "journal.db"
+        self.tool_log = tmp_path / "tools.log"
+        self.tool_log.touch()
+        self.env = {**os.environ, "QJSFLOW_TOOL_LOG": str(self.tool_log)}
+
+    def argv(self, *args: str) -> list[str]:
+        return [
+            sys.executable, "-m", "runner.cli", "--db", str(self.db),
+            "--tools", "tests.crash_tools:TOOLS", "--lease-ttl", "1", *args,
+        ]  # fmt: skip
+
+    def run(self, *args: str, json: bool = True) -> subprocess.CompletedProcess[str]:
+        flags = ("--json",) if json else ()
+        return subprocess.run(
+            self.argv(*flags, *args), cwd=PROJECT_ROOT, env=self.env, capture_output=True,
+            text=True, timeout=120, check=False,
+        )  # fmt: skip
+
+    def ok(self, *args: str) -> Any:
+        done = self.run(*args)
+        assert done.returncode == 0, done.stderr
+        return orjson.loads(done.stdout)
+
+    def counts(self) -> dict[str, int]:
+        with sqlite3.connect(self.db) as connection:
+            tables = [row[0] for row in connection.execute(
+                "SELECT name FROM sqlite_schema WHERE type = 'table'")]  # fmt: skip
+            return {
+                t: connection.execute(f'SELECT count(*) FROM "{t}"').fetchone()[0] for t in tables
+            }
+
+
+@pytest.fixture
+def cli(tmp_path: Path) -> Cli:
+    return Cli(tmp_path)
+
+
+def _tree(tmp_path: Path) -> Path:
+    root = tmp_path / "src"
+    (root / "workflows").mkdir(parents=True)
+    (root / "lib").mkdir()
+    (root / "workflows" / "greet.ts").write_text(FLOW)
+    (root / "lib" / "text.ts").write_text("export const greeting = (n: string) => `hello ${n}`;\n")
+    return root
+
+
+@pytest.mark.timeout(180)
+def test_the_four_flows_from_a_shell(cli: Cli, tmp_path: Path) -> None:
+    published = cli.ok("publish", str(_tree(tmp_path)), "--scope", "acme")
+    assert published["workflows"] == [{"workflow": "greet", "entry_path": "workflows/greet.ts"}]
+    snapshot = published["snapshot_id"]
+
+    # Start, and kill the starting process while the slow tool runs inside its drive.
+    starter = subprocess.Popen(
+        cli.argv("--json", "start", "greet", "--scope", "acme", "--snapshot", snapshot,
+                 "--input", '{"name": "ada"}', "--run-id", "cli-1"),
+        cwd=PROJECT_ROOT, env=cli.env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    deadline = time.monotonic() + 60
+    while "slow" not in cli.tool_log.read_text() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    starter.send_signal(signal.SIGKILL)
+    starter.wait(timeout=30)
+    crashed = cli.ok("status", "cli-1")
+    assert crashed["status"] == "running"
+
+    time.sleep(1.2)  # the dead driver's lease lapses
+    resumed = cli.ok("resume", "cli-1", "--scope", "acme")
+    assert (resumed["status"], resumed["waiting_for"]) == ("waiting", "go")
+    assert resumed["snapshot_id"] == snapshot
+
+    done = cli.ok("signal", "cli-1", "go", "--payload", '{"ok": true}')
+    assert done["status"] == "completed"
+    assert done["output"] == {"hello": "hello ada", "slow": "slow done", "ok": True}
+
+    steps = cli.ok("steps", "cli-1")
+    assert [(s["kind"], s["name"], s["status"], s["attempt"]) for s in steps] == [
+        ("tool", "slow", "completed", 2),
+        ("waitForEvent", "go", "completed", 1),
+    ]
+    listed = cli.ok("list", "--scope", "acme", "--status", "completed")
+    assert [r["run_id"] for r in listed] == ["cli-1"]
+    assert cli.ok("cancel", "cli-1")["status"] == "completed"
+    assert cli.ok("worker", "--until-idle") == {"drives": 0}
+
+
+def test_human_output_is_a_table(cli: Cli, tmp_path: Path) -> None:
+    tree = tmp_path / "t" / "workflows"
+    tree.mkdir(parents=True)
+    (tree / "nap.ts").write_text('export default async (e, step) => step.sleep("nap", "1 hour");\n')
+    snapshot = cli.ok("publish", str(tree.parent), "--scope", "acme")["snapshot_id"]
+    cli.ok("start", "nap", "--scope", "acme", "--snapshot", snapshot, "--run-id", "nap-1")
+    listing = cli.run("list", json=False)
+    assert listing.returncode == 0
+    header, row = listing.stdout.splitlines()
+    assert header.split() == ["RUN", "STATUS", "WORKFLOW", "AGE", "NEXT"]
+    assert row.split()[:3] == ["nap-1", "sleeping", "nap"]
+    assert "wakes in 59m" in row
+    status = cli.run("status", "nap-1", json=False)
+    assert "status    sleeping" in status.stdout
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (("status", "no-such-run"), "no run 'no-such-run'"),
+        (("status", "seed-1", "--scope", "other"), "no run 'seed-1'"),
+        (("signal", "seed-1", "go", "--scope", "other"), "no run 'seed-1'"),
+        (("cancel", "seed-1", "--scope", "other"), "no run 'seed-1'"),
+        (
+            ("start", "missing", "--scope", "acme", "--snapshot", "SNAP"),
+            "has no workflow 'missing'",
+        ),
+        (
+            ("start", "nap", "--scope", "acme", "--snapshot", "SNAP", "--input", "{"),
+            "--input is not valid JSON",
+        ),
+        (("signal", "seed-1", "go", "--payload", "{nope"), "--payload is not valid JSON"),
+        (("signal", "seed-1", "bad type"), "invalid event type"),
+        (("start", "nap", "--scope", "Bad!", "--snapshot", "SNAP"), "invalid scope"),
+        (("publish", "/no/such/folder", "--scope", "acme"), "cannot read the folder"),
+        (("resume",), "the following arguments are required: run"),
+    ],
+)
+def test_bad_input_exits_2_with_one_line_and_writes_nothing(
+    cli: Cli, tmp_path: Path, args: tuple[str, ...], message: str
+) -> None:
+    tree = tmp_path / "t" / "workflows"
+    tree.mkdir(parents=True)
+    (tree / "nap.ts").write_text('export default async (e, step) => step.sleep("nap", "1 hour");\n')
+    snapshot = cli.ok("publish", str(tree.parent), "--scope", "acme")["snapshot_id"]
+    cli.ok("start", "nap", "--scope", "acme", "--snapshot", snapshot, "--run-id", "seed-1")
+    before = cli.counts()
+    done = cli.run(*(snapshot if arg == "SNAP" else arg for arg in args))
+    assert done.returncode == 2, done.stderr
+    assert done.stdout == ""
+    assert done.stderr.count("\n") == 1
+    assert message in done.stderr
+    assert "Traceback" not in done.stderr
+    assert cli.counts() == before
+
+
+def test_a_missing_database_is_refused_and_not_created(cli: Cli) -> None:
+    for args in (("status", "r"), ("list",), ("worker", "--until-idle"), ("steps", "r")):
+        done = cli.run(*args)
+        assert done.returncode == 2
+        assert "no journal database at" in done.stderr
+        assert not cli.db.exists()
+
+
+def test_debug_shows_the_traceback(cli: Cli) -> None:
+    done = cli.run("--debug", "status", "r")
+    assert done.returncode == 2
+    assert "Traceback" in done.stderr
