@@ -68,6 +68,7 @@ class StepFailure:
     message: str
     retryable: bool = True
     retry_after_ms: int | None = None
+    code: str | None = None  # a machine-readable reason, e.g. db.sql's "not_authorized"
 
 
 # -- ops (sandbox -> host) ---------------------------------------------------------------------
@@ -117,6 +118,7 @@ class StepWaitForEvent:
 
 @dataclass(frozen=True, slots=True)
 class StepNotify:
+    step: str  # "" at the top level, or the enclosing step's key and "/"
     count: int
     title: str
     body: str | None
@@ -125,6 +127,7 @@ class StepNotify:
 
 @dataclass(frozen=True, slots=True)
 class DbSql:
+    step: str  # "" at the top level, or the enclosing step's key and "/"
     count: int
     sql: str
     params: Encoded

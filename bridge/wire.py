@@ -132,17 +132,30 @@ def _failure_to_wire(failure: StepFailure) -> dict[str, Any]:
         "message": failure.message,
         "retryable": failure.retryable,
         "retryAfterMs": failure.retry_after_ms,
+        "code": failure.code,
     }
 
 
 # -- op parsers --------------------------------------------------------------------------------
 
 
+# A call inside a step body is named after its enclosing steps ("do:1:sync/push"), up to 8 deep.
+_MAX_SCOPED_NAME = 8 * 300 + 256
+
+
 def _step(body: dict[str, Any], limits: Limits) -> tuple[str, int]:
-    name = _text(body, "step", limits.step_name_chars)
-    if not name:
+    name = _text(body, "step", _MAX_SCOPED_NAME + limits.step_name_chars)
+    if not name or name.endswith("/"):
         raise ProtocolError("step name is empty")
     return name, _int(body, "count", 1, limits.steps_per_run)
+
+
+def _scope(body: dict[str, Any]) -> str:
+    """The scope of an unnamed call (notify, sql): "" or an enclosing step's key and "/"."""
+    scope = _text(body, "step", _MAX_SCOPED_NAME)
+    if scope and not scope.endswith("/"):
+        raise ProtocolError("step must be empty or end with '/'")
+    return scope
 
 
 def _check(body: dict[str, Any], limits: Limits) -> StepCheck:
@@ -192,12 +205,13 @@ def _notify(body: dict[str, Any], limits: Limits) -> StepNotify:
     count = _int(body, "count", 1, limits.notify_per_drive * 1000)
     title = _text(body, "title", 256, allow_control=True)
     body_text = _optional_text(body, "body", _MAX_TEXT)
-    return StepNotify(count, title, body_text, _optional_text(body, "link", 2048))
+    return StepNotify(_scope(body), count, title, body_text, _optional_text(body, "link", 2048))
 
 
 def _sql(body: dict[str, Any], limits: Limits) -> DbSql:
     count = _int(body, "count", 1, limits.steps_per_run)
-    return DbSql(count, _text(body, "sql", _MAX_SQL, True), _encoded(body, "params", limits))
+    sql = _text(body, "sql", _MAX_SQL, True)
+    return DbSql(_scope(body), count, sql, _encoded(body, "params", limits))
 
 
 def _log(body: dict[str, Any], limits: Limits) -> Log:

@@ -5,10 +5,12 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from bridge.limits import Limits
 from bundles import BuildLimits, TreeLimits
 from runner.bindings import Bindings
+from runner.scopedb.policy import SqlLimits
 from sandbox import PoolConfig
 
 __all__ = ["RunnerConfig", "system_clock"]
@@ -28,3 +30,5 @@ class RunnerConfig:
     pool: PoolConfig = field(default_factory=PoolConfig)
     bindings: Bindings = field(default_factory=Bindings)  # used when a call passes none
     lease_ttl_s: float = 30.0
+    sql_limits: SqlLimits = field(default_factory=SqlLimits)
+    scope_root: Path | None = None  # scope databases; default: "<journal>.scopes" beside it

@@ -24,6 +24,7 @@ from runner.bindings import Bindings
 from runner.config import RunnerConfig
 from runner.errors import RunNotFound
 from runner.host import DriveHost, failure_from_json
+from runner.scopedb import ScopeDatabases
 from runner.store import JournalStore, JournalTransaction, Lease, LeaseLost, RunRecord
 from runner.views import TERMINAL
 from sandbox import ExecutorPool
@@ -36,7 +37,14 @@ _CRASH_RETRIES = 2
 
 
 class RunDriver:
-    def __init__(self, store: JournalStore, pool: ExecutorPool, config: RunnerConfig) -> None:
+    def __init__(
+        self,
+        store: JournalStore,
+        pool: ExecutorPool,
+        config: RunnerConfig,
+        scopes: ScopeDatabases,
+    ) -> None:
+        self.scopes = scopes
         self.store = store
         self.pool = pool
         self.config = config
@@ -140,7 +148,9 @@ class RunDriver:
             await tx.append_event(
                 run.run_id, "drive_started", now, f'{{"worker":"{self.worker_id}"}}'
             )
-        host = DriveHost(self.store, lease, bindings, self.config.limits, self.now_ms)
+        host = DriveHost(
+            self.store, lease, bindings, self.config.limits, self.now_ms, scopes=self.scopes
+        )
         request = DriveRequest(
             run_id=run.run_id,
             workflow=run.workflow,

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
+import signal
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -39,9 +41,15 @@ from bridge.values import from_python, to_python
 from bridge.wire import ProtocolError
 from runner.bindings import Bindings, Notification
 from runner.errors import FatalToolError
+from runner.scopedb import ScopeDatabases, SqlOutcome
 from runner.store import JournalStore, JournalTransaction, Lease, StepRow
 
-__all__ = ["DriveHost", "failure_from_json", "failure_to_json"]
+__all__ = ["CRASH_AFTER_SQL", "DriveHost", "failure_from_json", "failure_to_json"]
+
+# Set to a piece of SQL text in a worker's environment to SIGKILL it right after a db.sql call
+# holding that text was applied in the scope database and before the journal recorded it: the
+# window exactly-once must survive.
+CRASH_AFTER_SQL = "QJSFLOW_CRASH_AFTER_SQL_APPLY"
 
 
 def failure_to_json(failure: StepFailure) -> str:
@@ -51,13 +59,16 @@ def failure_to_json(failure: StepFailure) -> str:
             "message": failure.message,
             "retryable": failure.retryable,
             "retryAfterMs": failure.retry_after_ms,
+            "code": failure.code,
         }
     )
 
 
 def failure_from_json(text: str) -> StepFailure:
     data = orjson.loads(text)
-    return StepFailure(data["name"], data["message"], data["retryable"], data.get("retryAfterMs"))
+    return StepFailure(
+        data["name"], data["message"], data["retryable"], data.get("retryAfterMs"), data.get("code")
+    )
 
 
 def _policy_to_json(policy: RetryPolicy) -> str:
@@ -102,7 +113,10 @@ class DriveHost:
         bindings: Bindings,
         limits: Limits,
         clock_ms: Callable[[], int],
+        *,
+        scopes: ScopeDatabases,
     ) -> None:
+        self.scopes = scopes
         self.store = store
         self.lease = lease
         self.run_id = lease.run_id
@@ -169,6 +183,9 @@ class DriveHost:
             outcome = await self._fail_attempt(tx, row, interrupted, now)
             if outcome is not None:
                 return outcome
+            refreshed = await tx.get_step(row.run_id, row.kind, row.name, row.count)
+            assert refreshed is not None
+            row = refreshed
         due = _retry_due(row)
         if due > now:
             return Suspend("retry", wake_at_ms=due), None
@@ -381,15 +398,15 @@ class DriveHost:
         now = self.now()
         message = dumps_text({"title": op.title, "body": op.body, "link": op.link})
         async with self.store.transaction(self.lease) as tx:
-            row = await tx.get_step(self.run_id, "notify", "", op.count)
+            row = await tx.get_step(self.run_id, "notify", op.step, op.count)
             settled = None if row is None else _settled(row)
             if settled is not None:
                 return settled.result, settled.at
             await tx.insert_step(
-                self.run_id, "notify", "", op.count, status="running", attempt=1,
+                self.run_id, "notify", op.step, op.count, status="running", attempt=1,
                 started_at=now, detail=message,
             )  # fmt: skip
-            row = await tx.get_step(self.run_id, "notify", "", op.count)
+            row = await tx.get_step(self.run_id, "notify", op.step, op.count)
             assert row is not None
             # Recorded before it is sent: at most once, even if the process dies right after.
             await tx.settle_step(
@@ -401,13 +418,62 @@ class DriveHost:
         return Value(None), now
 
     async def _sql(self, op: DbSql) -> tuple[Result, int | None]:
-        del op
-        failure = StepFailure(
-            "DatabaseUnavailableError",
-            "db.sql is not available: this runner has no scope database configured",
-            retryable=False,
-        )
-        return failure, None
+        """Author SQL in the scope's database. The scope database records the call as applied
+        in the statement's own transaction, so re-asking after a crash never applies it twice."""
+        now = self.now()
+        key = f"sql:{op.count}:{op.step}"
+        async with self.store.transaction(self.lease) as tx:
+            row = await tx.get_step(self.run_id, "sql", op.step, op.count)
+            settled = None if row is None else _settled(row)
+            if settled is not None:
+                return settled.result, settled.at
+            if row is None:
+                await tx.insert_step(
+                    self.run_id, "sql", op.step, op.count, status="running", attempt=1,
+                    started_at=now, detail=dumps_text({"sql": op.sql[:500]}),
+                )  # fmt: skip
+            run = await tx.get_run(self.run_id)
+            assert run is not None
+        sql_limits = self.scopes.limits
+        left = sql_limits.run_budget_s - run.sql_used_s
+        if left <= 0:
+            outcome = SqlOutcome(
+                None, "quota", f"the run's SQL time budget of {sql_limits.run_budget_s:g} s is "
+                "used up", 0.0,
+            )  # fmt: skip
+        else:
+            deadline = min(sql_limits.deadline_s, left)
+            outcome = await self.scopes.execute(
+                run.scope, run_id=self.run_id, call_key=key, sql=op.sql, params=op.params,
+                deadline_s=deadline,
+            )  # fmt: skip
+        crash_on = os.environ.get(CRASH_AFTER_SQL)
+        if crash_on and crash_on in op.sql:  # a crash point for the exactly-once tests
+            os.kill(os.getpid(), signal.SIGKILL)
+        finished = self.now()
+        async with self.store.transaction(self.lease) as tx:
+            run = await tx.get_run(self.run_id)
+            assert run is not None
+            await tx.update_run(self.run_id, sql_used_s=run.sql_used_s + outcome.elapsed_s)
+            row = await tx.get_step(self.run_id, "sql", op.step, op.count)
+            assert row is not None
+            settled = _settled(row)
+            if settled is not None:
+                return settled.result, settled.at
+            if outcome.result is not None:
+                await tx.settle_step(
+                    row, status="completed", output=outcome.result, error=None, at=finished,
+                    event_type="sql_completed",
+                )  # fmt: skip
+                return Value(outcome.result), finished
+            failure = StepFailure(
+                "SqlError", outcome.message or "the statement failed", False, code=outcome.code
+            )
+            await tx.settle_step(
+                row, status="failed", output=None, error=failure_to_json(failure), at=finished,
+                event_type="sql_failed",
+            )  # fmt: skip
+            return failure, finished
 
     async def _log(self, op: Log) -> None:
         async with self.store.transaction(self.lease) as tx:

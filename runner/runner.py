@@ -34,6 +34,7 @@ from runner.errors import (
     SnapshotNotFound,
     UnknownWorkflow,
 )
+from runner.scopedb import ScopeDatabases
 from runner.scopes import validate_scope
 from runner.store import JournalStore, LogRecord, RunRecord, SnapshotRecord
 from runner.views import (
@@ -78,7 +79,9 @@ class Runner:
         self._store = store
         self.config = config
         self._pool = ExecutorPool(config.pool)
-        self._driver = RunDriver(store, self._pool, config)
+        scope_root = config.scope_root or store.path.with_name(store.path.name + ".scopes")
+        self.scopes = ScopeDatabases(scope_root, config.sql_limits)
+        self._driver = RunDriver(store, self._pool, config, self.scopes)
 
     @classmethod
     @asynccontextmanager
@@ -102,6 +105,7 @@ class Runner:
 
     async def aclose(self) -> None:
         await self._pool.aclose()
+        await self.scopes.aclose()
         await self._store.aclose()
 
     async def publish(

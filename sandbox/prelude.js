@@ -400,6 +400,9 @@
   function makeError(failure) {
     const error = new RealError(failure.message);
     defineProperty(error, "name", { value: failure.name, writable: true, configurable: true });
+    if (typeof failure.code === "string") {
+      defineProperty(error, "code", { value: failure.code, writable: true, configurable: true });
+    }
     return error;
   }
 
@@ -495,32 +498,50 @@
     }
     const id = nextId++;
     append(outbox, { id, op });
-    if (onResult !== null) pending.set(id, onResult);
+    if (onResult !== null) pending.set(id, { onResult, scope: currentScope });
   }
+
+  // Step identity. Calls made inside a step body are scoped by that step: their names carry
+  // the parent's key ("do:1:sync/push"), so a replay that skips a settled body does not shift
+  // the occurrence counts of calls made by bodies that do run. The scope of running code is
+  // the scope of the promise whose settling resumed it (the executor settles one at a time).
+  const ROOT_SCOPE = { prefix: "", counters: new RealMap(), depth: 0 };
+  let currentScope = ROOT_SCOPE;
+  const MAX_NESTING = 8;
   function occurrence(kind, name) {
     const counter = kind + ":" + name;
-    const count = (counters.get(counter) || 0) + 1;
+    const count = (currentScope.counters.get(counter) || 0) + 1;
     if (count > limits.steps_per_run) {
       throw new LimitError(`steps per run limit of ${limits.steps_per_run} exceeded`);
     }
-    counters.set(counter, count);
+    currentScope.counters.set(counter, count);
     return count;
+  }
+  function attemptScope(key) {
+    if (currentScope.depth >= MAX_NESTING) {
+      throw new LimitError(`steps nested deeper than ${MAX_NESTING} levels`);
+    }
+    return { prefix: key + "/", counters: new RealMap(), depth: currentScope.depth + 1 };
   }
   // A step call: answered from the journal (in journal order) or sent to the host.
   function request(kind, name, op, onAnswer) {
     const count = occurrence(kind, name);
-    const key = kind + ":" + count + ":" + name;
+    const fullName = currentScope.prefix + name;
+    const key = kind + ":" + count + ":" + fullName;
+    const scope = currentScope;
     return new P((resolve, reject) => {
       const entry = journal.get(key);
       if (entry !== undefined) {
-        append(hits, { entry, key, resolve, reject });
+        append(hits, { entry, key, resolve, reject, scope });
         return;
       }
       op.count = count;
-      send(op, (result, at) => onAnswer(result, at, key, count, resolve, reject));
+      op.step = fullName;
+      send(op, (result, at) => onAnswer(result, at, key, count, resolve, reject, fullName));
     });
   }
   function settleHit(hit) {
+    currentScope = hit.scope;
     consumed += 1;
     reach(hit.entry.at, hit.key);
     if (hit.entry.error) hit.reject(makeError(hit.entry.error));
@@ -553,10 +574,10 @@
       if (typeof fn !== "function") throw new RealTypeError(`step.do("${name}") needs a function`);
       const [merged, policy] = stepConfig(config, `step.do("${name}") config`);
       const op = { op: "step.check", step: name, kind: "do", config: policy };
-      return request("do", name, op, (result, at, key, count, resolve, rejectStep) => {
+      return request("do", name, op, (result, at, key, count, resolve, rejectStep, fullName) => {
         if (hasOwn(result, "value") && result.value !== null && result.value.hit === false) {
           reach(result.value.now, key + ":" + result.value.attempt);
-          runAttempt(name, count, result.value.attempt, merged, fn, key, resolve, rejectStep);
+          runAttempt(name, fullName, count, result.value.attempt, merged, fn, key, resolve, rejectStep);
         } else if (hasOwn(result, "value") && result.value !== null && result.value.hit === true) {
           reach(at, key);
           resolve(decode(result.value.value));
@@ -568,11 +589,21 @@
       return reject(error);
     }
   }
-  function runAttempt(name, count, attempt, config, fn, key, resolve, rejectStep) {
+  function runAttempt(name, fullName, count, attempt, config, fn, key, resolve, rejectStep) {
     const ctx = freeze({ step: freeze({ name, count }), attempt, config: deepFreeze(config) });
     const where = `step "${name}" (#${count})`;
+    const outer = currentScope; // the caller's scope: the step's own promise resumes it
     const record = (fields) => {
-      send({ op: "step.record", step: name, count, attempt, ...fields }, (result, at) => {
+      const saved = currentScope;
+      currentScope = outer;
+      try {
+        recordIn(fields);
+      } finally {
+        currentScope = saved;
+      }
+    };
+    const recordIn = (fields) => {
+      send({ op: "step.record", step: fullName, count, attempt, ...fields }, (result, at) => {
         if (hasOwn(result, "value")) {
           reach(at, key);
           // A string is the value another writer settled first: the first writer wins.
@@ -586,9 +617,12 @@
     };
     let started;
     try {
+      currentScope = attemptScope(key);
       started = P.resolve(fn(ctx));
     } catch (error) {
       started = P.reject(error);
+    } finally {
+      currentScope = outer;
     }
     call(promiseThen, started, (value) => {
       let text;
@@ -600,7 +634,7 @@
       }
       record({ value: text });
     }, (thrown) => {
-      const limit = limitMessage(thrown);
+      const limit = thrown instanceof LimitError ? thrown.message : limitMessage(thrown);
       if (limit !== null) {
         fail(`${where}: ${limit}`, false);
         return;
@@ -940,10 +974,11 @@
   }
 
   function answer(message) {
-    const onResult = pending.get(message.id);
-    if (onResult === undefined) throw new DriveError("the host answered an unknown op " + message.id);
+    const waiting = pending.get(message.id);
+    if (waiting === undefined) throw new DriveError("the host answered an unknown op " + message.id);
     pending.delete(message.id);
-    onResult(message.result, message.at);
+    currentScope = waiting.scope;
+    waiting.onResult(message.result, message.at);
   }
 
   function finish() {

@@ -105,9 +105,9 @@ class MemoryHost:
             case StepTool(step=step, count=count, address=address, args=args):
                 value = self.tools[address](args)
                 return Value(value), self._record(f"tool:{count}:{step}", value)
-            case StepNotify(count=count):
-                return Value(None), self._record(f"notify:{count}:", None)
-            case DbSql(count=count):
+            case StepNotify(step=scope, count=count):
+                return Value(None), self._record(f"notify:{count}:{scope}", None)
+            case DbSql(step=scope, count=count):
                 rows = '{"rows":[],"changes":0,"lastInsertRowid":0}'
-                return Value(rows), self._record(f"sql:{count}:", rows)
+                return Value(rows), self._record(f"sql:{count}:{scope}", rows)
         raise AssertionError(f"unexpected op {op}")

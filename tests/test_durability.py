@@ -159,7 +159,7 @@ async def test_sigkill_at_random_moments_loses_and_repeats_nothing(
         assert (run.status, run.output) == ("completed", expected), run.error
         calls = await api.list_tool_calls(run_id)
         for step in range(STEPS):
-            rows = [c for c in calls if c.step == f"append {step}"]
+            rows = [c for c in calls if c.step == f"do:1:step {step}/append {step}"]
             recorded = [i for i, c in enumerate(rows) if c.result is not None]
             # One recorded result, and it is the last call: nothing ran after it was recorded.
             assert recorded == [len(rows) - 1], (run_id, step, rows)

@@ -33,8 +33,9 @@ async def test_first_writer_wins(clocked_runner: Runner, clock: FakeClock) -> No
     policy = RetryPolicy(0, 0, "constant", 60_000)
     lease = await clocked_runner.store.acquire_lease(run.run_id, "test", now(), 60_000)
     assert lease is not None
-    first = DriveHost(clocked_runner.store, lease, Bindings(), Limits(), now)
-    second = DriveHost(clocked_runner.store, lease, Bindings(), Limits(), now)
+    scopes = clocked_runner.scopes
+    first = DriveHost(clocked_runner.store, lease, Bindings(), Limits(), now, scopes=scopes)
+    second = DriveHost(clocked_runner.store, lease, Bindings(), Limits(), now, scopes=scopes)
     await first([OpEnvelope(1, StepCheck("shared", "do", 1, policy))])
     [won] = await first([OpEnvelope(2, StepRecord("shared", 1, 1, '"first"', None))])
     [lost] = await second([OpEnvelope(3, StepRecord("shared", 1, 1, '"second"', None))])
@@ -97,3 +98,31 @@ async def test_persisted_bindings_and_list_filters(clocked_runner: Runner) -> No
     assert [r.run_id for r in await clocked_runner.list(status="sleeping")] == ["r2"]
     assert [r.run_id for r in await clocked_runner.list(workflow="flow")] == ["r1"]
     assert [r.run_id for r in await clocked_runner.list(scope="acme")] == ["r1", "r2"]
+
+
+SAME_NAMES = """
+export default async (event, step) => {
+  const a = await step.do("a", async () => step.tool("x", "echo", { n: 1 }));
+  const b = await step.do("b", { retries: { limit: 2, delay: 0 } }, async () => step.tool("x", "echo", { n: 2 }));
+  return [a, b];
+};
+"""
+
+
+async def test_calls_inside_a_replayed_body_do_not_shift_the_calls_of_others(
+    clocked_runner: Runner,
+) -> None:
+    seen: list[int] = []
+
+    async def echo(args: Any) -> int:
+        seen.append(args["n"])
+        if args["n"] == 2 and seen.count(2) == 1:
+            for pid in _executor_pids():  # crash while b's attempt is in flight
+                os.kill(pid, signal.SIGKILL)
+        return int(args["n"])
+
+    run = await start_source(clocked_runner, SAME_NAMES, bindings=Bindings(tools={"echo": echo}))
+    assert (run.status, run.output) == ("completed", [1, 2])
+    assert seen == [1, 2]  # a's body was replayed, not rerun; b's tool result was reused
+    names = [s.name for s in await clocked_runner.list_steps(run.run_id) if s.kind == "tool"]
+    assert names == ["do:1:a/x", "do:1:b/x"]

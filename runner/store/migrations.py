@@ -138,6 +138,13 @@ MIGRATIONS: tuple[tuple[int, str, str], ...] = (
         CREATE INDEX runs_unleased ON runs (status, lease_expires_at);
         """,
     ),
+    (
+        4,
+        "a per-run SQL time ledger",
+        """
+        ALTER TABLE runs ADD COLUMN sql_used_s REAL NOT NULL DEFAULT 0;
+        """,
+    ),
 )
 
 

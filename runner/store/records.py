@@ -37,6 +37,7 @@ class RunRecord:
     cpu_used_s: float
     logs_count: int
     cancel_requested: bool
+    sql_used_s: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,0 +1,32 @@
+"""What author SQL may do in its scope database, and the limits it runs under (DESIGN §8).
+
+Shared by the server process (which enforces it) and the host (which configures it).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["MIN_SQLITE_VERSION", "SqlLimits"]
+
+MIN_SQLITE_VERSION = (3, 50, 2)  # CVE-2025-6965 and CVE-2025-7458 are fixed from here on
+
+
+@dataclass(frozen=True, slots=True)
+class SqlLimits:
+    """Bounds on one `db.sql` call, on a scope's database, and on a run's SQL time."""
+
+    deadline_s: float = 1.0  # per statement, enforced by a progress handler
+    run_budget_s: float = 10.0  # all SQL of one run, across drives
+    max_rows: int = 1000
+    max_result_bytes: int = 1024 * 1024
+    max_pages: int = 16_384  # the scope's quota: 64 MiB at 4 KiB pages
+    max_length: int = 1024 * 1024  # SQLITE_LIMIT_LENGTH: any string or blob
+    max_sql_length: int = 100_000
+    max_expr_depth: int = 100
+    max_compound_select: int = 50
+    max_columns: int = 200
+    max_variables: int = 100
+    max_like_pattern: int = 1000
+    max_trigger_depth: int = 10
+    cached_connections: int = 16

@@ -1,0 +1,302 @@
+"""The scope-database process: runs author SQL through APSW's bundled SQLite, one statement per
+call, hardened, and records each applied call in the same transaction as its statement.
+
+Started by `ScopeDatabases` as `python -I -m runner.scopedb.server ROOT` with an empty
+environment. It speaks length-prefixed JSON frames on stdin/stdout: a request
+`{scope, runId, call, sql, params, deadlineS, limits}` gets `{ok: {result, elapsedS}}` or
+`{error: {code, message, elapsedS}}`. Each scope's file is `ROOT/<scope>.sqlite`; the scope id is
+validated by the host before a request is sent, and again here.
+
+Exactly once: `_qjsflow_applied(run_id, call_key, result)` lives in the scope's own database.
+A call first looks its key up there; if present, the stored result is returned and nothing
+runs again. Otherwise the author's statement and the applied row commit together.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+import time
+from collections import OrderedDict
+from pathlib import Path
+from typing import Any
+
+import apsw
+import orjson
+
+from bridge.values import from_python, to_python
+from runner.scopedb.policy import MIN_SQLITE_VERSION, SqlLimits
+from sandbox.frames import frame, read_frame_fd
+
+_SCOPE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,63}$")
+_PRIVATE = "_qjsflow"
+_DDL = {
+    apsw.SQLITE_CREATE_TABLE, apsw.SQLITE_CREATE_INDEX, apsw.SQLITE_CREATE_VIEW,
+    apsw.SQLITE_DROP_TABLE, apsw.SQLITE_DROP_INDEX, apsw.SQLITE_DROP_VIEW,
+}  # fmt: skip
+_DML = {apsw.SQLITE_INSERT, apsw.SQLITE_UPDATE, apsw.SQLITE_DELETE, apsw.SQLITE_READ}
+_DENIED_FUNCTIONS = {
+    "load_extension", "readfile", "writefile", "edit", "fts3_tokenizer", "sqlite_dbpage",
+    "sqlite_offset", "unlikely_host_access",
+}  # fmt: skip
+
+
+class SqlFailure(Exception):
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+class _Authorizer:
+    """The allowlist: plain DML and DDL on the scope's own tables, and nothing else. It keeps
+    what it last refused, so the error can say what was not allowed."""
+
+    def __init__(self) -> None:
+        self.refused: str | None = None
+
+    def __call__(
+        self, op: int, first: str | None, second: str | None, db: str | None, _: Any
+    ) -> int:
+        verdict = _authorize(op, first, second, db)
+        if verdict != apsw.SQLITE_OK and self.refused is None:
+            action = str(apsw.mapping_authorizer_function.get(op, op)).removeprefix("SQLITE_")
+            subject = second if op == apsw.SQLITE_FUNCTION else first
+            if op in (apsw.SQLITE_ATTACH, apsw.SQLITE_DETACH):
+                subject = None  # a file name: not echoed back
+            self.refused = f"{action} {subject}" if subject else action
+        return verdict
+
+
+def _authorize(op: int, first: str | None, second: str | None, db: str | None) -> int:
+    if op in (apsw.SQLITE_SELECT, apsw.SQLITE_RECURSIVE):
+        return apsw.SQLITE_OK
+    if op in _DML:
+        if db not in (None, "main") or (first or "").lower().startswith(_PRIVATE):
+            return apsw.SQLITE_DENY
+        return apsw.SQLITE_OK
+    if op in _DDL:
+        if db not in (None, "main") or (first or "").lower().startswith((_PRIVATE, "sqlite_")):
+            return apsw.SQLITE_DENY
+        return apsw.SQLITE_OK
+    if op == apsw.SQLITE_ALTER_TABLE:
+        return apsw.SQLITE_DENY if (second or "").lower().startswith(_PRIVATE) else apsw.SQLITE_OK
+    if op == apsw.SQLITE_FUNCTION:
+        return apsw.SQLITE_DENY if (second or "").lower() in _DENIED_FUNCTIONS else apsw.SQLITE_OK
+    if op == apsw.SQLITE_REINDEX:
+        return apsw.SQLITE_OK
+    # ATTACH (and VACUUM INTO), DETACH, PRAGMA (and pragma_* functions), transactions,
+    # savepoints, triggers, virtual tables, temp objects, ANALYZE: denied.
+    return apsw.SQLITE_DENY
+
+
+class ScopeServer:
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.connections: OrderedDict[str, apsw.Connection] = OrderedDict()
+
+    def connection(self, scope: str, limits: SqlLimits) -> apsw.Connection:
+        if not _SCOPE.fullmatch(scope):
+            raise SqlFailure("bad_scope", "invalid scope id")
+        if scope in self.connections:
+            self.connections.move_to_end(scope)
+            return self.connections[scope]
+        path = self.root / f"{scope}.sqlite"
+        flags = apsw.SQLITE_OPEN_READWRITE | apsw.SQLITE_OPEN_CREATE | apsw.SQLITE_OPEN_NOFOLLOW
+        connection = apsw.Connection(str(path), flags=flags)
+        _harden(connection, limits)
+        self.connections[scope] = connection
+        while len(self.connections) > limits.cached_connections:
+            _, oldest = self.connections.popitem(last=False)
+            oldest.close()
+        return connection
+
+    def execute(self, request: dict[str, Any]) -> dict[str, Any]:
+        limits = SqlLimits(**request["limits"])
+        started = time.monotonic()
+        try:
+            connection = self.connection(request["scope"], limits)
+            result = _apply(connection, request, limits, started)
+            return {"ok": {"result": result, "elapsedS": time.monotonic() - started}}
+        except SqlFailure as failure:
+            return {"error": {"code": failure.code, "message": failure.message,
+                              "elapsedS": time.monotonic() - started}}  # fmt: skip
+
+
+def _harden(connection: apsw.Connection, limits: SqlLimits) -> None:
+    connection.config(apsw.SQLITE_DBCONFIG_DEFENSIVE, 1)
+    connection.config(apsw.SQLITE_DBCONFIG_TRUSTED_SCHEMA, 0)
+    connection.config(apsw.SQLITE_DBCONFIG_ENABLE_LOAD_EXTENSION, 0)
+    connection.config(apsw.SQLITE_DBCONFIG_ENABLE_TRIGGER, 0)
+    connection.config(apsw.SQLITE_DBCONFIG_DQS_DML, 0)
+    connection.config(apsw.SQLITE_DBCONFIG_DQS_DDL, 0)
+    for limit, value in (
+        (apsw.SQLITE_LIMIT_ATTACHED, 0),
+        (apsw.SQLITE_LIMIT_LENGTH, limits.max_length),
+        (apsw.SQLITE_LIMIT_SQL_LENGTH, limits.max_sql_length),
+        (apsw.SQLITE_LIMIT_EXPR_DEPTH, limits.max_expr_depth),
+        (apsw.SQLITE_LIMIT_COMPOUND_SELECT, limits.max_compound_select),
+        (apsw.SQLITE_LIMIT_COLUMN, limits.max_columns),
+        (apsw.SQLITE_LIMIT_VARIABLE_NUMBER, limits.max_variables),
+        (apsw.SQLITE_LIMIT_LIKE_PATTERN_LENGTH, limits.max_like_pattern),
+        (apsw.SQLITE_LIMIT_TRIGGER_DEPTH, limits.max_trigger_depth),
+    ):
+        connection.limit(limit, value)
+    for pragma in (
+        "PRAGMA journal_mode = WAL",
+        "PRAGMA synchronous = FULL",
+        "PRAGMA trusted_schema = OFF",
+        f"PRAGMA max_page_count = {int(limits.max_pages)}",
+        "CREATE TABLE IF NOT EXISTS _qjsflow_applied ("
+        " run_id TEXT NOT NULL, call_key TEXT NOT NULL, result TEXT NOT NULL,"
+        " PRIMARY KEY (run_id, call_key))",
+    ):
+        connection.execute(pragma)
+
+
+def _apply(
+    connection: apsw.Connection, request: dict[str, Any], limits: SqlLimits, started: float
+) -> str:
+    run_id, call = request["runId"], request["call"]
+    params = _params(request["params"])
+    connection.execute("BEGIN IMMEDIATE")
+    try:
+        applied = connection.execute(
+            "SELECT result FROM _qjsflow_applied WHERE run_id = ? AND call_key = ?",
+            (run_id, call),
+        ).fetchone()
+        if applied is not None:
+            connection.execute("COMMIT")
+            return str(applied[0])
+        result = _run_author_statement(
+            connection, request["sql"], params, limits=limits,
+            deadline=started + float(request["deadlineS"]),
+        )  # fmt: skip
+        connection.execute(
+            "INSERT INTO _qjsflow_applied (run_id, call_key, result) VALUES (?, ?, ?)",
+            (run_id, call, result),
+        )
+        connection.execute("COMMIT")
+        return result
+    except BaseException as error:
+        if not connection.get_autocommit():
+            connection.execute("ROLLBACK")
+        if isinstance(error, SqlFailure):
+            raise
+        if isinstance(error, apsw.Error):
+            raise _translate(error) from None
+        raise
+
+
+def _run_author_statement(
+    connection: apsw.Connection, sql: str, params: list[Any], *, limits: SqlLimits, deadline: float
+) -> str:
+    statements = 0
+
+    def one_statement(cursor: Any, text: str, bindings: Any) -> bool:
+        nonlocal statements
+        statements += 1
+        if statements > 1:
+            raise SqlFailure("multiple_statements", "db.sql runs one statement per call")
+        return True
+
+    connection.set_progress_handler(lambda: time.monotonic() > deadline, 1000)
+    authorizer = _Authorizer()
+    connection.authorizer = authorizer
+    before = connection.total_changes()
+    try:
+        cursor = connection.cursor()
+        cursor.exec_trace = one_statement
+        rows: list[dict[str, Any]] = []
+        names: list[str] | None = None
+        for row in cursor.execute(sql, params):
+            if names is None:
+                names = [column[0] for column in cursor.get_description()]
+            if len(rows) >= limits.max_rows:
+                raise SqlFailure("too_big", f"the result has more than {limits.max_rows} rows")
+            rows.append(dict(zip(names, row, strict=True)))
+        changes = connection.total_changes() - before
+    except apsw.Error as error:
+        if authorizer.refused is not None:
+            raise SqlFailure(
+                "not_authorized", f"{authorizer.refused.lower()} is not allowed in db.sql"
+            ) from None
+        raise _translate(error) from None
+    finally:
+        connection.authorizer = None
+        connection.set_progress_handler(None)
+    result = {
+        "rows": rows,
+        "changes": changes,
+        "lastInsertRowid": connection.last_insert_rowid() if changes else 0,
+    }
+    try:
+        return from_python(result, max_bytes=limits.max_result_bytes, what="the result")
+    except ValueError:
+        raise SqlFailure(
+            "too_big", f"the result is larger than {limits.max_result_bytes} bytes"
+        ) from None
+
+
+def _params(encoded: str) -> list[Any]:
+    values = to_python(encoded)
+    if not isinstance(values, list):
+        raise SqlFailure("bad_params", "params must be an array")
+    bound: list[Any] = []
+    for index, value in enumerate(values):
+        plain = int(value) if isinstance(value, bool) else value
+        if plain is not None and not isinstance(plain, int | float | str | bytes):
+            raise SqlFailure("bad_params", f"params[{index}] is a {type(plain).__name__}; "
+                             "use null, a number, a string or a Uint8Array")  # fmt: skip
+        bound.append(plain)
+    return bound
+
+
+def _translate(error: apsw.Error) -> SqlFailure:
+    message = str(error).removeprefix(f"{type(error).__name__}: ")[:500]
+    match error:
+        case apsw.AuthError():
+            return SqlFailure("not_authorized", f"not authorized: {message}")
+        case apsw.InterruptError():
+            return SqlFailure("interrupted", "the statement ran past its deadline and was stopped")
+        case apsw.TooBigError():
+            return SqlFailure("too_big", message)
+        case apsw.FullError():
+            return SqlFailure("quota", "the scope's database is full (its page quota is reached)")
+        case apsw.ConstraintError():
+            return SqlFailure("constraint", message)
+        case apsw.ExecTraceAbort():
+            return SqlFailure("multiple_statements", "db.sql runs one statement per call")
+        case apsw.SQLError() if "may not be modified" in message or "authoriz" in message:
+            return SqlFailure("not_authorized", message)
+        case apsw.SQLError() if "cannot VACUUM" in message or "attached databases" in message:
+            return SqlFailure("not_authorized", "VACUUM and ATTACH are not allowed in db.sql")
+        case apsw.SQLError():
+            return SqlFailure("syntax", message)
+        case apsw.BusyError() | apsw.LockedError():
+            return SqlFailure("busy", message)
+    return SqlFailure("error", message)
+
+
+def main() -> None:
+    if tuple(int(p) for p in apsw.sqlite_lib_version().split(".")[:3]) < MIN_SQLITE_VERSION:
+        sys.exit(f"SQLite {apsw.sqlite_lib_version()} is older than 3.50.2; upgrade apsw")
+    root = Path(sys.argv[1])
+    root.mkdir(mode=0o700, parents=True, exist_ok=True)
+    server = ScopeServer(root)
+    out = os.dup(1)
+    os.dup2(2, 1)
+    os.write(out, frame(b'{"ready":true}'))
+    while True:
+        payload = read_frame_fd(0)
+        if payload is None:
+            return
+        reply = orjson.dumps(server.execute(orjson.loads(payload)))
+        view = memoryview(frame(reply))
+        while view:
+            view = view[os.write(out, view) :]
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,212 @@
+"""db.sql: hostile SQL confined to the scope's own database, exactly once (DESIGN §8)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import apsw
+import pytest
+
+from runner import InvalidScope, Runner, RunnerConfig, StartRunInput
+from runner.host import CRASH_AFTER_SQL
+from runner.scopedb import MIN_SQLITE_VERSION, ScopeDatabases, SqlLimits
+from sandbox import PoolConfig
+from tests.conftest import PROJECT_ROOT, FakeClock, start_source
+
+PROBE = """
+import { db } from "qjsflow";
+export default async (event) => {
+  const outcomes = [];
+  for (const sql of event.payload.statements) {
+    try {
+      const result = await db.sql(sql);
+      outcomes.push({ ok: result.rows.length });
+    } catch (error) {
+      outcomes.push({ name: error.name, code: error.code, message: error.message });
+    }
+  }
+  return outcomes;
+};
+"""
+
+
+@pytest.fixture
+async def sql_runner(tmp_path: Path, clock: FakeClock) -> AsyncIterator[Runner]:
+    config = RunnerConfig(clock=clock, pool=PoolConfig(size=1), sql_limits=SqlLimits(max_pages=64))
+    async with Runner.open(tmp_path / "journal.db", config) as runner:
+        yield runner
+
+
+async def _probe(runner: Runner, scope: str, statements: list[str]) -> list[dict[str, object]]:
+    run = await start_source(runner, PROBE, {"statements": statements}, scope=scope)
+    assert run.status == "completed", run.error
+    assert isinstance(run.output, list)
+    return run.output
+
+
+def test_the_bundled_sqlite_is_current() -> None:
+    version = tuple(int(part) for part in apsw.sqlite_lib_version().split("."))
+    assert version[:3] >= MIN_SQLITE_VERSION
+
+
+async def test_hostile_statements_are_refused(sql_runner: Runner, tmp_path: Path) -> None:
+    await _probe(
+        sql_runner, "other", ["CREATE TABLE secrets (v TEXT)", "INSERT INTO secrets VALUES ('s')"]
+    )
+    other_file = sql_runner.scopes.path_of("other")
+    outside = tmp_path / "x.db"
+    hostile = [
+        f"ATTACH DATABASE '{other_file}' AS b",
+        f"VACUUM INTO '{outside}'",
+        "SELECT load_extension('x')",
+        "PRAGMA writable_schema=ON",
+        "SELECT * FROM pragma_table_info('t')",
+        "BEGIN IMMEDIATE",
+        "CREATE TEMP TRIGGER tr AFTER INSERT ON t BEGIN SELECT 1; END",
+        "UPDATE sqlite_schema SET sql = 'CREATE TABLE t (x)' WHERE name = 't'",
+        "CREATE TABLE u (x); DROP TABLE t",
+        "SELECT * FROM _qjsflow_applied",
+        "SAVEPOINT s",
+    ]
+    outcomes = await _probe(sql_runner, "acme", ["CREATE TABLE t (x)", *hostile])
+    assert outcomes[0] == {"ok": 0}
+    for statement, outcome in zip(hostile, outcomes[1:], strict=True):
+        assert outcome["name"] == "SqlError", statement
+        assert outcome["code"] in {"not_authorized", "multiple_statements"}, (statement, outcome)
+        assert str(tmp_path) not in str(outcome["message"])
+    assert not outside.exists()
+    after = await _probe(sql_runner, "acme", ["SELECT * FROM u", "SELECT * FROM t"])
+    assert after[0]["code"] == "syntax"  # the first of two statements was rolled back
+    assert "no such table" in str(after[0]["message"])
+    assert after[1] == {"ok": 0}
+    files = sorted(p.name for p in sql_runner.scopes.root.iterdir())
+    assert all(name.startswith(("acme.sqlite", "other.sqlite")) for name in files), files
+    with sqlite3.connect(other_file) as connection:
+        assert connection.execute("SELECT v FROM secrets").fetchall() == [("s",)]
+
+
+async def test_runaway_statements_stop_and_the_process_stays_responsive(sql_runner: Runner) -> None:
+    outcomes = await _probe(
+        sql_runner,
+        "acme",
+        [
+            "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c) SELECT count(*) FROM c",
+            "SELECT randomblob(2e9)",
+            "CREATE TABLE n (x)",
+            "INSERT INTO n WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c LIMIT 100) SELECT x FROM c",
+            "SELECT a.x FROM n a, n b",
+            "SELECT count(*) AS rows FROM n",
+        ],
+    )
+    assert outcomes[0]["code"] == "interrupted"
+    assert outcomes[1]["code"] == "too_big"
+    assert outcomes[4]["code"] == "too_big"
+    assert "more than 1000 rows" in str(outcomes[4]["message"])
+    assert outcomes[5] == {"ok": 1}
+
+
+async def test_a_full_scope_gets_a_quota_error_and_others_carry_on(sql_runner: Runner) -> None:
+    fill = ["CREATE TABLE big (b BLOB)"] + ["INSERT INTO big VALUES (randomblob(60000))"] * 8
+    outcomes = await _probe(sql_runner, "acme", fill)
+    assert {"code": "quota"}.items() <= outcomes[-1].items(), outcomes
+    assert "page quota" in str(outcomes[-1]["message"])
+    fine = await _probe(
+        sql_runner, "other", ["CREATE TABLE t (x)", "INSERT INTO t VALUES (1)", "SELECT * FROM t"]
+    )
+    assert fine == [{"ok": 0}, {"ok": 0}, {"ok": 1}]
+
+
+@pytest.mark.parametrize("scope", ["../b", "a/../../j", "A", "x" * 65, "", "a b"])
+async def test_bad_scope_ids_touch_no_file(tmp_path: Path, scope: str) -> None:
+    root = tmp_path / "scopes"
+    databases = ScopeDatabases(root)
+    with pytest.raises(InvalidScope):
+        await databases.execute(
+            scope, run_id="run", call_key="sql:1:", sql="SELECT 1", params="[]", deadline_s=1.0
+        )
+    assert not root.exists()
+    await databases.aclose()
+
+
+MEMO = """
+import { db } from "qjsflow";
+export default async (event, step) => {
+  await db.sql("CREATE TABLE IF NOT EXISTS hits (n INTEGER)");
+  const inserted = await db.sql("INSERT INTO hits VALUES (?)", [event.payload.n]);
+  await step.sleep("pause", "1 minute");
+  const rows = await db.sql("SELECT n FROM hits");
+  return { changes: inserted.changes, rows: rows.rows };
+};
+"""
+
+
+async def test_results_replay_from_the_journal(sql_runner: Runner, clock: FakeClock) -> None:
+    run = await start_source(sql_runner, MEMO, {"n": 7})
+    assert run.status == "sleeping"
+    await sql_runner.resume(run.run_id)
+    clock.advance(61)
+    done = await sql_runner.resume(run.run_id)
+    assert done.output == {"changes": 1, "rows": [{"n": 7}]}
+    sql_steps = [s for s in await sql_runner.list_steps(run.run_id) if s.kind == "sql"]
+    assert [(s.count, s.status) for s in sql_steps] == [
+        (1, "completed"),
+        (2, "completed"),
+        (3, "completed"),
+    ]
+
+
+CRASHING_INSERT = """
+import { db } from "qjsflow";
+export default async (event, step) => {
+  await step.do("make table", async () =>
+    (await db.sql("CREATE TABLE IF NOT EXISTS orders (id TEXT)")).changes);
+  const inserted = await db.sql("INSERT INTO orders VALUES (?)", ["order-1"]);
+  return inserted.changes;
+};
+"""
+
+
+@pytest.mark.timeout(120)
+async def test_an_insert_applied_before_a_crash_is_not_applied_twice(tmp_path: Path) -> None:
+    db = tmp_path / "journal.db"
+    async with Runner.open(db, RunnerConfig(pool=PoolConfig(size=1))) as runner:
+        published = await runner.publish("acme", {"workflows/orders.ts": CRASHING_INSERT})
+        request = StartRunInput("acme", "orders", published.snapshot_id, run_id="once")
+        await runner.start(request, drive=False)
+        scope_file = runner.scopes.path_of("acme")
+
+    def worker(crash_on: str) -> subprocess.CompletedProcess[bytes]:
+        return subprocess.run(
+            [sys.executable, "-m", "runner.cli", "--db", str(db), "--lease-ttl", "1",
+             "worker", "--until-idle"],
+            cwd=PROJECT_ROOT, env={**os.environ, CRASH_AFTER_SQL: crash_on},
+            capture_output=True, timeout=100, check=False,
+        )  # fmt: skip
+
+    crashed = worker(crash_on="INSERT INTO orders")
+    assert crashed.returncode == -signal.SIGKILL
+    with sqlite3.connect(scope_file) as connection:
+        assert connection.execute("SELECT count(*) FROM orders").fetchone() == (1,)
+    async with Runner.open(db) as runner:
+        sql_steps = [s for s in await runner.list_steps("once") if s.kind == "sql"]
+        # The CREATE ran inside the step "make table", so it is named after it; the INSERT is
+        # the body's own first call, applied in the scope database but not yet journaled.
+        assert [(s.name, s.count, s.status) for s in sql_steps] == [
+            ("do:1:make table/", 1, "completed"),
+            ("", 1, "running"),
+        ]
+    await asyncio.sleep(1.1)  # the dead worker's lease lapses
+    recovered = worker(crash_on="")
+    assert recovered.returncode == 0, recovered.stderr
+    async with Runner.open(db) as runner:
+        run = await runner.get("once")
+        assert (run.status, run.output) == ("completed", 1)
+    with sqlite3.connect(scope_file) as connection:
+        assert connection.execute("SELECT count(*) FROM orders").fetchone() == (1,)
