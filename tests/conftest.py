@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -77,3 +79,14 @@ async def start_source(
     published = await runner.publish(scope, {"workflows/flow.ts": source})
     request = StartRunInput(scope, "flow", published.snapshot_id, payload, run_id)
     return await runner.start(request, bindings)
+
+
+def executor_pids() -> list[int]:
+    """Pids of this process's QuickJS executor children (for tests that kill them)."""
+    pids = []
+    for task in Path(f"/proc/{os.getpid()}/task").iterdir():
+        for child in (task / "children").read_text().split():
+            with contextlib.suppress(OSError):
+                if b"sandbox.executor" in Path(f"/proc/{child}/cmdline").read_bytes():
+                    pids.append(int(child))
+    return pids

@@ -4,23 +4,13 @@ from __future__ import annotations
 
 import os
 import signal
-from pathlib import Path
 from typing import Any
 
 from bridge.limits import Limits
 from bridge.types import OpEnvelope, RetryPolicy, StepCheck, StepRecord, Value
 from runner import Bindings, Runner, StartRunInput
 from runner.host import DriveHost
-from tests.conftest import FakeClock, start_source
-
-
-def _executor_pids() -> list[int]:
-    pids = []
-    for task in Path(f"/proc/{os.getpid()}/task").iterdir():
-        for child in (task / "children").read_text().split():
-            if b"sandbox.executor" in Path(f"/proc/{child}/cmdline").read_bytes():
-                pids.append(int(child))
-    return pids
+from tests.conftest import FakeClock, executor_pids, start_source
 
 
 async def test_first_writer_wins(clocked_runner: Runner, clock: FakeClock) -> None:
@@ -60,7 +50,7 @@ async def test_an_attempt_in_flight_when_the_executor_died_counts_as_failed(
 
     async def crash(args: Any) -> str:
         calls.append(1)
-        for pid in _executor_pids():
+        for pid in executor_pids():
             os.kill(pid, signal.SIGKILL)
         return "tool done"
 
@@ -117,7 +107,7 @@ async def test_calls_inside_a_replayed_body_do_not_shift_the_calls_of_others(
     async def echo(args: Any) -> int:
         seen.append(args["n"])
         if args["n"] == 2 and seen.count(2) == 1:
-            for pid in _executor_pids():  # crash while b's attempt is in flight
+            for pid in executor_pids():  # crash while b's attempt is in flight
                 os.kill(pid, signal.SIGKILL)
         return int(args["n"])
 

@@ -17,7 +17,7 @@ import pytest
 from bridge.limits import Limits
 from bridge.types import Answer, Completed, Failed, OpEnvelope, StepFailure
 from sandbox import ExecutorPool, PoolConfig
-from tests.conftest import bundle_of
+from tests.conftest import bundle_of, executor_pids
 from tests.memory_host import MemoryHost
 
 BUDGET_S = 0.5
@@ -146,22 +146,12 @@ async def test_notify_per_drive_limit(pool: ExecutorPool) -> None:
     assert len(host.entries) == 3
 
 
-def _executor_pids() -> list[int]:
-    pids = []
-    for task in Path(f"/proc/{os.getpid()}/task").iterdir():
-        for child in (task / "children").read_text().split():
-            cmdline = Path(f"/proc/{child}/cmdline").read_bytes()
-            if b"sandbox.executor" in cmdline:
-                pids.append(int(child))
-    return pids
-
-
 async def test_an_executor_killed_mid_drive_is_replaced(pool: ExecutorPool) -> None:
     source = 'export default async (e, step) => step.tool("call", "slow.tool", {});'
     killed: list[int] = []
 
     async def killing_host(ops: Sequence[OpEnvelope]) -> list[Answer]:
-        for pid in _executor_pids():
+        for pid in executor_pids():
             os.kill(pid, signal.SIGKILL)
             killed.append(pid)
         await asyncio.sleep(0.1)
@@ -178,7 +168,7 @@ async def test_an_executor_killed_mid_drive_is_replaced(pool: ExecutorPool) -> N
     good = MemoryHost()
     after = await pool.drive(good.request(await bundle_of(WELL_BEHAVED)), good)
     assert isinstance(after, Completed)
-    assert not set(killed) & set(_executor_pids())
+    assert not set(killed) & set(executor_pids())
 
 
 async def test_executors_are_recycled_after_n_drives() -> None:
@@ -189,7 +179,7 @@ async def test_executors_are_recycled_after_n_drives() -> None:
             host = MemoryHost()
 
             async def observing(ops: Sequence[OpEnvelope], host: MemoryHost = host) -> list[Answer]:
-                seen.update(_executor_pids())
+                seen.update(executor_pids())
                 return await host(ops)
 
             assert isinstance(await pool.drive(host.request(code), observing), Completed)
@@ -202,7 +192,7 @@ async def test_executors_run_with_no_environment_an_empty_folder_and_rlimits(
     facts: list[tuple[bytes, list[str], str]] = []
 
     async def inspecting(ops: Sequence[OpEnvelope]) -> list[Answer]:
-        for pid in _executor_pids():
+        for pid in executor_pids():
             environ = Path(f"/proc/{pid}/environ").read_bytes()
             folder = os.listdir(f"/proc/{pid}/cwd")
             limits = Path(f"/proc/{pid}/limits").read_text()
