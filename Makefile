@@ -1,5 +1,5 @@
 # The two commands of the README. Each installs what it needs first (scripts/setup.sh).
-.PHONY: setup demo test lint
+.PHONY: setup demo test lint bench
 
 setup:
 	@scripts/setup.sh
@@ -14,3 +14,8 @@ lint: setup
 
 test: lint
 	.venv/bin/pytest
+
+bench: setup
+	.venv/bin/python -m pip install -q --disable-pip-version-check -e '.[bench]'
+	.venv/bin/python -m bench
+	.venv/bin/python -m bench.sandbox

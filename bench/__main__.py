@@ -1,0 +1,69 @@
+"""`python -m bench` (or `make bench`): every benchmark, as a markdown table and JSON.
+
+Results go to bench/results/latest.json and latest.md; the README links the latter.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import platform
+import time
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from bench import suite
+
+RESULTS = Path(__file__).with_name("results")
+
+
+def _fmt(value: Any, digits: int = 1) -> str:
+    if value is None:
+        return "skipped (dbos not installed: `pip install -e '.[bench]'`)"
+    return f"{value:,.{digits}f}"
+
+
+def _table(results: dict[str, dict[str, Any]]) -> str:
+    s, c, r, k, m = (
+        results[name] for name in ("sequential", "concurrent", "replay", "cold", "memory")
+    )
+    rows = [
+        ("sequential: qjsflow per step", f"{_fmt(s['qjsflow_us_per_step'])} µs", "≤ 2× raw commit, ≤ 1/10 of DBOS"),
+        ("sequential: raw insert+commit (WAL, FULL)", f"{_fmt(s['raw_commit_us'])} µs", "the physical limit"),
+        ("sequential: DBOS Transact per step", f"{_fmt(s['dbos_us_per_step'])} µs", "same workload"),
+        ("sequential: qjsflow / raw commit", _fmt(s["qjsflow_over_limit"], 2), "target ≤ 2"),
+        ("sequential: qjsflow / DBOS", _fmt(s["qjsflow_over_dbos"], 3), "target ≤ 0.1"),
+        ("sequential: steps/s, runs/s", f"{_fmt(s['steps_per_s'], 0)}, {_fmt(s['runs_per_s'], 0)}", ""),
+        ("concurrent (100 runs): steps/s", _fmt(c["steps_per_s"], 0), "target ≥ 5,000"),
+        ("concurrent: step latency p50 / p99", f"{c['p50_step_ms']} / {c['p99_step_ms']} ms", ""),
+        ("replay of 1,000 steps", f"{_fmt(r['replay_ms'])} ms", "target ≤ 50 ms"),
+        ("publish to first step (cold)", f"{_fmt(k['publish_to_first_step_ms'])} ms", ""),
+        ("drive start, warm pool", f"{_fmt(k['warm_drive_ms'], 2)} ms", ""),
+        ("RSS with 1k / 10k waiting runs", f"{_fmt(m['rss_mib_at_1k'])} / {_fmt(m['rss_mib_at_10k'])} MiB", "no per-run memory"),
+        ("memory per waiting run", f"{_fmt(m['bytes_per_waiting_run'], 0)} bytes", ""),
+    ]  # fmt: skip
+    lines = ["| measure | result | note |", "|---|---:|---|"]
+    lines += [f"| {name} | {value} | {note} |" for name, value, note in rows]
+    return "\n".join(lines)
+
+
+async def main() -> None:
+    results = {
+        "sequential": await suite.sequential(),
+        "concurrent": await suite.concurrent(),
+        "replay": await suite.replay(),
+        "cold": await suite.cold_start(),
+        "memory": await suite.memory(),
+    }
+    table = _table(results)
+    print(table)
+    RESULTS.mkdir(exist_ok=True)
+    stamp = time.strftime("%Y-%m-%d")
+    header = f"# Benchmark results ({stamp}, {platform.machine()}, {platform.python_version()})\n\n"
+    (RESULTS / "latest.md").write_text(header + table + "\n")
+    (RESULTS / "latest.json").write_bytes(orjson.dumps(results, option=orjson.OPT_INDENT_2))
+
+
+if __name__ == "__main__":
+    asyncio.run(main())

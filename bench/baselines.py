@@ -1,0 +1,68 @@
+"""What qjsflow is compared with: the raw cost of a durable SQLite commit, and DBOS Transact."""
+
+from __future__ import annotations
+
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+from pathlib import Path
+
+
+def raw_commit_s(transactions: int) -> float:
+    """Seconds per insert+commit with the journal's own durability (WAL, synchronous=FULL)."""
+    with tempfile.TemporaryDirectory() as folder:
+        connection = sqlite3.connect(Path(folder) / "raw.db", isolation_level=None)
+        connection.execute("PRAGMA journal_mode = WAL")
+        connection.execute("PRAGMA synchronous = FULL")
+        connection.execute("CREATE TABLE t (k TEXT PRIMARY KEY, v TEXT)")
+        started = time.perf_counter()
+        for index in range(transactions):
+            connection.execute("BEGIN IMMEDIATE")
+            connection.execute("INSERT INTO t VALUES (?, ?)", (f"k{index}", '{"i":1}'))
+            connection.execute("COMMIT")
+        elapsed = time.perf_counter() - started
+        connection.close()
+    return elapsed / transactions
+
+
+DBOS_SCRIPT = textwrap.dedent(
+    """
+    import sys, time, logging
+    logging.disable(logging.CRITICAL)
+    from dbos import DBOS
+    DBOS(config={"name": "bench", "system_database_url": "sqlite:///dbos.sqlite",
+                 "run_admin_server": False})
+
+    @DBOS.step()
+    def step(i):
+        return {"i": i, "ok": True}
+
+    @DBOS.workflow()
+    def flow(n):
+        return sum(step(i)["i"] for i in range(10))
+
+    DBOS.launch()
+    runs = int(sys.argv[1])
+    started = time.perf_counter()
+    for n in range(runs):
+        flow(n)
+    print(time.perf_counter() - started)
+    DBOS.destroy()
+    """
+)
+
+
+def dbos_step_s(runs: int) -> float | None:
+    """Seconds per step of DBOS Transact on the same workload, or None if it is not installed."""
+    probe = subprocess.run([sys.executable, "-c", "import dbos"], capture_output=True, check=False)
+    if probe.returncode != 0:
+        return None
+    with tempfile.TemporaryDirectory() as folder:
+        done = subprocess.run(
+            [sys.executable, "-c", DBOS_SCRIPT, str(runs)],
+            cwd=folder, capture_output=True, text=True, timeout=600, check=True,
+        )  # fmt: skip
+    return float(done.stdout.strip().splitlines()[-1]) / (runs * 10)

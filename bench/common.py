@@ -1,0 +1,65 @@
+"""Shared pieces of the benchmarks: timing, fresh runners, the workloads."""
+
+from __future__ import annotations
+
+import statistics
+import tempfile
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+from runner import Runner, RunnerConfig, StartRunInput
+from sandbox import PoolConfig
+
+TEN_STEPS = """
+export default async (event, step) => {
+  let total = 0;
+  for (let i = 0; i < 10; i++) {
+    const out = await step.do("step " + i, async () => ({ i, ok: true }));
+    total += out.i;
+  }
+  return total;
+};
+"""
+
+
+def many_steps(count: int) -> str:
+    return f"""
+export default async (event, step) => {{
+  for (let i = 0; i < {count}; i++) await step.do("s", async () => ({{ i }}));
+  return (await step.waitForEvent("go", {{ type: "go" }})).payload;
+}};
+"""
+
+
+WAITER = """
+export default async (event, step) => (await step.waitForEvent("go", { type: "go" })).payload;
+"""
+
+
+def median(samples: list[float]) -> float:
+    return statistics.median(samples)
+
+
+async def timed(action: Callable[[], Awaitable[object]]) -> float:
+    started = time.perf_counter()
+    await action()
+    return time.perf_counter() - started
+
+
+@asynccontextmanager
+async def fresh_runner(pool_size: int = 2) -> AsyncIterator[Runner]:
+    with tempfile.TemporaryDirectory(prefix="qjsflow-bench-") as folder:
+        config = RunnerConfig(pool=PoolConfig(size=pool_size))
+        async with Runner.open(Path(folder) / "journal.db", config) as runner:
+            yield runner
+
+
+async def publish(runner: Runner, source: str, name: str = "flow") -> str:
+    published = await runner.publish("bench", {f"workflows/{name}.ts": source})
+    return published.snapshot_id
+
+
+def request(snapshot: str, run_id: str, name: str = "flow") -> StartRunInput:
+    return StartRunInput("bench", name, snapshot, {"n": 1}, run_id)

@@ -1,0 +1,135 @@
+"""The five measurements of the journal and runner, each a median over repeats."""
+
+from __future__ import annotations
+
+import asyncio
+import resource
+import time
+from typing import Any
+
+from bench.baselines import dbos_step_s, raw_commit_s
+from bench.common import (
+    TEN_STEPS,
+    WAITER,
+    fresh_runner,
+    many_steps,
+    median,
+    publish,
+    request,
+    timed,
+)
+
+SEQUENTIAL_RUNS = 200
+
+
+async def sequential(repeats: int = 3) -> dict[str, Any]:
+    """200 runs of a 10-step workflow, one after another, each driven inline by `start`."""
+    samples = []
+    for repeat in range(repeats):
+        async with fresh_runner() as runner:
+            snapshot = await publish(runner, TEN_STEPS)
+            await runner.start(request(snapshot, "warm-up"))
+
+            async def all_runs(runner: Any = runner, snapshot: str = snapshot) -> None:
+                for n in range(SEQUENTIAL_RUNS):
+                    run = await runner.start(request(snapshot, f"r{repeat}-{n}"))
+                    assert run.status == "completed", run.error
+
+            samples.append(await timed(all_runs))
+    total = median(samples)
+    steps = SEQUENTIAL_RUNS * 10
+    per_step = total / steps
+    raw = median([raw_commit_s(steps) for _ in range(repeats)])
+    dbos = dbos_step_s(SEQUENTIAL_RUNS)
+    return {
+        "qjsflow_us_per_step": per_step * 1e6,
+        "steps_per_s": steps / total,
+        "runs_per_s": SEQUENTIAL_RUNS / total,
+        "raw_commit_us": raw * 1e6,
+        "dbos_us_per_step": None if dbos is None else dbos * 1e6,
+        "qjsflow_over_limit": per_step / raw,
+        "qjsflow_over_dbos": None if dbos is None else per_step / dbos,
+    }
+
+
+async def concurrent(runs: int = 100, pool_size: int = 8) -> dict[str, Any]:
+    """100 runs in flight at once through the worker loop: aggregate throughput and the
+    latency of a step from its start to its recorded result."""
+    async with fresh_runner(pool_size) as runner:
+        snapshot = await publish(runner, TEN_STEPS)
+        for n in range(runs):
+            await runner.start(request(snapshot, f"c{n}"), drive=False)
+        started = time.perf_counter()
+        await runner.serve(until_idle=True, concurrency=runs)
+        elapsed = time.perf_counter() - started
+        latencies = []
+        for n in range(runs):
+            for step in await runner.store.list_steps(f"c{n}"):
+                assert step.completed_at is not None
+                latencies.append(step.completed_at - step.started_at)
+    latencies.sort()
+    return {
+        "steps_per_s": runs * 10 / elapsed,
+        "p50_step_ms": latencies[len(latencies) // 2],
+        "p99_step_ms": latencies[int(len(latencies) * 0.99)],
+    }
+
+
+async def replay(steps: int = 1000, repeats: int = 5) -> dict[str, Any]:
+    """Resume of a run with 1,000 completed steps: the drive replays them all and stops at
+    the first new step (a wait for an event)."""
+    async with fresh_runner() as runner:
+        snapshot = await publish(runner, many_steps(steps))
+        run = await runner.start(request(snapshot, "long"))
+        assert run.status == "waiting", run.error
+        samples = [await timed(lambda: runner.resume("long")) for _ in range(repeats)]
+    return {"replay_ms": median(samples) * 1e3}
+
+
+async def cold_start(repeats: int = 5) -> dict[str, Any]:
+    """Publish-to-first-step on a cold runner, and a drive's start on a warm pool."""
+    cold = []
+    for n in range(repeats):
+        async with fresh_runner() as runner:
+            source = TEN_STEPS.replace("let total = 0;", f"let total = {n} * 0;")
+            started = time.perf_counter()
+            snapshot = await publish(runner, source)
+            await runner.start(request(snapshot, "cold"))
+            first = next(s for s in await runner.store.list_steps("cold"))
+            assert first.completed_at is not None
+            cold.append(time.perf_counter() - started)
+    async with fresh_runner() as runner:
+        snapshot = await publish(runner, WAITER)
+        await runner.start(request(snapshot, "w"))
+        await runner.resume("w")
+        warm = []
+        for _ in range(repeats * 4):
+            await asyncio.sleep(0.02)
+            warm.append(await timed(lambda: runner.resume("w")))
+    return {"publish_to_first_step_ms": median(cold) * 1e3, "warm_drive_ms": median(warm) * 1e3}
+
+
+def _rss_bytes() -> int:
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+async def memory(waiting: int = 10_000, checkpoint: int = 1_000) -> dict[str, Any]:
+    """Resident memory of the runner with 1,000 and then 10,000 runs waiting for an event."""
+    async with fresh_runner() as runner:
+        snapshot = await publish(runner, WAITER)
+        rss = {}
+        for n in range(waiting):
+            run = await runner.start(request(snapshot, f"m{n}"))
+            assert run.status == "waiting"
+            if n + 1 in (checkpoint, waiting):
+                rss[n + 1] = _rss_bytes()
+    per_run = (rss[waiting] - rss[checkpoint]) / (waiting - checkpoint)
+    return {
+        "rss_mib_at_1k": rss[checkpoint] / 2**20,
+        "rss_mib_at_10k": rss[waiting] / 2**20,
+        "bytes_per_waiting_run": per_run,
+    }
