@@ -30,7 +30,9 @@ async def sequential(repeats: int = 3) -> dict[str, Any]:
             snapshot = await publish(runner, TEN_STEPS)
             await runner.start(request(snapshot, "warm-up"))
 
-            async def all_runs(runner: Any = runner, snapshot: str = snapshot) -> None:
+            async def all_runs(
+                runner: Any = runner, snapshot: str = snapshot, repeat: int = repeat
+            ) -> None:
                 for n in range(SEQUENTIAL_RUNS):
                     run = await runner.start(request(snapshot, f"r{repeat}-{n}"))
                     assert run.status == "completed", run.error
