@@ -25,6 +25,7 @@ __all__ = [
     "OpEnvelope",
     "Result",
     "RetryPolicy",
+    "StepBegin",
     "StepCheck",
     "StepFailure",
     "StepNotify",
@@ -36,6 +37,7 @@ __all__ = [
     "SuspendKind",
     "Suspended",
     "Value",
+    "needs_answer",
 ]
 
 Encoded = str
@@ -76,6 +78,16 @@ class StepFailure:
 
 @dataclass(frozen=True, slots=True)
 class StepCheck:
+    step: str
+    kind: Literal["do"]
+    count: int
+    config: RetryPolicy
+
+
+@dataclass(frozen=True, slots=True)
+class StepBegin:
+    """A step the journal has never seen starts its first attempt (no answer is awaited)."""
+
     step: str
     kind: Literal["do"]
     count: int
@@ -142,7 +154,15 @@ class Log:
     count: int
 
 
-Op = StepCheck | StepRecord | StepTool | StepSleep | StepWaitForEvent | StepNotify | DbSql | Log
+Op = (
+    StepBegin | StepCheck | StepRecord | StepTool | StepSleep | StepWaitForEvent | StepNotify
+    | DbSql | Log
+)  # fmt: skip
+
+
+def needs_answer(op: Op) -> bool:
+    """Logs and step.begin are fire and forget; every other op gets exactly one answer."""
+    return not isinstance(op, Log | StepBegin)
 
 
 @dataclass(frozen=True, slots=True)
@@ -206,6 +226,7 @@ class DriveRequest:
     limits: Limits = field(default_factory=Limits)
     cpu_used_s: float = 0.0  # the run's cumulative compute before this drive
     logs_seen: int = 0  # console lines of this run already stored
+    unsettled: tuple[str, ...] = ()  # keys of step rows that exist but are not settled
 
 
 @dataclass(frozen=True, slots=True)

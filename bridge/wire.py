@@ -26,6 +26,7 @@ from bridge.types import (
     Op,
     OpEnvelope,
     RetryPolicy,
+    StepBegin,
     StepCheck,
     StepFailure,
     StepNotify,
@@ -123,6 +124,7 @@ def request_to_wire(request: DriveRequest) -> dict[str, Any]:
         "limits": asdict(request.limits),
         "cpuUsedS": request.cpu_used_s,
         "logsSeen": request.logs_seen,
+        "unsettled": list(request.unsettled),
     }
 
 
@@ -163,6 +165,13 @@ def _check(body: dict[str, Any], limits: Limits) -> StepCheck:
     if body.get("kind") != "do":
         raise ProtocolError("kind must be 'do'")
     return StepCheck(step, "do", count, _policy(_object(body.get("config"), "config")))
+
+
+def _begin(body: dict[str, Any], limits: Limits) -> StepBegin:
+    step, count = _step(body, limits)
+    if body.get("kind") != "do":
+        raise ProtocolError("kind must be 'do'")
+    return StepBegin(step, "do", count, _policy(_object(body.get("config"), "config")))
 
 
 def _record(body: dict[str, Any], limits: Limits) -> StepRecord:
@@ -224,6 +233,7 @@ def _log(body: dict[str, Any], limits: Limits) -> Log:
 
 
 _PARSERS: dict[str, Callable[[dict[str, Any], Limits], Op]] = {
+    "step.begin": _begin,
     "step.check": _check,
     "step.record": _record,
     "step.tool": _tool,

@@ -18,6 +18,7 @@ import os
 import secrets
 import socket
 from collections.abc import AsyncIterator
+from functools import partial
 
 from bridge.types import Completed, DriveOutcome, DriveRequest, Failed, JournalEntry, Suspended
 from runner.bindings import Bindings
@@ -33,6 +34,7 @@ __all__ = ["SIGNAL_TIMER", "RunDriver"]
 
 SIGNAL_TIMER = "signal"  # a timer key that wakes a waiting run when an event arrives
 _MAX_DRIVES_PER_CALL = 10_000
+_BUNDLES_KEPT = 64
 _CRASH_RETRIES = 2
 
 
@@ -50,6 +52,7 @@ class RunDriver:
         self.config = config
         self.worker_id = f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(4)}"
         self._locks = _KeyedLocks()
+        self._bundles: dict[tuple[str, str, str], str] = {}
         self.active = 0  # drives in progress in this process
 
     def now_ms(self) -> int:
@@ -110,51 +113,42 @@ class RunDriver:
     async def _drive_loop(self, lease: Lease, bindings: Bindings) -> None:
         crashes = 0
         for _ in range(_MAX_DRIVES_PER_CALL):
-            run = await self.store.get_run(lease.run_id)
-            assert run is not None
-            if run.status in TERMINAL:
-                return
-            if run.cancel_requested:
-                async with self.store.transaction(lease) as tx:
-                    await _cancel_txn(tx, run.run_id, self.now_ms(), {"updated_at": self.now_ms()})
-                return
-            outcome, host = await self._drive_once(run, lease, bindings)
+            now = self.now_ms()
+            begun = await self.store.transact(
+                partial(_begin_drive, lease=lease, now=now), lease, durable=False
+            )
+            if begun is None:
+                return  # finished, or cancelled just now
+            run, journal, unsettled = begun
+            outcome, host = await self._drive_once(run, journal, unsettled, lease, bindings)
             if isinstance(outcome, Failed) and outcome.retryable and crashes < _CRASH_RETRIES:
                 crashes += 1
-                await self._charge(lease, outcome, host)
+                await self.store.transact(
+                    partial(_charge, lease=lease, outcome=outcome, host=host), lease
+                )
                 continue
-            if not await self._finish(lease, outcome, host):
+            now = self.now_ms()
+            again = await self.store.transact(
+                partial(_finish, lease=lease, outcome=outcome, host=host, now=now), lease
+            )
+            if not again:
                 return
 
     async def _drive_once(
-        self, run: RunRecord, lease: Lease, bindings: Bindings
+        self,
+        run: RunRecord,
+        journal: tuple[JournalEntry, ...],
+        unsettled: tuple[str, ...],
+        lease: Lease,
+        bindings: Bindings,
     ) -> tuple[DriveOutcome, DriveHost]:
-        bundle = await self.store.load_bundle(run.scope, run.snapshot_id, run.workflow)
-        if bundle is None:  # snapshots are never deleted; this is a broken journal
-            raise RuntimeError(f"run {run.run_id} names a bundle that is not stored")
-        journal = tuple(
-            JournalEntry(
-                row.key,
-                row.output,
-                None if row.error is None else failure_from_json(row.error),
-                row.completed_at,
-            )
-            for row in await self.store.load_journal(run.run_id)
-        )
-        now = self.now_ms()
-        async with self.store.transaction(lease) as tx:
-            await tx.delete_timer(run.run_id, SIGNAL_TIMER)
-            await tx.update_run(run.run_id, status="running", updated_at=now)
-            await tx.append_event(
-                run.run_id, "drive_started", now, f'{{"worker":"{self.worker_id}"}}'
-            )
         host = DriveHost(
             self.store, lease, bindings, self.config.limits, self.now_ms, scopes=self.scopes
         )
         request = DriveRequest(
             run_id=run.run_id,
             workflow=run.workflow,
-            bundle=bundle.code,
+            bundle=await self._bundle(run),
             input=run.input,
             created_at_ms=run.created_at,
             journal=journal,
@@ -162,70 +156,108 @@ class RunDriver:
             limits=self.config.limits,
             cpu_used_s=run.cpu_used_s,
             logs_seen=run.logs_count,
+            unsettled=unsettled,
         )
         return await self.pool.drive(request, host), host
 
-    async def _charge(self, lease: Lease, outcome: DriveOutcome, host: DriveHost) -> None:
-        async with self.store.transaction(lease) as tx:
-            current = await tx.get_run(lease.run_id)
-            assert current is not None
-            await tx.update_run(
-                lease.run_id,
-                cpu_used_s=current.cpu_used_s + outcome.cpu_s,
-                logs_count=max(current.logs_count, host.logs_count),
+    async def _bundle(self, run: RunRecord) -> str:
+        """Bundles never change once published: keep the latest few in memory."""
+        key = (run.scope, run.snapshot_id, run.workflow)
+        code = self._bundles.pop(key, None)
+        if code is None:
+            bundle = await self.store.load_bundle(*key)
+            if bundle is None:  # snapshots are never deleted; this is a broken journal
+                raise RuntimeError(f"run {run.run_id} names a bundle that is not stored")
+            code = bundle.code
+        self._bundles[key] = code
+        while len(self._bundles) > _BUNDLES_KEPT:
+            del self._bundles[next(iter(self._bundles))]
+        return code
+
+
+def _begin_drive(
+    tx: JournalTransaction, lease: Lease, now: int
+) -> tuple[RunRecord, tuple[JournalEntry, ...], tuple[str, ...]] | None:
+    """Mark the run running and load its journal: one transaction, one query for the journal."""
+    run = tx.get_run(lease.run_id)
+    assert run is not None
+    if run.status in TERMINAL:
+        return None
+    if run.cancel_requested:
+        _cancel(tx, run.run_id, now, {"updated_at": now})
+        return None
+    tx.delete_timer(run.run_id, SIGNAL_TIMER)
+    tx.update_run(run.run_id, status="running", updated_at=now)
+    tx.append_event(run.run_id, "drive_started", now, f'{{"worker":"{lease.worker_id}"}}')
+    journal = tuple(
+        JournalEntry(
+            row.key,
+            row.output,
+            None if row.error is None else failure_from_json(row.error),
+            row.completed_at,
+        )
+        for row in tx.load_journal(run.run_id)
+    )
+    return run, journal, tuple(tx.unsettled_keys(run.run_id))
+
+
+def _charge(tx: JournalTransaction, lease: Lease, outcome: DriveOutcome, host: DriveHost) -> None:
+    current = tx.get_run(lease.run_id)
+    assert current is not None
+    tx.update_run(
+        lease.run_id,
+        cpu_used_s=current.cpu_used_s + outcome.cpu_s,
+        logs_count=max(current.logs_count, host.logs_count),
+    )
+
+
+def _finish(
+    tx: JournalTransaction, lease: Lease, outcome: DriveOutcome, host: DriveHost, now: int
+) -> bool:
+    """Record how the drive ended; True when the run should be driven again now."""
+    run_id = lease.run_id
+    current = tx.get_run(run_id)
+    assert current is not None
+    common: dict[str, object] = {
+        "cpu_used_s": current.cpu_used_s + outcome.cpu_s,
+        "logs_count": max(current.logs_count, host.logs_count),
+        "updated_at": now,
+    }
+    match outcome:
+        case Completed(output=output):
+            tx.delete_timers(run_id)
+            tx.update_run(
+                run_id, status="completed", output=output, wake_at=None, waiting_for=None, **common
             )
-
-    async def _finish(self, lease: Lease, outcome: DriveOutcome, host: DriveHost) -> bool:
-        """Record how the drive ended; True when the run should be driven again now."""
-        now = self.now_ms()
-        run_id = lease.run_id
-        async with self.store.transaction(lease) as tx:
-            current = await tx.get_run(run_id)
-            assert current is not None
-            common: dict[str, object] = {
-                "cpu_used_s": current.cpu_used_s + outcome.cpu_s,
-                "logs_count": max(current.logs_count, host.logs_count),
-                "updated_at": now,
-            }
-            match outcome:
-                case Completed(output=output):
-                    await tx.delete_timers(run_id)
-                    await tx.update_run(
-                        run_id, status="completed", output=output, wake_at=None,
-                        waiting_for=None, **common,
-                    )  # fmt: skip
-                    await tx.append_event(run_id, "run_completed", now, None)
-                    return False
-                case Failed(message=message):
-                    await tx.delete_timers(run_id)
-                    await tx.update_run(
-                        run_id, status="failed", error=message, wake_at=None,
-                        waiting_for=None, **common,
-                    )  # fmt: skip
-                    await tx.append_event(run_id, "run_failed", now, None)
-                    return False
-                case Suspended(markers=markers):
-                    if current.cancel_requested:
-                        await _cancel_txn(tx, run_id, now, common)
-                        return False
-                    wake_at = await tx.next_timer(run_id)
-                    events = sorted({m.event for m in markers if m.kind == "event" and m.event})
-                    status = "waiting" if events else "sleeping"
-                    await tx.update_run(
-                        run_id, status=status, wake_at=wake_at,
-                        waiting_for=",".join(events) or None, **common,
-                    )  # fmt: skip
-                    await tx.append_event(run_id, "run_suspended", now, None)
-                    return wake_at is not None and wake_at <= now
-        raise AssertionError("unreachable")
+            tx.append_event(run_id, "run_completed", now, None)
+            return False
+        case Failed(message=message):
+            tx.delete_timers(run_id)
+            tx.update_run(
+                run_id, status="failed", error=message, wake_at=None, waiting_for=None, **common
+            )
+            tx.append_event(run_id, "run_failed", now, None)
+            return False
+        case Suspended(markers=markers):
+            if current.cancel_requested:
+                _cancel(tx, run_id, now, common)
+                return False
+            wake_at = tx.next_timer(run_id)
+            events = sorted({m.event for m in markers if m.kind == "event" and m.event})
+            status = "waiting" if events else "sleeping"
+            tx.update_run(
+                run_id, status=status, wake_at=wake_at, waiting_for=",".join(events) or None,
+                **common,
+            )  # fmt: skip
+            tx.append_event(run_id, "run_suspended", now, None)
+            return wake_at is not None and wake_at <= now
+    raise AssertionError("unreachable")
 
 
-async def _cancel_txn(
-    tx: JournalTransaction, run_id: str, now: int, common: dict[str, object]
-) -> None:
-    await tx.delete_timers(run_id)
-    await tx.update_run(run_id, status="cancelled", wake_at=None, waiting_for=None, **common)
-    await tx.append_event(run_id, "run_cancelled", now, None)
+def _cancel(tx: JournalTransaction, run_id: str, now: int, common: dict[str, object]) -> None:
+    tx.delete_timers(run_id)
+    tx.update_run(run_id, status="cancelled", wake_at=None, waiting_for=None, **common)
+    tx.append_event(run_id, "run_cancelled", now, None)
 
 
 class _KeyedLocks:

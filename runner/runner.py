@@ -36,7 +36,7 @@ from runner.errors import (
 )
 from runner.scopedb import ScopeDatabases
 from runner.scopes import validate_scope
-from runner.store import JournalStore, LogRecord, RunRecord, SnapshotRecord
+from runner.store import JournalStore, JournalTransaction, LogRecord, RunRecord, SnapshotRecord
 from runner.views import (
     TERMINAL,
     PersistedRun,
@@ -167,14 +167,16 @@ class Runner:
             run_id, scope, request.workflow, request.snapshot_id, entry_path, "running",
             encoded_input, bindings_text, None, None, now, now, None, None, 0.0, 0, False,
         )  # fmt: skip
-        async with self._store.transaction() as tx:
-            created = await tx.insert_run(record)
-            if created:
-                await tx.append_event(run_id, "run_created", now, dumps_text({"scope": scope}))
-            else:
-                existing = await tx.get_run(run_id)
-        if not created:
-            assert existing is not None
+
+        def create(tx: JournalTransaction) -> RunRecord | None:
+            """None when the run was created; else the run that already has this id."""
+            if tx.insert_run(record):
+                tx.append_event(run_id, "run_created", now, dumps_text({"scope": scope}))
+                return None
+            return tx.get_run(run_id)
+
+        existing = await self._store.transact(create)
+        if existing is not None:
             _check_same(existing, record)
             return run_view(existing)
         if not drive:
@@ -212,20 +214,22 @@ class Runner:
         )
         await self._run(run_id, scope)
         now = self._driver.now_ms()
-        async with self._store.transaction() as tx:
-            run = await tx.get_run(run_id)
+
+        def deliver(tx: JournalTransaction) -> RunRecord:
+            run = tx.get_run(run_id)
             assert run is not None
             if run.status in TERMINAL or run.cancel_requested:
                 raise RunClosed(run_id, "cancelled" if run.cancel_requested else run.status)
-            seq = await tx.insert_inbox(run_id, event_type, encoded, now)
-            await tx.append_event(
+            seq = tx.insert_inbox(run_id, event_type, encoded, now)
+            tx.append_event(
                 run_id, "event_received", now, dumps_text({"type": event_type, "inbox": seq})
             )
             if run.status == "waiting":
                 # Wakes the run for whichever driver comes next, here or in a worker.
-                await tx.set_timer(run_id, SIGNAL_TIMER, "signal", now)
-        current = await self._store.get_run(run_id)
-        assert current is not None
+                tx.set_timer(run_id, SIGNAL_TIMER, "signal", now)
+            return run
+
+        current = await self._store.transact(deliver)
         if drive and current.status == "waiting":
             return await self._drive(run_id, bindings)
         return run_view(current)
@@ -235,12 +239,15 @@ class Runner:
         signals are refused."""
         await self._run(run_id, scope)
         now = self._driver.now_ms()
-        async with self._store.transaction() as tx:
-            run = await tx.get_run(run_id)
+
+        def request_cancel(tx: JournalTransaction) -> None:
+            run = tx.get_run(run_id)
             assert run is not None
             if run.status not in TERMINAL and not run.cancel_requested:
-                await tx.update_run(run_id, cancel_requested=1, updated_at=now)
-                await tx.append_event(run_id, "cancel_requested", now, None)
+                tx.update_run(run_id, cancel_requested=1, updated_at=now)
+                tx.append_event(run_id, "cancel_requested", now, None)
+
+        await self._store.transact(request_cancel)
         return await self._drive(run_id, None)
 
     async def serve(

@@ -27,7 +27,7 @@ import orjson
 
 from bridge import CodecError, QjsflowError
 from bridge.codec import loads
-from bridge.types import Answer, DriveOutcome, DriveRequest, Failed, Log, OpEnvelope
+from bridge.types import Answer, DriveOutcome, DriveRequest, Failed, OpEnvelope, needs_answer
 from bridge.wire import ProtocolError, answer_to_wire, parse_op, parse_outcome, request_to_wire
 from sandbox.frames import FrameError, frame, read_frame_async
 
@@ -211,10 +211,10 @@ class ExecutorPool:
         except BaseException:
             executor.kill("the host failed")
             raise
-        expected = [op.id for op in ops if not isinstance(op.op, Log)]
+        expected = [op.id for op in ops if needs_answer(op.op)]
         if [answer.id for answer in answers] != expected:
             executor.kill("the host failed")
-            raise QjsflowError("the host must answer every op except log, in order")
+            raise QjsflowError("the host must answer every op but logs and begins, in order")
         return answers
 
     def _died(self, executor: _Executor) -> Failed:
@@ -226,7 +226,7 @@ class ExecutorPool:
 
     async def _take(self) -> _Executor:
         if self._idle:
-            return self._idle.pop()
+            return self._idle.pop(0)  # the longest idle: its next context is prepared
         cpu_limit = int(self.config.recycle_after * 30 + 60)
         executor = await _Executor.spawn(self.config, cpu_limit)
         self._live += 1

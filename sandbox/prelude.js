@@ -100,6 +100,7 @@
   let runId = "";
   let journal = new RealMap(); // key -> {value, error, at, seq}
   let journalSize = 0;
+  const unsettled = new RealSet(); // keys of steps with a row that is not settled
   let consumed = 0;
   const counters = new RealMap();
   let clock = 0;
@@ -524,7 +525,7 @@
     return { prefix: key + "/", counters: new RealMap(), depth: currentScope.depth + 1 };
   }
   // A step call: answered from the journal (in journal order) or sent to the host.
-  function request(kind, name, op, onAnswer) {
+  function request(kind, name, op, onAnswer, begin) {
     const count = occurrence(kind, name);
     const fullName = currentScope.prefix + name;
     const key = kind + ":" + count + ":" + fullName;
@@ -533,6 +534,10 @@
       const entry = journal.get(key);
       if (entry !== undefined) {
         append(hits, { entry, key, resolve, reject, scope });
+        return;
+      }
+      if (begin !== undefined && !unsettled.has(key)) {
+        begin(key, count, fullName, resolve, reject);
         return;
       }
       op.count = count;
@@ -574,6 +579,13 @@
       if (typeof fn !== "function") throw new RealTypeError(`step.do("${name}") needs a function`);
       const [merged, policy] = stepConfig(config, `step.do("${name}") config`);
       const op = { op: "step.check", step: name, kind: "do", config: policy };
+      // A step the journal has never seen starts at once, announcing itself with a step.begin
+      // that the host writes ahead of anything the body sends; a step with a row (retrying,
+      // or in flight when a driver died) asks the host first.
+      const begin = (key, count, fullName, resolve, rejectStep) => {
+        send({ op: "step.begin", step: fullName, count, kind: "do", config: policy }, null);
+        runAttempt(name, fullName, count, 1, merged, fn, key, resolve, rejectStep);
+      };
       return request("do", name, op, (result, at, key, count, resolve, rejectStep, fullName) => {
         if (hasOwn(result, "value") && result.value !== null && result.value.hit === false) {
           reach(result.value.now, key + ":" + result.value.attempt);
@@ -584,7 +596,7 @@
         } else {
           valueAnswer(result, at, key, count, resolve, rejectStep);
         }
-      });
+      }, begin);
     } catch (error) {
       return reject(error);
     }
@@ -813,6 +825,10 @@
       configurable: false,
     });
   }
+  // Freeze every object author code could use to change shared behaviour: namespaces,
+  // constructors, prototypes. A plain method (a function with no own `prototype`) is left as it
+  // is: its own properties are read-only already, and new ones change nothing the prelude or
+  // other code relies on. This keeps preparing a context cheap.
   function harden(roots) {
     const seen = new RealSet();
     const queue = [...roots];
@@ -826,11 +842,9 @@
       const names = ownKeys(object);
       for (let i = 0; i < names.length; i++) {
         const desc = getOwnPropertyDescriptor(object, names[i]);
-        if (hasOwn(desc, "value")) append(queue, desc.value);
-        else {
-          append(queue, desc.get);
-          append(queue, desc.set);
-        }
+        const value = desc.value;
+        if (value !== null && typeof value === "object") append(queue, value);
+        else if (typeof value === "function" && hasOwn(value, "prototype")) append(queue, value);
       }
     }
   }
@@ -915,6 +929,7 @@
       journal.set(entry.key, { value: entry.value, error: entry.error, at: entry.at, seq: i });
     }
     journalSize = request.journal.length;
+    for (let i = 0; i < request.unsettled.length; i++) unsettled.add(request.unsettled[i]);
     logsSeen = request.logsSeen;
     reach(clock, "start");
     const env = decode(request.env);

@@ -20,6 +20,7 @@ from bridge.types import (
     Op,
     OpEnvelope,
     Result,
+    StepBegin,
     StepCheck,
     StepFailure,
     StepNotify,
@@ -65,6 +66,8 @@ class MemoryHost:
             self.ops.append(envelope.op)
             if isinstance(envelope.op, Log):
                 self.logs.append(envelope.op.text)
+                continue
+            if isinstance(envelope.op, StepBegin):
                 continue
             result, at = self._service(envelope.op)
             answers.append(Answer(envelope.id, result, at))

@@ -9,6 +9,7 @@ from bridge.types import (
     Completed,
     Failed,
     Log,
+    StepBegin,
     StepCheck,
     StepRecord,
     StepSleep,
@@ -41,6 +42,8 @@ def _summary(host: MemoryHost) -> list[tuple[str, ...]]:
     out: list[tuple[str, ...]] = []
     for op in host.ops:
         match op:
+            case StepBegin(step=step, count=count):
+                out.append(("begin", step, str(count)))
             case StepCheck(step=step, count=count):
                 out.append(("check", step, str(count)))
             case StepRecord(step=step, count=count, value=value):
@@ -61,17 +64,17 @@ async def test_op_sequence_keys_and_replay(pool: ExecutorPool) -> None:
     assert isinstance(outcome, Suspended)
     assert [m.kind for m in outcome.markers] == ["sleep"]
     assert _summary(host) == [
-        ("check", "first", "1"),
+        ("begin", "first", "1"),
         ("record", "first", "1", '{"n":7,"attempt":1}'),
-        ("check", "twin", "1"),
-        ("check", "twin", "2"),
+        ("begin", "twin", "1"),
+        ("begin", "twin", "2"),
         ("record", "twin", "1", '"left"'),
         ("record", "twin", "2", '"right"'),
-        ("check", "item", "1"),
+        ("begin", "item", "1"),
         ("record", "item", "1", "0"),
-        ("check", "item", "2"),
+        ("begin", "item", "2"),
         ("record", "item", "2", "10"),
-        ("check", "item", "3"),
+        ("begin", "item", "3"),
         ("record", "item", "3", "20"),
         ("log", "before"),
         ("sleep", "nap"),

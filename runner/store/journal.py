@@ -1,24 +1,29 @@
-"""The journal store: every SQL statement of qjsflow lives in this package, behind named methods.
+"""The journal store: every SQL statement of the journal lives in this package, behind named
+methods. Rows leave it only as frozen dataclasses.
 
-Public methods own their transaction (`BEGIN IMMEDIATE` … `COMMIT`); helpers that must run
-inside one end in `_txn`. Rows leave this module only as frozen dataclasses.
+Writes go through `JournalStore.transact(work, fence)`: `work` is a synchronous function of a
+`JournalTransaction`, run on the connection's thread inside `BEGIN IMMEDIATE`, so a transaction
+costs one thread hop however many statements it holds. Work queued while a commit is in flight
+is committed with the next one (group commit), each piece in its own savepoint so that one
+failing piece rolls back alone; every caller is answered only after the commit that holds its
+writes (write-ahead). Reads are single statements outside any write transaction.
 """
 
 from __future__ import annotations
 
 import asyncio
 import hashlib
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+import sqlite3
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import aiosqlite
 
 from bridge import dumps_text
 from bundles import Snapshot
-from runner.store.connection import connect
+from runner.store.connection import connect, run_in_thread
 from runner.store.migrations import migrate
 from runner.store.records import (
     EventRecord,
@@ -31,6 +36,9 @@ from runner.store.records import (
 from runner.store.tx import RUN_COLUMNS, STEP_COLUMNS, JournalTransaction, Lease, run_record
 
 __all__ = ["BundleRecord", "JournalStore", "SnapshotRecord", "WorkflowRecord"]
+
+T = TypeVar("T")
+_MAX_BATCH = 256
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,15 +64,73 @@ class BundleRecord:
     code: str
 
 
+@dataclass(slots=True)
+class _Job:
+    work: Callable[[JournalTransaction], Any]
+    fence: Lease | None
+    durable: bool
+    future: asyncio.Future[Any]
+
+
+@dataclass(slots=True)
+class _SyncLevel:
+    full: bool = True  # the connection's `synchronous` setting (connect() sets FULL)
+
+
+def _run_batch(
+    connection: sqlite3.Connection, batch: list[_Job], level: _SyncLevel
+) -> list[tuple[bool, Any]]:
+    """On the connection's thread: the whole batch in one transaction and one commit.
+
+    The commit is fsynced (`synchronous=FULL`) when any job of the batch is durable. A job that
+    is not (the start of an attempt, a drive or a lease) still commits before it is answered;
+    only a power loss can undo it, and then every later fsynced commit would be undone too, as
+    the WAL is written in order — so nothing durable ever depends on a lost one.
+    """
+    full = any(job.durable for job in batch)
+    if full != level.full:
+        connection.execute(f"PRAGMA synchronous = {'FULL' if full else 'NORMAL'}")
+        level.full = full
+    outcomes: list[tuple[bool, Any]] = []
+    alone = len(batch) == 1  # no savepoint needed: the transaction is the job's
+    connection.execute("BEGIN IMMEDIATE")
+    try:
+        for job in batch:
+            if not alone:
+                connection.execute("SAVEPOINT job")
+            try:
+                tx = JournalTransaction(connection, job.fence)
+                if job.fence is not None:
+                    tx.check_fence(job.fence)
+                outcomes.append((True, job.work(tx)))
+                if not alone:
+                    connection.execute("RELEASE job")
+            except Exception as error:
+                if not alone:
+                    connection.execute("ROLLBACK TO job")
+                    connection.execute("RELEASE job")
+                outcomes.append((False, error))
+        if alone and not outcomes[0][0]:
+            connection.execute("ROLLBACK")
+        else:
+            connection.execute("COMMIT")
+    except BaseException:
+        if connection.in_transaction:
+            connection.execute("ROLLBACK")
+        raise
+    return outcomes
+
+
 class JournalStore:
     """The journal database of one runner process."""
 
     def __init__(self, connection: aiosqlite.Connection, path: Path) -> None:
         self._db = connection
         self.path = path
-        # One connection serves the whole runner: statements of concurrent coroutines must not
-        # interleave inside another's transaction.
-        self._lock = asyncio.Lock()
+        self._queue: list[_Job] = []
+        self._committer: asyncio.Task[None] | None = None
+        self._level = _SyncLevel()
+        self.commits = 0  # physical commits made: group commit shows as commits < writes
 
     @classmethod
     async def open(cls, path: str | Path) -> JournalStore:
@@ -77,69 +143,70 @@ class JournalStore:
         return cls(connection, Path(path))
 
     async def aclose(self) -> None:
+        if self._committer is not None:
+            await asyncio.gather(self._committer, return_exceptions=True)
         await self._db.close()
 
-    @asynccontextmanager
-    async def _transaction(self) -> AsyncIterator[aiosqlite.Connection]:
-        async with self._lock:
-            await self._db.execute("BEGIN IMMEDIATE")
-            try:
-                yield self._db
-            except BaseException:
-                await self._db.execute("ROLLBACK")
-                raise
-            await self._db.execute("COMMIT")
+    async def transact(
+        self,
+        work: Callable[[JournalTransaction], T],
+        fence: Lease | None = None,
+        *,
+        durable: bool = True,
+    ) -> T:
+        """Run `work` in a write transaction; return its result once it is committed.
 
-    @asynccontextmanager
-    async def transaction(self, fence: Lease | None = None) -> AsyncIterator[JournalTransaction]:
-        """`async with store.transaction() as tx:` — committed on exit, rolled back on error.
-
-        With a `fence`, the transaction first checks that the lease's epoch is still the run's
-        and raises `LeaseLost` (writing nothing) if another driver has taken the run over.
+        With a `fence`, the lease's epoch is checked first and `LeaseLost` raised (nothing
+        written) if another driver has taken the run over. `durable=False` is for writes that
+        nothing outside the journal depends on (see `_run_batch`).
         """
-        async with self._transaction() as connection:
-            tx = JournalTransaction(connection, fence)
-            if fence is not None:
-                await tx.check_fence(fence)
-            yield tx
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[Any] = loop.create_future()
+        self._queue.append(_Job(work, fence, durable, future))
+        if self._committer is None or self._committer.done():
+            self._committer = loop.create_task(self._commit_queued())
+        result: T = await future
+        return result
 
-    # -- leases ------------------------------------------------------------------------------
+    async def _commit_queued(self) -> None:
+        while self._queue:
+            batch, self._queue = self._queue[:_MAX_BATCH], self._queue[_MAX_BATCH:]
+            try:
+                outcomes = await run_in_thread(self._db, _run_batch, batch, self._level)
+            except BaseException as error:  # the commit itself failed: no writes of the batch
+                for job in batch:
+                    if not job.future.done():
+                        job.future.set_exception(error)
+                if isinstance(error, asyncio.CancelledError):
+                    raise
+                continue
+            self.commits += 1
+            for job, (ok, value) in zip(batch, outcomes, strict=True):
+                if job.future.done():
+                    continue
+                if ok:
+                    job.future.set_result(value)
+                else:
+                    job.future.set_exception(value)
+
+    async def _all(self, sql: str, args: tuple[Any, ...] = ()) -> list[Any]:
+        return list(await self._db.execute_fetchall(sql, args))
+
+    # -- leases --------------------------------------------------------------------------------
 
     async def acquire_lease(
         self, run_id: str, worker_id: str, now: int, ttl_ms: int
     ) -> Lease | None:
         """Take the run for one driver, or None while another live driver holds it."""
-        async with (
-            self._transaction() as db,
-            db.execute(
-                "UPDATE runs SET worker_id = ?, lease_expires_at = ?, epoch = epoch + 1"
-                " WHERE run_id = ? AND status NOT IN ('completed', 'failed', 'cancelled')"
-                " AND (worker_id IS NULL OR lease_expires_at IS NULL OR lease_expires_at <= ?)"
-                " RETURNING epoch",
-                (worker_id, now + ttl_ms, run_id, now),
-            ) as cursor,
-        ):
-            row = await cursor.fetchone()
-        return None if row is None else Lease(run_id, worker_id, int(row[0]))
+        return await self.transact(
+            lambda tx: tx.acquire_lease(run_id, worker_id, now, ttl_ms), durable=False
+        )
 
     async def renew_lease(self, lease: Lease, now: int, ttl_ms: int) -> bool:
-        async with (
-            self._transaction() as db,
-            db.execute(
-                "UPDATE runs SET lease_expires_at = ? WHERE run_id = ? AND epoch = ?"
-                " AND worker_id = ? RETURNING 1",
-                (now + ttl_ms, lease.run_id, lease.epoch, lease.worker_id),
-            ) as cursor,
-        ):
-            return await cursor.fetchone() is not None
+        return await self.transact(lambda tx: tx.renew_lease(lease, now, ttl_ms), durable=False)
 
     async def release_lease(self, lease: Lease) -> None:
-        async with self._transaction() as db:
-            await db.execute(
-                "UPDATE runs SET worker_id = NULL, lease_expires_at = NULL"
-                " WHERE run_id = ? AND epoch = ? AND worker_id = ?",
-                (lease.run_id, lease.epoch, lease.worker_id),
-            )
+        await self.transact(lambda tx: tx.release_lease(lease), durable=False)
 
     async def claimable_runs(self, now: int, limit: int) -> list[str]:
         """Runs a worker should drive now: a timer is due, a cancel is pending, or the run is
@@ -163,10 +230,6 @@ class JournalStore:
         )
         return None if rows[0][0] is None else int(rows[0][0])
 
-    async def _all(self, sql: str, args: tuple[Any, ...] = ()) -> list[Any]:
-        async with self._lock, self._db.execute(sql, args) as cursor:
-            return list(await cursor.fetchall())
-
     # -- snapshots -----------------------------------------------------------------------------
 
     async def find_snapshot(self, scope: str, snapshot_id: str) -> SnapshotRecord | None:
@@ -189,39 +252,15 @@ class JournalStore:
                 for file in snapshot.tree.files
             ]
         )
-        async with self._transaction() as db:
-            async with db.execute(
-                "INSERT INTO snapshots"
-                " (scope, snapshot_id, created_at, file_count, total_bytes, manifest)"
-                " VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING RETURNING 1",
-                (
-                    scope,
-                    snapshot.snapshot_id,
-                    created_at,
-                    len(snapshot.tree.files),
-                    snapshot.tree.total_bytes,
-                    manifest,
-                ),
-            ) as cursor:
-                inserted = await cursor.fetchone() is not None
-            if inserted:
-                await db.executemany(
-                    "INSERT INTO bundles"
-                    " (scope, snapshot_id, workflow, entry_path, code, code_sha256)"
-                    " VALUES (?, ?, ?, ?, ?, ?)",
-                    [
-                        (
-                            scope,
-                            snapshot.snapshot_id,
-                            bundle.workflow,
-                            bundle.entry_path,
-                            bundle.code,
-                            hashlib.sha256(bundle.code.encode("utf-8")).hexdigest(),
-                        )
-                        for bundle in snapshot.bundles
-                    ],
-                )
-        return inserted
+        bundles = [
+            (b.workflow, b.entry_path, b.code, hashlib.sha256(b.code.encode("utf-8")).hexdigest())
+            for b in snapshot.bundles
+        ]
+        facts = (len(snapshot.tree.files), snapshot.tree.total_bytes, manifest)
+        snapshot_id = snapshot.snapshot_id
+        return await self.transact(
+            lambda tx: tx.insert_snapshot(scope, snapshot_id, created_at, facts, bundles)
+        )
 
     async def load_bundle(self, scope: str, snapshot_id: str, workflow: str) -> BundleRecord | None:
         rows = await self._all(

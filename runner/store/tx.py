@@ -1,20 +1,21 @@
 """`JournalTransaction`: named statements that run inside one `BEGIN IMMEDIATE` transaction.
 
-The run lifecycle (runner/host.py, runner/runner.py) decides; this module only reads and
-writes. Every method here assumes the caller holds the transaction (hence no `_txn` suffix on a
-class whose every method is one).
+The run lifecycle (runner/host.py, runner/driver.py, runner/runner.py) decides; this module
+only reads and writes. Its methods are synchronous: a whole transaction runs as one job on the
+journal connection's thread (see `JournalStore.transact`), so a transaction costs one thread
+hop however many statements it holds. Every method assumes the caller holds the transaction
+(hence no `_txn` suffix on a class whose every method is one).
 """
 
 from __future__ import annotations
 
+import sqlite3
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-import aiosqlite
-
 from bridge import QjsflowError, dumps_text
-from runner.store.records import InboxRecord, RunRecord, StepRow
+from runner.store.records import InboxRecord, JournalRow, RunRecord, StepRow
 
 __all__ = ["RUN_COLUMNS", "STEP_COLUMNS", "JournalTransaction", "Lease", "LeaseLost", "run_record"]
 
@@ -58,26 +59,76 @@ def run_record(row: Iterable[Any]) -> RunRecord:
 
 
 class JournalTransaction:
-    def __init__(self, connection: aiosqlite.Connection, fence: Lease | None = None) -> None:
+    def __init__(self, connection: sqlite3.Connection, fence: Lease | None = None) -> None:
         self._db = connection
         self._epoch = None if fence is None else fence.epoch
 
-    async def check_fence(self, lease: Lease) -> None:
-        row = await self._one("SELECT epoch, worker_id FROM runs WHERE run_id = ?", (lease.run_id,))
+    def check_fence(self, lease: Lease) -> None:
+        row = self._one("SELECT epoch, worker_id FROM runs WHERE run_id = ?", (lease.run_id,))
         if row is None or row[0] != lease.epoch or row[1] != lease.worker_id:
             raise LeaseLost(lease)
 
-    async def _one(self, sql: str, args: tuple[Any, ...]) -> Any:
-        async with self._db.execute(sql, args) as cursor:
-            return await cursor.fetchone()
+    def _one(self, sql: str, args: tuple[Any, ...]) -> Any:
+        return self._db.execute(sql, args).fetchone()
+
+    # -- leases and snapshots ----------------------------------------------------------------
+
+    def acquire_lease(self, run_id: str, worker_id: str, now: int, ttl_ms: int) -> Lease | None:
+        row = self._one(
+            "UPDATE runs SET worker_id = ?, lease_expires_at = ?, epoch = epoch + 1"
+            " WHERE run_id = ? AND status NOT IN ('completed', 'failed', 'cancelled')"
+            " AND (worker_id IS NULL OR lease_expires_at IS NULL OR lease_expires_at <= ?)"
+            " RETURNING epoch",
+            (worker_id, now + ttl_ms, run_id, now),
+        )
+        return None if row is None else Lease(run_id, worker_id, int(row[0]))
+
+    def renew_lease(self, lease: Lease, now: int, ttl_ms: int) -> bool:
+        row = self._one(
+            "UPDATE runs SET lease_expires_at = ? WHERE run_id = ? AND epoch = ?"
+            " AND worker_id = ? RETURNING 1",
+            (now + ttl_ms, lease.run_id, lease.epoch, lease.worker_id),
+        )
+        return row is not None
+
+    def release_lease(self, lease: Lease) -> None:
+        self._db.execute(
+            "UPDATE runs SET worker_id = NULL, lease_expires_at = NULL"
+            " WHERE run_id = ? AND epoch = ? AND worker_id = ?",
+            (lease.run_id, lease.epoch, lease.worker_id),
+        )
+
+    def insert_snapshot(
+        self,
+        scope: str,
+        snapshot_id: str,
+        created_at: float,
+        facts: tuple[int, int, str],
+        bundles: list[tuple[str, str, str, str]],
+    ) -> bool:
+        """First writer wins: False (and no bundle written) when the snapshot exists."""
+        row = self._one(
+            "INSERT INTO snapshots"
+            " (scope, snapshot_id, created_at, file_count, total_bytes, manifest)"
+            " VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING RETURNING 1",
+            (scope, snapshot_id, created_at, *facts),
+        )
+        if row is None:
+            return False
+        self._db.executemany(
+            "INSERT INTO bundles (scope, snapshot_id, workflow, entry_path, code, code_sha256)"
+            " VALUES (?, ?, ?, ?, ?, ?)",
+            [(scope, snapshot_id, *bundle) for bundle in bundles],
+        )
+        return True
 
     # -- runs --------------------------------------------------------------------------------
 
-    async def get_run(self, run_id: str) -> RunRecord | None:
-        row = await self._one(f"SELECT {RUN_COLUMNS} FROM runs WHERE run_id = ?", (run_id,))
+    def get_run(self, run_id: str) -> RunRecord | None:
+        row = self._one(f"SELECT {RUN_COLUMNS} FROM runs WHERE run_id = ?", (run_id,))
         return None if row is None else run_record(row)
 
-    async def insert_run(self, run: RunRecord) -> bool:
+    def insert_run(self, run: RunRecord) -> bool:
         """First writer wins: False when a run with this id already exists."""
         values = (
             run.run_id, run.scope, run.workflow, run.snapshot_id, run.entry_path, run.status,
@@ -86,33 +137,33 @@ class JournalTransaction:
             int(run.cancel_requested), run.sql_used_s,
         )  # fmt: skip
         placeholders = ", ".join("?" for _ in values)
-        row = await self._one(
+        row = self._one(
             f"INSERT INTO runs ({RUN_COLUMNS}) VALUES ({placeholders})"
             " ON CONFLICT DO NOTHING RETURNING 1",
             values,
         )
         return row is not None
 
-    async def update_run(self, run_id: str, **fields: Any) -> None:
+    def update_run(self, run_id: str, **fields: Any) -> None:
         unknown = set(fields) - _RUN_UPDATABLE
         if unknown:
             raise ValueError(f"runs has no updatable columns {sorted(unknown)}")
         assignments = ", ".join(f"{name} = ?" for name in fields)
-        await self._db.execute(
+        self._db.execute(
             f"UPDATE runs SET {assignments} WHERE run_id = ?", (*fields.values(), run_id)
         )
 
     # -- steps -------------------------------------------------------------------------------
 
-    async def get_step(self, run_id: str, kind: str, name: str, count: int) -> StepRow | None:
-        row = await self._one(
+    def get_step(self, run_id: str, kind: str, name: str, count: int) -> StepRow | None:
+        row = self._one(
             f"SELECT {STEP_COLUMNS} FROM steps"
             " WHERE run_id = ? AND kind = ? AND name = ? AND count = ?",
             (run_id, kind, name, count),
         )
         return None if row is None else StepRow(*row)
 
-    async def insert_step(
+    def insert_step(
         self,
         run_id: str,
         kind: str,
@@ -125,27 +176,25 @@ class JournalTransaction:
         config: str | None = None,
         detail: str | None = None,
     ) -> bool:
-        row = await self._one(
+        row = self._one(
             "INSERT INTO steps (run_id, kind, name, count, status, attempt, config, detail,"
             " started_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING RETURNING 1",
             (run_id, kind, name, count, status, attempt, config, detail, started_at),
         )
         return row is not None
 
-    async def update_step(
-        self, run_id: str, kind: str, name: str, count: int, **fields: Any
-    ) -> None:
+    def update_step(self, run_id: str, kind: str, name: str, count: int, **fields: Any) -> None:
         unknown = set(fields) - _STEP_UPDATABLE
         if unknown:
             raise ValueError(f"steps has no updatable columns {sorted(unknown)}")
         assignments = ", ".join(f"{name} = ?" for name in fields)
-        await self._db.execute(
+        self._db.execute(
             f"UPDATE steps SET {assignments}"
             " WHERE run_id = ? AND kind = ? AND name = ? AND count = ?",
             (*fields.values(), run_id, kind, name, count),
         )
 
-    async def settle_step(
+    def settle_step(
         self,
         step: StepRow,
         *,
@@ -156,10 +205,8 @@ class JournalTransaction:
         event_type: str,
     ) -> bool:
         """Record a step's final result once: False (nothing written) if it already settled."""
-        seq = await self.append_event(
-            step.run_id, event_type, at, f'{{"key":{dumps_text(step.key)}}}'
-        )
-        row = await self._one(
+        seq = self.append_event(step.run_id, event_type, at, f'{{"key":{dumps_text(step.key)}}}')
+        row = self._one(
             "UPDATE steps SET status = ?, output = ?, error = ?, completed_at = ?,"
             " settled_seq = ? WHERE run_id = ? AND kind = ? AND name = ? AND count = ?"
             " AND settled_seq IS NULL RETURNING 1",
@@ -167,48 +214,62 @@ class JournalTransaction:
         )
         return row is not None
 
+    def load_journal(self, run_id: str) -> list[JournalRow]:
+        """Every settled step of a run in the order it was reached: one query per drive."""
+        rows = self._db.execute(
+            "SELECT kind, name, count, output, error, completed_at FROM steps"
+            " WHERE run_id = ? AND settled_seq IS NOT NULL ORDER BY settled_seq",
+            (run_id,),
+        ).fetchall()
+        return [JournalRow(f"{r[0]}:{r[2]}:{r[1]}", r[3], r[4], int(r[5])) for r in rows]
+
+    def unsettled_keys(self, run_id: str) -> list[str]:
+        rows = self._db.execute(
+            "SELECT kind, name, count FROM steps WHERE run_id = ? AND settled_seq IS NULL",
+            (run_id,),
+        ).fetchall()
+        return [f"{kind}:{count}:{name}" for kind, name, count in rows]
+
     # -- events, timers, inbox ---------------------------------------------------------------
 
-    async def append_event(self, run_id: str, event_type: str, at: int, data: str | None) -> int:
-        row = await self._one(
+    def append_event(self, run_id: str, event_type: str, at: int, data: str | None) -> int:
+        row = self._one(
             "INSERT INTO events (run_id, type, at, data, epoch) VALUES (?, ?, ?, ?, ?)"
             " RETURNING seq",
             (run_id, event_type, at, data, self._epoch),
         )
         return int(row[0])
 
-    async def set_timer(self, run_id: str, step_key: str, kind: str, due_at: int) -> None:
-        await self._db.execute(
+    def set_timer(self, run_id: str, step_key: str, kind: str, due_at: int) -> None:
+        self._db.execute(
             "INSERT INTO timers (run_id, step_key, kind, due_at) VALUES (?, ?, ?, ?)"
             " ON CONFLICT (run_id, step_key) DO UPDATE SET kind = excluded.kind,"
             " due_at = excluded.due_at",
             (run_id, step_key, kind, due_at),
         )
 
-    async def delete_timer(self, run_id: str, step_key: str) -> None:
-        await self._db.execute(
-            "DELETE FROM timers WHERE run_id = ? AND step_key = ?", (run_id, step_key)
-        )
+    def delete_timer(self, run_id: str, step_key: str) -> None:
+        self._db.execute("DELETE FROM timers WHERE run_id = ? AND step_key = ?", (run_id, step_key))
 
-    async def delete_timers(self, run_id: str) -> None:
-        await self._db.execute("DELETE FROM timers WHERE run_id = ?", (run_id,))
+    def delete_timers(self, run_id: str) -> None:
+        self._db.execute("DELETE FROM timers WHERE run_id = ?", (run_id,))
 
-    async def next_timer(self, run_id: str) -> int | None:
-        row = await self._one("SELECT min(due_at) FROM timers WHERE run_id = ?", (run_id,))
+    def next_timer(self, run_id: str) -> int | None:
+        row = self._one("SELECT min(due_at) FROM timers WHERE run_id = ?", (run_id,))
         return None if row is None or row[0] is None else int(row[0])
 
-    async def insert_inbox(self, run_id: str, event_type: str, payload: str, at: int) -> int:
-        row = await self._one(
+    def insert_inbox(self, run_id: str, event_type: str, payload: str, at: int) -> int:
+        row = self._one(
             "INSERT INTO inbox (run_id, type, payload, received_at) VALUES (?, ?, ?, ?)"
             " RETURNING seq",
             (run_id, event_type, payload, at),
         )
         return int(row[0])
 
-    async def oldest_unconsumed(
+    def oldest_unconsumed(
         self, run_id: str, event_type: str, received_by: int
     ) -> InboxRecord | None:
-        row = await self._one(
+        row = self._one(
             "SELECT seq, run_id, type, payload, received_at, consumed_by FROM inbox"
             " WHERE run_id = ? AND type = ? AND consumed_by IS NULL AND received_at <= ?"
             " ORDER BY seq LIMIT 1",
@@ -216,31 +277,31 @@ class JournalTransaction:
         )
         return None if row is None else InboxRecord(*row)
 
-    async def consume(self, seq: int, step_key: str) -> None:
-        await self._db.execute("UPDATE inbox SET consumed_by = ? WHERE seq = ?", (step_key, seq))
+    def consume(self, seq: int, step_key: str) -> None:
+        self._db.execute("UPDATE inbox SET consumed_by = ? WHERE seq = ?", (step_key, seq))
 
     # -- tool calls and logs -----------------------------------------------------------------
 
-    async def start_tool_call(
+    def start_tool_call(
         self, run_id: str, step_key: str, attempt: int, *, address: str, args: str, at: int
     ) -> int:
-        row = await self._one(
+        row = self._one(
             "INSERT INTO tool_calls (run_id, step_key, attempt, address, args, started_at)"
             " VALUES (?, ?, ?, ?, ?, ?) RETURNING seq",
             (run_id, step_key, attempt, address, args, at),
         )
         return int(row[0])
 
-    async def finish_tool_call(
+    def finish_tool_call(
         self, seq: int, result: str | None, error: str | None, duration_ms: int
     ) -> None:
-        await self._db.execute(
+        self._db.execute(
             "UPDATE tool_calls SET result = ?, error = ?, duration_ms = ? WHERE seq = ?",
             (result, error, duration_ms, seq),
         )
 
-    async def insert_log(self, run_id: str, count: int, level: str, text: str, at: int) -> bool:
-        row = await self._one(
+    def insert_log(self, run_id: str, count: int, level: str, text: str, at: int) -> bool:
+        row = self._one(
             "INSERT INTO logs (run_id, count, level, text, at) VALUES (?, ?, ?, ?, ?)"
             " ON CONFLICT DO NOTHING RETURNING 1",
             (run_id, count, level, text, at),

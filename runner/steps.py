@@ -1,0 +1,315 @@
+"""Step semantics as journal transactions: what each op means for the rows of one run.
+
+Every function here is synchronous and takes the open `JournalTransaction`: the host runs it
+with `JournalStore.transact`, fenced by the drive's lease, so it commits before its answer goes
+back (write-ahead). Step rows settle once (`settle_step` writes only while `settled_seq` is
+null); a late writer is answered with the winner's value.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import orjson
+
+from bridge import dumps_text
+from bridge.types import (
+    Result,
+    RetryPolicy,
+    StepBegin,
+    StepCheck,
+    StepFailure,
+    StepRecord,
+    StepSleep,
+    StepWaitForEvent,
+    Suspend,
+    Value,
+)
+from bridge.wire import ProtocolError
+from runner.store import JournalTransaction, StepRow
+
+__all__ = [
+    "Answered",
+    "begin",
+    "begin_attempt",
+    "check",
+    "fail_attempt",
+    "failure_from_json",
+    "failure_to_json",
+    "policy_to_json",
+    "record",
+    "settle_call",
+    "settled",
+    "sleep",
+    "wait_for_event",
+]
+
+Answered = tuple[Result, int | None]  # the result, and the time of the journal event it reflects
+
+
+def failure_to_json(failure: StepFailure) -> str:
+    return dumps_text(
+        {
+            "name": failure.name,
+            "message": failure.message,
+            "retryable": failure.retryable,
+            "retryAfterMs": failure.retry_after_ms,
+            "code": failure.code,
+        }
+    )
+
+
+def failure_from_json(text: str) -> StepFailure:
+    data = orjson.loads(text)
+    return StepFailure(
+        data["name"], data["message"], data["retryable"], data.get("retryAfterMs"), data.get("code")
+    )
+
+
+def policy_to_json(policy: RetryPolicy) -> str:
+    return dumps_text(
+        {
+            "limit": policy.limit,
+            "delayMs": policy.delay_ms,
+            "backoff": policy.backoff,
+            "timeoutMs": policy.timeout_ms,
+        }
+    )
+
+
+def _policy_from_json(text: str | None) -> RetryPolicy:
+    data = orjson.loads(text or "{}")
+    return RetryPolicy(data["limit"], data["delayMs"], data["backoff"], data["timeoutMs"])
+
+
+@dataclass(frozen=True, slots=True)
+class _Settled:
+    result: Result
+    at: int
+
+
+def settled(row: StepRow | None) -> Answered | None:
+    """A settled step as an answer, or None while it is not settled."""
+    if row is None or row.settled_seq is None or row.completed_at is None:
+        return None
+    if row.status == "failed" and row.error is not None:
+        return failure_from_json(row.error), row.completed_at
+    return Value(row.output), row.completed_at
+
+
+def event(
+    tx: JournalTransaction, run_id: str, kind: str, at: int, key: str, **data: object
+) -> None:
+    tx.append_event(run_id, kind, at, dumps_text({"key": key, **data}))
+
+
+# -- attempts: step.do and step.tool --------------------------------------------------------
+
+
+def begin_attempt(
+    tx: JournalTransaction, run_id: str, kind: str, *, name: str, count: int,
+    policy: RetryPolicy, now: int,
+) -> Answered | int:  # fmt: skip
+    """Start the step's next attempt and return its number, or answer for a step that is
+    settled, waiting for its retry, or out of attempts."""
+    row = tx.get_step(run_id, kind, name, count)
+    key = f"{kind}:{count}:{name}"
+    if row is None:
+        tx.insert_step(
+            run_id, kind, name, count, status="running", attempt=1, started_at=now,
+            config=policy_to_json(policy),
+        )  # fmt: skip
+        event(tx, run_id, "step_started", now, key, attempt=1)
+        return 1
+    answer = settled(row)
+    if answer is not None:
+        return answer
+    if row.status == "running":
+        # The attempt was in flight when its driver stopped: it counts as failed.
+        interrupted = StepFailure(
+            "StepInterruptedError",
+            f"attempt {row.attempt} of step {row.name!r} was interrupted (its driver stopped)",
+        )
+        final = fail_attempt(tx, row, interrupted, now)
+        if final is not None:
+            return final
+        refreshed = tx.get_step(run_id, kind, name, count)
+        assert refreshed is not None
+        row = refreshed
+    due = int(orjson.loads(row.detail or "{}").get("retryAt", 0))
+    if due > now:
+        return Suspend("retry", wake_at_ms=due), None
+    attempt = row.attempt + 1
+    tx.delete_timer(run_id, key)
+    tx.update_step(run_id, kind, name, count, status="running", attempt=attempt, started_at=now)
+    event(tx, run_id, "step_started", now, key, attempt=attempt)
+    return attempt
+
+
+def begin(tx: JournalTransaction, run_id: str, op: StepBegin, now: int) -> None:
+    """A step the sandbox saw no row for starts attempt 1; written ahead of anything its body
+    sends in the same batch. A row that exists already is left to the step's record."""
+    if tx.get_step(run_id, "do", op.step, op.count) is not None:
+        return
+    tx.insert_step(
+        run_id, "do", op.step, op.count, status="running", attempt=1, started_at=now,
+        config=policy_to_json(op.config),
+    )  # fmt: skip
+    event(tx, run_id, "step_started", now, f"do:{op.count}:{op.step}", attempt=1)
+
+
+def check(tx: JournalTransaction, run_id: str, op: StepCheck, now: int) -> Answered:
+    begun = begin_attempt(tx, run_id, "do", name=op.step, count=op.count, policy=op.config, now=now)
+    if isinstance(begun, int):
+        return Value({"hit": False, "attempt": begun, "now": now}), None
+    result, at = begun
+    if isinstance(result, Value):
+        return Value({"hit": True, "value": result.value}), at
+    return result, at
+
+
+def fail_attempt(
+    tx: JournalTransaction, row: StepRow, failure: StepFailure, now: int
+) -> Answered | None:
+    """Apply the retry policy to a failed attempt: None when a retry is scheduled."""
+    policy = _policy_from_json(row.config)
+    if failure.retryable and row.attempt <= policy.limit:
+        delay = failure.retry_after_ms
+        if delay is None:
+            delay = policy.delay_after(row.attempt)
+        retry_at = now + delay
+        tx.update_step(
+            row.run_id, row.kind, row.name, row.count, status="retrying",
+            error=failure_to_json(failure), detail=dumps_text({"retryAt": retry_at}),
+        )  # fmt: skip
+        tx.set_timer(row.run_id, row.key, "retry", retry_at)
+        event(
+            tx, row.run_id, "step_retrying", now, row.key, attempt=row.attempt,
+            retryAt=retry_at, error=failure.message,
+        )  # fmt: skip
+        return None
+    final = StepFailure(failure.name, failure.message, False, code=failure.code)
+    tx.settle_step(
+        row, status="failed", output=None, error=failure_to_json(final), at=now,
+        event_type="step_failed",
+    )  # fmt: skip
+    return final, now
+
+
+def record(tx: JournalTransaction, run_id: str, op: StepRecord, now: int) -> Answered:
+    row = tx.get_step(run_id, "do", op.step, op.count)
+    if row is None:
+        raise ProtocolError(f"step {op.step!r} #{op.count} was recorded without a check")
+    return settle_call(tx, row, attempt=op.attempt, value=op.value, failure=op.error, now=now)
+
+
+def settle_call(
+    tx: JournalTransaction,
+    row: StepRow,
+    *,
+    attempt: int,
+    value: str | None,
+    failure: StepFailure | None,
+    now: int,
+) -> Answered:
+    """The end of an attempt of a step.do or step.tool: its value, or a failure that the retry
+    policy turns into a retry or the step's final error. An attempt that reports after its
+    timeout has failed."""
+    answer = settled(row)
+    if answer is not None:  # another writer settled it first: its value wins
+        return answer
+    if row.status != "running" or row.attempt != attempt:
+        return Suspend("retry"), None
+    timeout_ms = _policy_from_json(row.config).timeout_ms
+    if now - row.started_at > timeout_ms:
+        failure = StepFailure(
+            "StepTimeoutError",
+            f"attempt {attempt} of step {row.name!r} exceeded its timeout of {timeout_ms} ms",
+        )
+    if failure is None:
+        tx.settle_step(
+            row, status="completed", output=value, error=None, at=now,
+            event_type="step_completed",
+        )  # fmt: skip
+        return (Value(None) if row.kind == "do" else Value(value)), now
+    final = fail_attempt(tx, row, failure, now)
+    return final if final is not None else (Suspend("retry"), None)
+
+
+# -- sleep and waitForEvent ---------------------------------------------------------------
+
+
+def sleep(tx: JournalTransaction, run_id: str, op: StepSleep, now: int) -> Answered:
+    row = tx.get_step(run_id, "sleep", op.step, op.count)
+    if row is None:
+        due = op.until_ms if op.until_ms is not None else now + (op.ms or 0)
+        tx.insert_step(
+            run_id, "sleep", op.step, op.count, status="waiting", attempt=1, started_at=now,
+            detail=dumps_text({"dueAt": due}),
+        )  # fmt: skip
+        row = tx.get_step(run_id, "sleep", op.step, op.count)
+        assert row is not None
+        event(tx, run_id, "sleep_scheduled", now, row.key, dueAt=due)
+    answer = settled(row)
+    if answer is not None:
+        return answer
+    due = int(orjson.loads(row.detail or "{}")["dueAt"])
+    if due > now:
+        tx.set_timer(run_id, row.key, "sleep", due)
+        return Suspend("sleep", wake_at_ms=due), None
+    tx.delete_timer(run_id, row.key)
+    tx.settle_step(
+        row, status="completed", output=None, error=None, at=now, event_type="sleep_completed"
+    )
+    return Value(None), now
+
+
+def wait_for_event(tx: JournalTransaction, run_id: str, op: StepWaitForEvent, now: int) -> Answered:
+    row = tx.get_step(run_id, "waitForEvent", op.step, op.count)
+    if row is None:
+        tx.insert_step(
+            run_id, "waitForEvent", op.step, op.count, status="waiting", attempt=1,
+            started_at=now, detail=dumps_text({"type": op.type, "deadline": now + op.timeout_ms}),
+        )  # fmt: skip
+        row = tx.get_step(run_id, "waitForEvent", op.step, op.count)
+        assert row is not None
+        event(tx, run_id, "waiting_for_event", now, row.key, type=op.type)
+    answer = settled(row)
+    if answer is not None:
+        return answer
+    detail = orjson.loads(row.detail or "{}")
+    deadline = int(detail["deadline"])
+    # Only an event received by the deadline may serve this wait; the oldest first.
+    delivered = tx.oldest_unconsumed(run_id, detail["type"], deadline)
+    if delivered is not None:
+        tx.consume(delivered.seq, row.key)
+        tx.delete_timer(run_id, row.key)
+        value = _event_value(detail["type"], delivered.payload, delivered.received_at)
+        tx.settle_step(
+            row, status="completed", output=value, error=None, at=now,
+            event_type="event_consumed",
+        )  # fmt: skip
+        return Value(value), now
+    if now >= deadline:
+        failure = StepFailure(
+            "WaitForEventTimeoutError",
+            f"step.waitForEvent({op.step!r}) timed out after {op.timeout_ms} ms waiting for an "
+            f"event of type {detail['type']!r}",
+            retryable=False,
+        )
+        tx.delete_timer(run_id, row.key)
+        tx.settle_step(
+            row, status="failed", output=None, error=failure_to_json(failure), at=now,
+            event_type="event_timed_out",
+        )  # fmt: skip
+        return failure, now
+    tx.set_timer(run_id, row.key, "wait_timeout", deadline)
+    return Suspend("event", event=detail["type"], wake_at_ms=deadline), None
+
+
+def _event_value(event_type: str, payload: str, received_at: int) -> str:
+    # The payload is already encoded: splice it in rather than decode and re-encode it.
+    return (
+        f'{{"type":{dumps_text(event_type)},"payload":{payload},'
+        f'"timestamp":{{"$t":"Date","v":{received_at}}}}}'
+    )
