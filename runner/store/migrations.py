@@ -145,6 +145,32 @@ MIGRATIONS: tuple[tuple[int, str, str], ...] = (
         ALTER TABLE runs ADD COLUMN sql_used_s REAL NOT NULL DEFAULT 0;
         """,
     ),
+    (
+        5,
+        "settling a step writes one index fewer",
+        """
+        DROP INDEX steps_settled;
+        """,
+    ),
+    (
+        6,
+        "events numbered by rowid: AUTOINCREMENT cost a page write per event",
+        """
+        CREATE TABLE events_v6 (
+            seq INTEGER PRIMARY KEY,
+            run_id TEXT NOT NULL,
+            type TEXT NOT NULL,
+            at INTEGER NOT NULL,
+            data TEXT,
+            epoch INTEGER
+        ) STRICT;
+        INSERT INTO events_v6 (seq, run_id, type, at, data, epoch)
+            SELECT seq, run_id, type, at, data, epoch FROM events;
+        DROP TABLE events;
+        ALTER TABLE events_v6 RENAME TO events;
+        CREATE INDEX events_by_run ON events (run_id, seq);
+        """,
+    ),
 )
 
 
