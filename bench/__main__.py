@@ -43,7 +43,7 @@ def _table(results: dict[str, dict[str, Any]]) -> str:
         ("concurrent: step latency p99", f"{c['p99_step_ms']} ms", ""),
         ("replay of 1,000 steps", f"{_fmt(r['replay_ms'])} ms", "target 50 ms"),
         ("publish to first step (cold)", f"{_fmt(k['publish_to_first_step_ms'])} ms", ""),
-        ("drive start, warm pool", f"{_fmt(k['warm_drive_ms'], 2)} ms", ""),
+        ("a whole drive, warm pool (resume to a wait)", f"{_fmt(k['warm_drive_ms'], 2)} ms", ""),
         ("RSS with 1k / 10k waiting runs", rss, "no per-run memory"),
         ("memory per waiting run", f"{_fmt(m['bytes_per_waiting_run'], 0)} bytes", ""),
     ]
