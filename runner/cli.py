@@ -26,6 +26,7 @@ from runner.cli_output import render_json, render_publish, render_run, render_ru
 from runner.config import RunnerConfig
 from runner.demo import run_demo
 from runner.runner import PublishResult, Runner
+from runner.store.backends import is_postgres_url
 from runner.views import RunView, StartRunInput
 
 __all__ = ["main"]
@@ -44,7 +45,11 @@ class _Parser(argparse.ArgumentParser):
 
 def _parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="qjsflow", description="Durable, sandboxed JS/TS workflows.")
-    parser.add_argument("--db", default="./qjsflow.db", help="journal database (./qjsflow.db)")
+    parser.add_argument(
+        "--db",
+        default="./qjsflow.db",
+        help="the journal: a SQLite path or sqlite:///path (./qjsflow.db), or postgresql://…",
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON document on stdout")
     parser.add_argument("--debug", action="store_true", help="show tracebacks of failures")
     parser.add_argument(
@@ -129,8 +134,10 @@ def _config(args: argparse.Namespace) -> RunnerConfig:
 
 
 async def _with_runner(args: argparse.Namespace, action: _Command, *, create: bool = False) -> Any:
-    if not create and not Path(args.db).is_file():
-        raise InvalidInput(f"no journal database at {args.db}: publish something first")
+    if not create and not is_postgres_url(args.db):
+        path = Path(str(args.db).removeprefix("sqlite:///"))
+        if not path.is_file():
+            raise InvalidInput(f"no journal database at {args.db}: publish something first")
     async with Runner.open(args.db, _config(args)) as runner:
         return await action(args, runner)
 

@@ -79,7 +79,7 @@ class Runner:
         self._store = store
         self.config = config
         self._pool = ExecutorPool(config.pool)
-        scope_root = config.scope_root or store.path.with_name(store.path.name + ".scopes")
+        scope_root = config.scope_root or _default_scope_root(store)
         self.scopes = ScopeDatabases(scope_root, config.sql_limits)
         self._driver = RunDriver(store, self._pool, config, self.scopes)
 
@@ -100,7 +100,7 @@ class Runner:
         cls, db_path: str | os.PathLike[str], config: RunnerConfig | None = None
     ) -> Runner:
         """Open a runner whose lifetime the caller ends with `aclose()`."""
-        store = await JournalStore.open(Path(db_path))
+        store = await JournalStore.open(os.fspath(db_path))
         return cls(store, config or RunnerConfig())
 
     async def aclose(self) -> None:
@@ -324,6 +324,14 @@ class Runner:
         if not isinstance(run_id, str) or not _RUN_ID.fullmatch(run_id):
             raise InvalidRunId(run_id)
         return run_id
+
+
+def _default_scope_root(store: JournalStore) -> Path:
+    """Beside the journal file (`<journal>.scopes`); for a server journal, in the working
+    folder (`./qjsflow.scopes`): scope databases are local SQLite files either way."""
+    if store.path is None:
+        return Path("qjsflow.scopes").resolve()
+    return store.path.with_name(store.path.name + ".scopes")
 
 
 def _check_same(existing: RunRecord, wanted: RunRecord) -> None:

@@ -11,6 +11,14 @@ if ! command -v node >/dev/null || ! command -v npm >/dev/null; then
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nodejs npm >/dev/null
 fi
 
+# PostgreSQL's server binaries, for the tests of the PostgreSQL journal (a test starts its own
+# server in a temporary folder; nothing is started here).
+if ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; then
+  echo "setup: installing PostgreSQL from Debian's packages"
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql >/dev/null
+fi
+
 python=${PYTHON:-python3.11}
 command -v "$python" >/dev/null || python=python3
 if [ ! -x .venv/bin/python ]; then

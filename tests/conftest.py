@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
@@ -12,6 +12,7 @@ import pytest
 from bundles import build_snapshot, tree_from_mapping
 from runner import Bindings, Runner, RunnerConfig, RunView, StartRunInput
 from sandbox import ExecutorPool, PoolConfig
+from tests.postgres import PostgresServer, postgres_server
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = PROJECT_ROOT / "fixtures"
@@ -59,10 +60,25 @@ def clock() -> FakeClock:
     return FakeClock()
 
 
+@pytest.fixture(scope="session")
+def postgres() -> Iterator[PostgresServer]:
+    with postgres_server() as server:
+        yield server
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def journal(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """Where a test's journal lives: the same semantics are tested on both backends."""
+    if request.param == "sqlite":
+        return str(tmp_path / "journal.db")
+    server: PostgresServer = request.getfixturevalue("postgres")
+    return server.new_database()
+
+
 @pytest.fixture
-async def clocked_runner(tmp_path: Path, clock: FakeClock) -> AsyncIterator[Runner]:
-    config = RunnerConfig(clock=clock, pool=PoolConfig(size=2))
-    async with Runner.open(tmp_path / "journal.db", config) as opened:
+async def clocked_runner(journal: str, tmp_path: Path, clock: FakeClock) -> AsyncIterator[Runner]:
+    config = RunnerConfig(clock=clock, pool=PoolConfig(size=2), scope_root=tmp_path / "scopes")
+    async with Runner.open(journal, config) as opened:
         yield opened
 
 

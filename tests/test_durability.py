@@ -13,7 +13,9 @@ import time
 from collections import Counter
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
+from typing import Any
 
+import psycopg
 import pytest
 
 from runner import Runner, RunnerConfig, StartRunInput
@@ -42,8 +44,8 @@ export default async (event, step) => {
 class Workers:
     """Worker subprocesses on one journal file, with the crash tools bound."""
 
-    def __init__(self, tmp_path: Path) -> None:
-        self.db = tmp_path / "journal.db"
+    def __init__(self, tmp_path: Path, journal: str) -> None:
+        self.db = journal
         self.tool_log = tmp_path / "tools.log"
         self.tool_log.touch()
         self.logs = tmp_path / "worker-logs"
@@ -84,8 +86,8 @@ class Workers:
 
 
 @pytest.fixture
-def workers(tmp_path: Path) -> Iterator[Workers]:
-    pool = Workers(tmp_path)
+def workers(tmp_path: Path, journal: str) -> Iterator[Workers]:
+    pool = Workers(tmp_path, journal)
     yield pool
     pool.stop_all()
 
@@ -115,16 +117,26 @@ async def _all_done(api: Runner, run_ids: list[str]) -> bool:
     return all(status in {"completed", "failed", "cancelled"} for status in statuses)
 
 
-def _journal_checks(db: Path) -> None:
-    with sqlite3.connect(db) as connection:
-        assert connection.execute("PRAGMA integrity_check").fetchone() == ("ok",)
-        settled = connection.execute(
-            "SELECT run_id, data, count(*) FROM events"
-            " WHERE type IN ('step_completed', 'step_failed', 'sleep_completed',"
-            " 'event_consumed', 'event_timed_out', 'notified')"
-            " GROUP BY run_id, data HAVING count(*) > 1"
-        ).fetchall()
-        assert settled == [], "a step has two recorded results"
+def _query(journal: str, sql: str) -> list[tuple[Any, ...]]:
+    """Read the journal behind the runner's back, on either backend."""
+    if journal.startswith("postgresql://"):
+        with psycopg.connect(journal) as connection:
+            return [tuple(row) for row in connection.execute(sql.replace("%", "%%")).fetchall()]
+    with sqlite3.connect(journal) as connection:
+        return connection.execute(sql).fetchall()
+
+
+def _journal_checks(journal: str) -> None:
+    if not journal.startswith("postgresql://"):
+        assert _query(journal, "PRAGMA integrity_check") == [("ok",)]
+    settled = _query(
+        journal,
+        "SELECT run_id, data, count(*) FROM events"
+        " WHERE type IN ('step_completed', 'step_failed', 'sleep_completed',"
+        " 'event_consumed', 'event_timed_out', 'notified')"
+        " GROUP BY run_id, data HAVING count(*) > 1",
+    )
+    assert settled == [], "a step has two recorded results"
 
 
 @pytest.mark.timeout(600)
@@ -166,16 +178,14 @@ async def test_sigkill_at_random_moments_loses_and_repeats_nothing(
             # Every invocation was written ahead as a call row before it ran.
             assert 1 <= lines[(run_id, str(step))] <= len(rows)
     _journal_checks(workers.db)
-    with sqlite3.connect(workers.db) as connection:
-        unfinished_calls = connection.execute(
-            "SELECT count(*) FROM tool_calls WHERE result IS NULL"
-        ).fetchone()[0]
-        interrupted = connection.execute(
-            "SELECT count(*) FROM events WHERE type = 'step_retrying' AND data LIKE '%interrupted%'"
-        ).fetchone()[0]
-        drives = connection.execute(
-            "SELECT count(*) FROM events WHERE type = 'drive_started'"
-        ).fetchone()[0]
+    [(unfinished_calls,)] = _query(
+        workers.db, "SELECT count(*) FROM tool_calls WHERE result IS NULL"
+    )
+    [(interrupted,)] = _query(
+        workers.db,
+        "SELECT count(*) FROM events WHERE type = 'step_retrying' AND data LIKE '%interrupted%'",
+    )
+    [(drives,)] = _query(workers.db, "SELECT count(*) FROM events WHERE type = 'drive_started'")
     print(
         f"chaos: {unfinished_calls} tool calls cut short, {interrupted} attempts interrupted, {drives} drives"
     )
@@ -237,13 +247,12 @@ async def test_a_paused_driver_whose_lease_was_taken_cannot_write(
     assert run.status == "completed"
     paused.send_signal(signal.SIGCONT)
     await asyncio.sleep(4.0)  # the paused tool call returns and its driver tries to write
-    with sqlite3.connect(workers.db) as connection:
-        epochs = connection.execute(
-            "SELECT seq, type, epoch FROM events WHERE run_id = 'paused' ORDER BY seq"
-        ).fetchall()
-        calls = connection.execute(
-            "SELECT attempt, result FROM tool_calls WHERE run_id = 'paused' ORDER BY seq"
-        ).fetchall()
+    epochs = _query(
+        workers.db, "SELECT seq, type, epoch FROM events WHERE run_id = 'paused' ORDER BY seq"
+    )
+    calls = _query(
+        workers.db, "SELECT attempt, result FROM tool_calls WHERE run_id = 'paused' ORDER BY seq"
+    )
     first_epoch = next(epoch for seq, kind, epoch in epochs if kind == "drive_started")
     late = [
         (seq, kind)

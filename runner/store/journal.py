@@ -13,18 +13,15 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import sqlite3
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
 
-import aiosqlite
-
 from bridge import dumps_text
 from bundles import Snapshot
-from runner.store.connection import connect, run_in_thread
-from runner.store.migrations import migrate
+from runner.store.backends import Backend, is_postgres_url, open_backend
 from runner.store.records import (
     EventRecord,
     JournalRow,
@@ -72,14 +69,7 @@ class _Job:
     future: asyncio.Future[Any]
 
 
-@dataclass(slots=True)
-class _SyncLevel:
-    full: bool = True  # the connection's `synchronous` setting (connect() sets FULL)
-
-
-def _run_batch(
-    connection: sqlite3.Connection, batch: list[_Job], level: _SyncLevel
-) -> list[tuple[bool, Any]]:
+def _run_batch(connection: Any, batch: list[_Job], backend: Backend) -> list[tuple[bool, Any]]:
     """On the connection's thread: the whole batch in one transaction and one commit.
 
     The commit is fsynced (`synchronous=FULL`) when any job of the batch is durable. A job that
@@ -87,19 +77,15 @@ def _run_batch(
     only a power loss can undo it, and then every later fsynced commit would be undone too, as
     the WAL is written in order — so nothing durable ever depends on a lost one.
     """
-    full = any(job.durable for job in batch)
-    if full != level.full:
-        connection.execute(f"PRAGMA synchronous = {'FULL' if full else 'NORMAL'}")
-        level.full = full
     outcomes: list[tuple[bool, Any]] = []
     alone = len(batch) == 1  # no savepoint needed: the transaction is the job's
-    connection.execute("BEGIN IMMEDIATE")
+    backend.begin(connection, full=any(job.durable for job in batch))
     try:
         for job in batch:
             if not alone:
                 connection.execute("SAVEPOINT job")
             try:
-                tx = JournalTransaction(connection, job.fence)
+                tx = JournalTransaction(connection, job.fence, backend.dialect.lock_run)
                 if job.fence is not None:
                     tx.check_fence(job.fence)
                 outcomes.append((True, job.work(tx)))
@@ -124,28 +110,30 @@ def _run_batch(
 class JournalStore:
     """The journal database of one runner process."""
 
-    def __init__(self, connection: aiosqlite.Connection, path: Path) -> None:
-        self._db = connection
-        self.path = path
+    def __init__(self, backend: Backend, location: str | Path) -> None:
+        self._backend = backend
+        self.location = str(location)
+        # The journal file for SQLite; None for a server database.
+        self.path = (
+            None if is_postgres_url(location) else Path(str(location).removeprefix("sqlite:///"))
+        )
         self._queue: list[_Job] = []
         self._committer: asyncio.Task[None] | None = None
-        self._level = _SyncLevel()
         self.commits = 0  # physical commits made: group commit shows as commits < writes
 
     @classmethod
-    async def open(cls, path: str | Path) -> JournalStore:
-        connection = await connect(path)
-        try:
-            await migrate(connection)
-        except BaseException:
-            await connection.close()
-            raise
-        return cls(connection, Path(path))
+    async def open(cls, location: str | Path) -> JournalStore:
+        """A path or `sqlite:///path` (created if missing), or a `postgresql://` URL."""
+        return cls(await open_backend(location), location)
+
+    @property
+    def backend_name(self) -> str:
+        return self._backend.dialect.name
 
     async def aclose(self) -> None:
         if self._committer is not None:
             await asyncio.gather(self._committer, return_exceptions=True)
-        await self._db.close()
+        await self._backend.close()
 
     async def transact(
         self,
@@ -172,7 +160,9 @@ class JournalStore:
         while self._queue:
             batch, self._queue = self._queue[:_MAX_BATCH], self._queue[_MAX_BATCH:]
             try:
-                outcomes = await run_in_thread(self._db, _run_batch, batch, self._level)
+                outcomes = await self._backend.run(
+                    partial(_run_batch, batch=batch, backend=self._backend)
+                )
             except BaseException as error:  # the commit itself failed: no writes of the batch
                 for job in batch:
                     if not job.future.done():
@@ -190,7 +180,7 @@ class JournalStore:
                     job.future.set_exception(value)
 
     async def _all(self, sql: str, args: tuple[Any, ...] = ()) -> list[Any]:
-        return list(await self._db.execute_fetchall(sql, args))
+        return await self._backend.all(sql, args)
 
     # -- leases --------------------------------------------------------------------------------
 
@@ -274,12 +264,10 @@ class JournalStore:
 
     async def table_counts(self) -> dict[str, int]:
         """Rows in each journal table: what tests use to show that nothing was written."""
-        rows = await self._all(
-            "SELECT name FROM sqlite_schema WHERE type = 'table' AND name NOT LIKE 'sqlite_%'"
-        )
+        rows = await self._all(self._backend.dialect.list_tables)
         counts: dict[str, int] = {}
         for table in sorted(str(row[0]) for row in rows):
-            # `table` comes from sqlite_schema, not from a caller.
+            # `table` comes from the database's catalog, not from a caller.
             counted = await self._all(f'SELECT count(*) FROM "{table}"')
             counts[table] = int(counted[0][0])
         return counts

@@ -9,7 +9,6 @@ hop however many statements it holds. Every method assumes the caller holds the 
 
 from __future__ import annotations
 
-import sqlite3
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -59,12 +58,15 @@ def run_record(row: Iterable[Any]) -> RunRecord:
 
 
 class JournalTransaction:
-    def __init__(self, connection: sqlite3.Connection, fence: Lease | None = None) -> None:
-        self._db = connection
+    def __init__(self, connection: Any, fence: Lease | None = None, lock_run: str = "") -> None:
+        self._db = connection  # a DB-API connection taking `?` placeholders
         self._epoch = None if fence is None else fence.epoch
+        self._lock_run = lock_run
 
     def check_fence(self, lease: Lease) -> None:
-        row = self._one("SELECT epoch, worker_id FROM runs WHERE run_id = ?", (lease.run_id,))
+        row = self._one(
+            f"SELECT epoch, worker_id FROM runs WHERE run_id = ?{self._lock_run}", (lease.run_id,)
+        )
         if row is None or row[0] != lease.epoch or row[1] != lease.worker_id:
             raise LeaseLost(lease)
 

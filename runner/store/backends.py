@@ -1,0 +1,164 @@
+"""The two journal backends behind one contract: a connection whose work runs as one job.
+
+`JournalStore` holds the semantics (group commit, fencing, every statement in
+`JournalTransaction`); a backend only says how a job reaches its database and the few places
+the SQL dialects differ. SQLite (aiosqlite, the embedded default) and PostgreSQL (psycopg, a
+dedicated thread: the transactions are synchronous functions, one job each, on both) are
+chosen by the database URL: a path or `sqlite:///path`, or `postgresql://…`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol, TypeVar
+
+import aiosqlite
+import psycopg
+
+from runner.store.connection import connect, run_in_thread
+from runner.store.migrations import migrate
+from runner.store.pg_schema import migrate_postgres
+
+__all__ = ["Backend", "Dialect", "is_postgres_url", "open_backend"]
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True, slots=True)
+class Dialect:
+    name: str
+    begin: str  # a write transaction that takes the database's write lock at once
+    lock_run: str  # appended to the fence's read of a run row
+    list_tables: str
+
+
+SQLITE = Dialect(
+    name="sqlite",
+    begin="BEGIN IMMEDIATE",
+    lock_run="",
+    list_tables="SELECT name FROM sqlite_schema WHERE type = 'table' AND name NOT LIKE 'sqlite_%'",
+)
+POSTGRES = Dialect(
+    name="postgresql",
+    begin="BEGIN",
+    lock_run=" FOR UPDATE",  # fencing: a lease takeover waits for (or fails) this drive's write
+    list_tables="SELECT tablename FROM pg_tables WHERE schemaname = current_schema()",
+)
+
+
+class Connection(Protocol):
+    """What `JournalTransaction` needs of a DB-API connection, in `?` placeholder style."""
+
+    def execute(self, sql: str, args: Any = ...) -> Any: ...
+    def executemany(self, sql: str, rows: Any) -> Any: ...
+
+
+class Backend(Protocol):
+    dialect: Dialect
+
+    async def run(self, work: Callable[[Any], T]) -> T: ...
+    async def all(self, sql: str, args: tuple[Any, ...] = ()) -> list[Any]: ...
+    def begin(self, connection: Any, full: bool) -> None: ...
+    async def close(self) -> None: ...
+
+
+def is_postgres_url(location: str | Path) -> bool:
+    return str(location).startswith(("postgresql://", "postgres://"))
+
+
+async def open_backend(location: str | Path) -> Backend:
+    if is_postgres_url(location):
+        return await PostgresBackend.open(str(location))
+    text = str(location)
+    path = Path(text.removeprefix("sqlite:///")) if text.startswith("sqlite:///") else Path(text)
+    return await SqliteBackend.open(path)
+
+
+class SqliteBackend:
+    dialect = SQLITE
+
+    def __init__(self, connection: aiosqlite.Connection) -> None:
+        self._db = connection
+        self._full = True  # connect() sets synchronous=FULL
+
+    @classmethod
+    async def open(cls, path: Path) -> SqliteBackend:
+        connection = await connect(path)
+        try:
+            await migrate(connection)
+        except BaseException:
+            await connection.close()
+            raise
+        return cls(connection)
+
+    async def run(self, work: Callable[[Any], T]) -> T:
+        return await run_in_thread(self._db, work)
+
+    async def all(self, sql: str, args: tuple[Any, ...] = ()) -> list[Any]:
+        return list(await self._db.execute_fetchall(sql, args))
+
+    def begin(self, connection: Any, full: bool) -> None:
+        """Open a write transaction whose commit is fsynced when `full`."""
+        if full != self._full:  # only outside a transaction: SQLite refuses it inside one
+            connection.execute(f"PRAGMA synchronous = {'FULL' if full else 'NORMAL'}")
+            self._full = full
+        connection.execute("BEGIN IMMEDIATE")
+
+    async def close(self) -> None:
+        await self._db.close()
+
+
+class _PgConnection:
+    """psycopg with `?` placeholders, so that both backends share every statement."""
+
+    def __init__(self, raw: Any) -> None:
+        self.raw = raw
+
+    def execute(self, sql: str, args: Any = ()) -> Any:
+        return self.raw.execute(sql.replace("?", "%s"), args or None)
+
+    def executemany(self, sql: str, rows: Any) -> Any:
+        with self.raw.cursor() as cursor:
+            cursor.executemany(sql.replace("?", "%s"), rows)
+
+    @property
+    def in_transaction(self) -> bool:
+        return bool(self.raw.info.transaction_status != psycopg.pq.TransactionStatus.IDLE)
+
+
+class PostgresBackend:
+    dialect = POSTGRES
+
+    def __init__(self, connection: _PgConnection) -> None:
+        self._connection = connection
+        self._thread = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="qjsflow-pg")
+
+    @classmethod
+    async def open(cls, url: str) -> PostgresBackend:
+        raw = await asyncio.to_thread(lambda: psycopg.connect(url, autocommit=True))
+        connection = _PgConnection(raw)
+        backend = cls(connection)
+        await backend.run(migrate_postgres)
+        return backend
+
+    async def run(self, work: Callable[[Any], T]) -> T:
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._thread, work, self._connection)
+
+    async def all(self, sql: str, args: tuple[Any, ...] = ()) -> list[Any]:
+        rows: list[Any] = await self.run(lambda c: c.execute(sql, args).fetchall())
+        return rows
+
+    def begin(self, connection: Any, full: bool) -> None:
+        """Open a write transaction whose commit waits for the WAL flush when `full`."""
+        connection.execute("BEGIN")
+        if not full:
+            connection.execute("SET LOCAL synchronous_commit = off")
+
+    async def close(self) -> None:
+        await asyncio.to_thread(self._connection.raw.close)
+        self._thread.shutdown(wait=True)

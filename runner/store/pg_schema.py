@@ -1,0 +1,109 @@
+"""The journal's schema on PostgreSQL: the same tables as SQLite's migrations 1-6, with
+PostgreSQL's types (times and counts are BIGINT milliseconds; sequences are identities).
+
+Versioned like the SQLite migrations; concurrent openers serialize on an advisory lock.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+__all__ = ["PG_MIGRATIONS", "migrate_postgres"]
+
+_LOCK_KEY = 0x716A73666C6F77  # "qjsflow"
+
+PG_MIGRATIONS: tuple[tuple[int, str, str], ...] = (
+    (
+        1,
+        "the journal (SQLite migrations 1-6)",
+        """
+        CREATE TABLE snapshots (
+            scope TEXT NOT NULL, snapshot_id TEXT NOT NULL, created_at DOUBLE PRECISION NOT NULL,
+            file_count BIGINT NOT NULL, total_bytes BIGINT NOT NULL, manifest TEXT NOT NULL,
+            PRIMARY KEY (scope, snapshot_id)
+        );
+        CREATE TABLE bundles (
+            scope TEXT NOT NULL, snapshot_id TEXT NOT NULL, workflow TEXT NOT NULL,
+            entry_path TEXT NOT NULL, code TEXT NOT NULL, code_sha256 TEXT NOT NULL,
+            PRIMARY KEY (scope, snapshot_id, workflow),
+            FOREIGN KEY (scope, snapshot_id) REFERENCES snapshots (scope, snapshot_id)
+        );
+        CREATE TABLE runs (
+            run_id TEXT PRIMARY KEY, scope TEXT NOT NULL, workflow TEXT NOT NULL,
+            snapshot_id TEXT NOT NULL, entry_path TEXT NOT NULL, status TEXT NOT NULL,
+            input TEXT NOT NULL, persisted_bindings TEXT NOT NULL, output TEXT, error TEXT,
+            created_at BIGINT NOT NULL, updated_at BIGINT NOT NULL, wake_at BIGINT,
+            waiting_for TEXT, cpu_used_s DOUBLE PRECISION NOT NULL DEFAULT 0,
+            logs_count BIGINT NOT NULL DEFAULT 0, cancel_requested BIGINT NOT NULL DEFAULT 0,
+            worker_id TEXT, lease_expires_at BIGINT, epoch BIGINT NOT NULL DEFAULT 0,
+            sql_used_s DOUBLE PRECISION NOT NULL DEFAULT 0,
+            FOREIGN KEY (scope, snapshot_id) REFERENCES snapshots (scope, snapshot_id)
+        );
+        CREATE INDEX runs_by_scope ON runs (scope, status, created_at);
+        CREATE INDEX runs_unleased ON runs (status, lease_expires_at);
+        CREATE TABLE steps (
+            run_id TEXT NOT NULL REFERENCES runs (run_id), kind TEXT NOT NULL,
+            name TEXT NOT NULL, count BIGINT NOT NULL, status TEXT NOT NULL,
+            attempt BIGINT NOT NULL, config TEXT, detail TEXT, output TEXT, error TEXT,
+            started_at BIGINT NOT NULL, completed_at BIGINT, settled_seq BIGINT,
+            PRIMARY KEY (run_id, kind, name, count)
+        );
+        CREATE TABLE events (
+            seq BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY, run_id TEXT NOT NULL,
+            type TEXT NOT NULL, at BIGINT NOT NULL, data TEXT, epoch BIGINT
+        );
+        CREATE INDEX events_by_run ON events (run_id, seq);
+        CREATE TABLE inbox (
+            seq BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+            run_id TEXT NOT NULL REFERENCES runs (run_id), type TEXT NOT NULL,
+            payload TEXT NOT NULL, received_at BIGINT NOT NULL, consumed_by TEXT
+        );
+        CREATE INDEX inbox_unconsumed ON inbox (run_id, type, seq) WHERE consumed_by IS NULL;
+        CREATE TABLE timers (
+            run_id TEXT NOT NULL REFERENCES runs (run_id), step_key TEXT NOT NULL,
+            kind TEXT NOT NULL, due_at BIGINT NOT NULL, PRIMARY KEY (run_id, step_key)
+        );
+        CREATE INDEX timers_by_due ON timers (due_at);
+        CREATE TABLE tool_calls (
+            seq BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+            run_id TEXT NOT NULL REFERENCES runs (run_id), step_key TEXT NOT NULL,
+            attempt BIGINT NOT NULL, address TEXT NOT NULL, args TEXT NOT NULL, result TEXT,
+            error TEXT, started_at BIGINT NOT NULL, duration_ms BIGINT
+        );
+        CREATE TABLE logs (
+            run_id TEXT NOT NULL REFERENCES runs (run_id), count BIGINT NOT NULL,
+            level TEXT NOT NULL, text TEXT NOT NULL, at BIGINT NOT NULL,
+            PRIMARY KEY (run_id, count)
+        )
+        """,
+    ),
+)
+
+
+def migrate_postgres(connection: Any) -> int:
+    """Bring the schema up to date (on the backend's thread); returns the version."""
+    connection.execute("BEGIN")
+    try:
+        connection.execute("SELECT pg_advisory_xact_lock(?)", (_LOCK_KEY,))
+        connection.execute(
+            "CREATE TABLE IF NOT EXISTS schema_migrations ("
+            " version BIGINT PRIMARY KEY, name TEXT NOT NULL, applied_at DOUBLE PRECISION NOT NULL)"
+        )
+        for version, name, script in PG_MIGRATIONS:
+            applied = connection.execute(
+                "SELECT 1 FROM schema_migrations WHERE version = ?", (version,)
+            ).fetchone()
+            if applied is None:
+                for statement in (part.strip() for part in script.split(";")):
+                    if statement:
+                        connection.execute(statement)
+                connection.execute(
+                    "INSERT INTO schema_migrations (version, name, applied_at) VALUES (?, ?, ?)",
+                    (version, name, time.time()),
+                )
+        connection.execute("COMMIT")
+    except BaseException:
+        connection.execute("ROLLBACK")
+        raise
+    return PG_MIGRATIONS[-1][0]

@@ -1,0 +1,64 @@
+"""The journal's contract, on both backends: fencing, claiming, timers, first writer wins."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from runner import Runner
+from runner.store import LeaseLost
+from tests.conftest import FakeClock, start_source
+
+SLEEPER = 'export default async (e, step) => { await step.sleep("nap", "1 minute"); return 1; };'
+
+
+async def test_a_taken_over_lease_writes_nothing(clocked_runner: Runner, clock: FakeClock) -> None:
+    run = await start_source(clocked_runner, SLEEPER)
+    store = clocked_runner.store
+    now = int(clock() * 1000)
+    first = await store.acquire_lease(run.run_id, "first", now, 1000)
+    assert first is not None
+    assert await store.acquire_lease(run.run_id, "second", now + 500, 1000) is None  # still held
+    second = await store.acquire_lease(run.run_id, "second", now + 1001, 1000)  # lapsed
+    assert second is not None
+    assert second.epoch == first.epoch + 1
+    counts = await store.table_counts()
+    with pytest.raises(LeaseLost, match="was taken over"):
+        await store.transact(lambda tx: tx.append_event(run.run_id, "late", now, None), first)
+    assert not await store.renew_lease(first, now + 1100, 1000)
+    assert await store.table_counts() == counts
+    await store.transact(lambda tx: tx.append_event(run.run_id, "fresh", now, None), second)
+    assert (await store.table_counts())["events"] == counts["events"] + 1
+
+
+async def test_due_timers_make_a_run_claimable(clocked_runner: Runner, clock: FakeClock) -> None:
+    run = await start_source(clocked_runner, SLEEPER)
+    store = clocked_runner.store
+    now = int(clock() * 1000)
+    assert await store.claimable_runs(now, 10) == []
+    assert await store.next_due() == now + 60_000
+    assert await store.claimable_runs(now + 60_000, 10) == [run.run_id]
+    clock.advance(60)
+    assert (await clocked_runner.resume(run.run_id)).status == "completed"
+    assert await store.next_due() is None
+
+
+async def test_group_commit_keeps_each_failure_to_itself(clocked_runner: Runner) -> None:
+    run = await start_source(clocked_runner, SLEEPER)
+    store = clocked_runner.store
+    counts = await store.table_counts()
+
+    def fails(tx: object) -> None:
+        raise RuntimeError("this piece fails")
+
+    results = await asyncio.gather(
+        store.transact(lambda tx: tx.append_event(run.run_id, "a", 1, None)),
+        store.transact(fails),
+        store.transact(lambda tx: tx.append_event(run.run_id, "b", 2, None)),
+        return_exceptions=True,
+    )
+    assert isinstance(results[1], RuntimeError)
+    assert isinstance(results[0], int)
+    assert isinstance(results[2], int)
+    assert (await store.table_counts())["events"] == counts["events"] + 2
