@@ -15,6 +15,7 @@ import orjson
 import pytest
 
 from tests.conftest import PROJECT_ROOT
+from tests.postgres import PostgresServer
 
 FLOW = """
 import type { WorkflowEvent, WorkflowStep } from "qjsflow";
@@ -184,3 +185,26 @@ def test_debug_shows_the_traceback(cli: Cli) -> None:
     done = cli.run("--debug", "status", "r")
     assert done.returncode == 2
     assert "Traceback" in done.stderr
+
+
+def test_the_cli_speaks_postgresql_urls(tmp_path: Path, postgres: PostgresServer) -> None:
+    url = postgres.new_database()
+    tree = tmp_path / "t" / "workflows"
+    tree.mkdir(parents=True)
+    (tree / "add.ts").write_text(
+        'export default async (e, step) => step.do("add", async () => e.payload.a + 1);\n'
+    )
+
+    def ok(*args: str) -> Any:
+        done = subprocess.run(
+            [sys.executable, "-m", "runner.cli", "--db", url, "--json", *args],
+            cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=120, check=False,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        return orjson.loads(done.stdout)
+
+    snapshot = ok("publish", str(tree.parent), "--scope", "acme")["snapshot_id"]
+    run = ok("start", "add", "--scope", "acme", "--snapshot", snapshot, "--input", '{"a": 41}')
+    assert (run["status"], run["output"]) == ("completed", 42)
+    assert [s["name"] for s in ok("steps", run["run_id"])] == ["add"]
+    assert ok("status", run["run_id"], "--scope", "acme")["status"] == "completed"

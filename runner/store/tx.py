@@ -76,11 +76,19 @@ class JournalTransaction:
     # -- leases and snapshots ----------------------------------------------------------------
 
     def acquire_lease(self, run_id: str, worker_id: str, now: int, ttl_ms: int) -> Lease | None:
+        free = (
+            "run_id = ? AND status NOT IN ('completed', 'failed', 'cancelled')"
+            " AND (worker_id IS NULL OR lease_expires_at IS NULL OR lease_expires_at <= ?)"
+        )
+        if (
+            self._lock_run
+        ):  # PostgreSQL: a run another claimer has locked is skipped, not waited for
+            where = f"run_id = (SELECT run_id FROM runs WHERE {free} FOR UPDATE SKIP LOCKED)"
+        else:  # SQLite: BEGIN IMMEDIATE has serialized the writers already
+            where = free
         row = self._one(
             "UPDATE runs SET worker_id = ?, lease_expires_at = ?, epoch = epoch + 1"
-            " WHERE run_id = ? AND status NOT IN ('completed', 'failed', 'cancelled')"
-            " AND (worker_id IS NULL OR lease_expires_at IS NULL OR lease_expires_at <= ?)"
-            " RETURNING epoch",
+            f" WHERE {where} RETURNING epoch",
             (worker_id, now + ttl_ms, run_id, now),
         )
         return None if row is None else Lease(run_id, worker_id, int(row[0]))
