@@ -19,3 +19,4 @@ bench: setup
 	.venv/bin/python -m pip install -q --disable-pip-version-check -e '.[bench]'
 	.venv/bin/python -m bench
 	.venv/bin/python -m bench.sandbox
+	.venv/bin/python -m bench.scaleout
