@@ -24,8 +24,9 @@ from bridge.types import Completed, DriveOutcome, DriveRequest, Failed, JournalE
 from runner.bindings import Bindings
 from runner.config import RunnerConfig
 from runner.errors import RunNotFound
-from runner.host import DriveHost, failure_from_json
+from runner.host import DriveHost
 from runner.scopedb import ScopeDatabases
+from runner.steps import failure_from_json
 from runner.store import JournalStore, JournalTransaction, Lease, LeaseLost, RunRecord
 from runner.views import TERMINAL
 from sandbox import ExecutorPool

@@ -39,10 +39,10 @@ from runner import steps
 from runner.bindings import Bindings, Notification
 from runner.errors import FatalToolError
 from runner.scopedb import ScopeDatabases, SqlOutcome
-from runner.steps import Answered, failure_from_json, failure_to_json
+from runner.steps import Answered, failure_to_json
 from runner.store import JournalStore, JournalTransaction, Lease
 
-__all__ = ["CRASH_AFTER_SQL", "DriveHost", "failure_from_json", "failure_to_json"]
+__all__ = ["CRASH_AFTER_SQL", "DriveHost"]
 
 # Set to a piece of SQL text in a worker's environment to SIGKILL it right after a db.sql call
 # holding that text was applied in the scope database and before the journal recorded it: the

@@ -509,10 +509,12 @@
   const ROOT_SCOPE = { prefix: "", counters: new RealMap(), depth: 0 };
   let currentScope = ROOT_SCOPE;
   const MAX_NESTING = 8;
+  let stepsTaken = 0; // every step call of this execution, replayed or new
   function occurrence(kind, name) {
     const counter = kind + ":" + name;
     const count = (currentScope.counters.get(counter) || 0) + 1;
-    if (count > limits.steps_per_run) {
+    stepsTaken += 1;
+    if (stepsTaken > limits.steps_per_run) {
       throw new LimitError(`steps per run limit of ${limits.steps_per_run} exceeded`);
     }
     currentScope.counters.set(counter, count);

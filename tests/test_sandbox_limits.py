@@ -135,6 +135,16 @@ async def test_limits_are_configurable_per_drive(pool: ExecutorPool) -> None:
     assert "steps per run limit of 3 exceeded" in outcome.message
 
 
+async def test_steps_per_run_counts_every_name(pool: ExecutorPool) -> None:
+    source = 'export default async (e, step) => { for (let i = 0; i < 4; i++) await step.do("s" + i, async () => i); };'
+    host = MemoryHost()
+    outcome = await pool.drive(
+        host.request(await bundle_of(source), limits=Limits(steps_per_run=3)), host
+    )
+    assert isinstance(outcome, Failed)
+    assert "steps per run limit of 3 exceeded" in outcome.message
+
+
 async def test_notify_per_drive_limit(pool: ExecutorPool) -> None:
     source = 'export default async (e, step) => { for (let i = 0; i < 5; i++) await step.notify({ title: "t" + i }); };'
     host = MemoryHost()
