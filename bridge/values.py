@@ -1,8 +1,8 @@
 """The tagged value encoding, seen from Python.
 
-Author values are encoded by the prelude (sandbox/prelude.js) and stored verbatim; Python reads
-them with `to_python` for views and tools, and writes host-made values (run input, event
-payloads, tool results) with `from_python`, producing exactly what the prelude decodes.
+Author values are encoded by the prelude (sandbox/prelude/20-values.js) and stored verbatim;
+Python reads them with `to_python` for views and tools, and writes host-made values (run input,
+event payloads, tool results) with `from_python`, producing exactly what the prelude decodes.
 
 | JavaScript | encoded | Python |
 |---|---|---|

@@ -27,7 +27,16 @@ import quickjs
 
 from sandbox.frames import frame, read_frame_fd
 
-PRELUDE = (Path(__file__).with_name("prelude.js")).read_text(encoding="utf-8")
+
+def load_prelude() -> str:
+    """The prelude's parts (sandbox/prelude/*.js, in name order) as one script that evaluates
+    to `dispatch`: they share one function scope, so no part is ever on globalThis."""
+    parts = sorted(Path(__file__).with_name("prelude").glob("*.js"))
+    body = "\n".join(part.read_text(encoding="utf-8") for part in parts)
+    return f"(function () {{\n{body}\n}})();\n"
+
+
+PRELUDE = load_prelude()
 _JOB_CHECK_EVERY = 1024
 
 

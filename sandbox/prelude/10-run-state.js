@@ -1,0 +1,70 @@
+// The run being driven, and determinism: the logical clock and the seeded random.
+
+// ---- run state, set by boot ---------------------------------------------------------------
+
+let limits = null;
+let runId = "";
+let journal = new RealMap(); // key -> {value, error, at, seq}
+let journalSize = 0;
+const unsettled = new RealSet(); // keys of steps with a row that is not settled
+let consumed = 0;
+const counters = new RealMap();
+let clock = 0;
+let outbox = [];
+const pending = new RealMap(); // id -> {onResult}
+let hits = []; // replayed entries whose promise waits for its turn
+let nextId = 1;
+let opsSent = 0;
+let notifies = 0;
+let logBytes = 0;
+let logCount = 0;
+let logsSeen = 0;
+const markers = [];
+let outcome = null;
+let moduleBody = null;
+
+// ---- determinism: logical clock and seeded random -----------------------------------------
+
+let rngState = [1, 2, 3, 4];
+function seed(text) {
+  // cyrb128: four 32-bit hashes of the text seed sfc32.
+  let h1 = 1779033703, h2 = 3144134277, h3 = 1013904242, h4 = 2773480762;
+  for (let i = 0; i < text.length; i++) {
+    const k = call(strCharCodeAt, text, i);
+    h1 = h2 ^ imul(h1 ^ k, 597399067);
+    h2 = h3 ^ imul(h2 ^ k, 2869860233);
+    h3 = h4 ^ imul(h3 ^ k, 951274213);
+    h4 = h1 ^ imul(h4 ^ k, 2716044179);
+  }
+  h1 = imul(h3 ^ (h1 >>> 18), 597399067);
+  h2 = imul(h4 ^ (h2 >>> 22), 2869860233);
+  h3 = imul(h1 ^ (h3 >>> 17), 951274213);
+  h4 = imul(h2 ^ (h4 >>> 19), 2716044179);
+  rngState = [(h1 ^ h2 ^ h3 ^ h4) >>> 0, (h2 ^ h1) >>> 0, (h3 ^ h1) >>> 0, (h4 ^ h1) >>> 0];
+}
+function random() {
+  let [a, b, c, d] = rngState;
+  const t = (((a + b) >>> 0) + d) >>> 0;
+  d = (d + 1) >>> 0;
+  a = b ^ (b >>> 9);
+  b = (c + (c << 3)) >>> 0;
+  c = (c << 21) | (c >>> 11);
+  c = (c + t) >>> 0;
+  rngState = [a >>> 0, b, c, d];
+  return t / 4294967296;
+}
+// The clock only moves forward, to the time of each journal event the execution reaches.
+function reach(at, key) {
+  if (typeof at === "number" && at > clock) clock = at;
+  seed(runId + "\u0000" + key + "\u0000" + clock);
+}
+
+function LogicalDate(...args) {
+  if (new.target === undefined) return call(RealDate.prototype.toString, new RealDate(clock));
+  return construct(RealDate, args.length === 0 ? [clock] : args, new.target);
+}
+defineProperty(LogicalDate, "prototype", { value: RealDate.prototype });
+LogicalDate.now = () => clock;
+LogicalDate.parse = RealDate.parse;
+LogicalDate.UTC = RealDate.UTC;
+defineProperty(RealDate.prototype, "constructor", { value: LogicalDate });

@@ -1,0 +1,201 @@
+// The tagged value encoding: JS values to ASCII JSON text and back.
+
+// ---- the tagged value encoding ------------------------------------------------------------
+
+function describeKind(value) {
+  return typeof value === "function" ? "a function" : "a symbol";
+}
+
+function encode(value, where) {
+  const ancestors = [];
+  const budget = limits.value_bytes;
+  function refuse(problem) {
+    throw new LimitError(where + " " + problem);
+  }
+  function enc(v, depth) {
+    if (depth > limits.value_depth) refuse(`is nested deeper than ${limits.value_depth} levels`);
+    switch (typeof v) {
+      case "undefined":
+        return { $t: "undefined" };
+      case "boolean":
+        return v;
+      case "string":
+        // Lone surrogates are not valid in strict JSON parsers: carry the code units instead.
+        return call(isWellFormed, v) ? v : { $t: "utf16", v: toHex16(v) };
+      case "number":
+        if (v !== v) return { $t: "NaN" };
+        if (v === Infinity) return { $t: "Infinity" };
+        if (v === -Infinity) return { $t: "-Infinity" };
+        if (v === 0 && 1 / v < 0) return { $t: "-0" };
+        return v;
+      case "bigint":
+        return v < 0n
+          ? { $t: "bigint", v: "-" + call(bigToString, -v, 16) }
+          : { $t: "bigint", v: call(bigToString, v, 16) };
+      case "function":
+      case "symbol":
+        return refuse(`holds ${describeKind(v)}, which cannot be stored`);
+    }
+    if (v === null) return null;
+    for (let i = 0; i < ancestors.length; i++) {
+      if (ancestors[i] === v) refuse("holds a cycle, which cannot be stored");
+    }
+    append(ancestors, v);
+    try {
+      return encObject(v, depth);
+    } finally {
+      ancestors.length -= 1;
+    }
+  }
+  function encObject(v, depth) {
+    if (isArray(v)) {
+      const length = v.length;
+      if (length > budget) refuse(`is larger than the limit of ${budget} bytes`);
+      const out = [];
+      for (let i = 0; i < length; i++) append(out, enc(v[i], depth + 1));
+      return out;
+    }
+    const time = brand(dateGetTime, v);
+    if (time !== NOT) return { $t: "Date", v: time === time ? time : null };
+    if (brand(mapSize, v) !== NOT) {
+      const out = [];
+      const it = call(mapEntries, v);
+      for (let step = iteratorNext(it); !step.done; step = iteratorNext(it)) {
+        append(out, [enc(step.value[0], depth + 2), enc(step.value[1], depth + 2)]);
+      }
+      return { $t: "Map", v: out };
+    }
+    if (brand(setSize, v) !== NOT) {
+      const out = [];
+      const it = call(setValues, v);
+      for (let step = iteratorNext(it); !step.done; step = iteratorNext(it)) {
+        append(out, enc(step.value, depth + 1));
+      }
+      return { $t: "Set", v: out };
+    }
+    const tag = isView(v) ? brand(typedArrayTag, v) : NOT;
+    if (tag !== NOT) {
+      if (tag === undefined) refuse("holds a DataView, which cannot be stored");
+      const length = call(typedArrayByteLength, v);
+      if (2 * length > budget) refuse(`is larger than the limit of ${budget} bytes`);
+      const bytes = new RealUint8Array(call(typedArrayBuffer, v), call(typedArrayOffset, v), length);
+      return { $t: tag, v: toHex(bytes) };
+    }
+    const bufferLength = brand(arrayBufferByteLength, v);
+    if (bufferLength !== NOT) {
+      if (2 * bufferLength > budget) refuse(`is larger than the limit of ${budget} bytes`);
+      return { $t: "ArrayBuffer", v: toHex(new RealUint8Array(v)) };
+    }
+    const source = brand(regexpSource, v);
+    if (source !== NOT) return { $t: "RegExp", v: source, flags: call(regexpFlags, v) };
+    if (brand(promiseIs, v) !== NOT) {
+      refuse("holds a Promise; await it before returning");
+    }
+    if (v instanceof RealError) {
+      return { $t: "Error", name: safeString(v, "name", "Error"), message: safeString(v, "message", "") };
+    }
+    const out = createObject(null);
+    const names = objectKeys(v);
+    for (let i = 0; i < names.length; i++) {
+      if (!call(isWellFormed, names[i])) refuse("has a property name with a lone surrogate");
+      defineProperty(out, names[i], {
+        value: enc(v[names[i]], depth + 1), enumerable: true, writable: true, configurable: true,
+      });
+    }
+    return hasOwn(out, "$t") ? { $t: "object", v: out } : out;
+  }
+  const text = asciiJSON(enc(value, 1));
+  if (text.length > budget) refuse(`is larger than the limit of ${budget} bytes`);
+  return text;
+}
+
+const NOT = {};
+// Called with the value as `this`, like the getters above: only a real promise passes.
+function promiseIs() {
+  call(promiseThen, this, undefined, undefined);
+  return true;
+}
+function brand(fn, value) {
+  try {
+    return call(fn, value);
+  } catch {
+    return NOT;
+  }
+}
+function toHex(bytes) {
+  let out = "";
+  for (let i = 0; i < bytes.length; i++) out += call(strSlice, "0" + call(numToString, bytes[i], 16), -2);
+  return out;
+}
+function toHex16(text) {
+  let out = "";
+  for (let i = 0; i < text.length; i++) out += hex4(call(strCharCodeAt, text, i));
+  return out;
+}
+function fromHex16(text) {
+  let out = "";
+  for (let i = 0; i < text.length; i += 4) out += fromCharCode(parseInt(call(strSlice, text, i, i + 4), 16));
+  return out;
+}
+function fromHex(text) {
+  const bytes = new RealUint8Array(text.length >>> 1);
+  for (let i = 0; i < bytes.length; i++) bytes[i] = parseInt(call(strSlice, text, 2 * i, 2 * i + 2), 16);
+  return bytes;
+}
+
+function decode(text) {
+  return revive(parseJSON(text));
+}
+function revive(v) {
+  if (v === null || typeof v !== "object") return v;
+  if (isArray(v)) {
+    const out = [];
+    for (let i = 0; i < v.length; i++) append(out, revive(v[i]));
+    return out;
+  }
+  if (!hasOwn(v, "$t")) return plainObject(v);
+  switch (v.$t) {
+    case "undefined": return undefined;
+    case "NaN": return NaN;
+    case "Infinity": return Infinity;
+    case "-Infinity": return -Infinity;
+    case "-0": return -0;
+    case "utf16": return fromHex16(v.v);
+    case "bigint":
+      return call(strSlice, v.v, 0, 1) === "-" ? -RealBigInt("0x" + call(strSlice, v.v, 1)) : RealBigInt("0x" + v.v);
+    case "Date": return new RealDate(v.v === null ? NaN : v.v);
+    case "Map": {
+      const map = new RealMap();
+      for (let i = 0; i < v.v.length; i++) call(mapSet, map, revive(v.v[i][0]), revive(v.v[i][1]));
+      return map;
+    }
+    case "Set": {
+      const set = new RealSet();
+      for (let i = 0; i < v.v.length; i++) call(setAdd, set, revive(v.v[i]));
+      return set;
+    }
+    case "ArrayBuffer": return fromHex(v.v).buffer;
+    case "RegExp": return new RealRegExp(v.v, v.flags);
+    case "Error": {
+      const error = new RealError(v.message);
+      defineProperty(error, "name", { value: v.name, writable: true, configurable: true });
+      return error;
+    }
+    case "object": return plainObject(v.v);
+  }
+  if (hasOwn(TYPED, v.$t)) {
+    const bytes = fromHex(v.v);
+    return new TYPED[v.$t](bytes.buffer, 0, bytes.length / TYPED[v.$t].BYTES_PER_ELEMENT);
+  }
+  throw new DriveError("the journal holds a value with an unknown tag: " + v.$t);
+}
+function plainObject(v) {
+  const out = {};
+  const names = objectKeys(v);
+  for (let i = 0; i < names.length; i++) {
+    defineProperty(out, names[i], {
+      value: revive(v[names[i]]), enumerable: true, writable: true, configurable: true,
+    });
+  }
+  return out;
+}

@@ -1,0 +1,124 @@
+// Thrown values as strings, durations, step configs and names.
+
+// ---- thrown values become strings inside JS -----------------------------------------------
+
+function safeString(object, key, fallback) {
+  let value;
+  try {
+    value = object[key];
+  } catch {
+    return fallback;
+  }
+  return typeof value === "string" ? call(strSlice, value, 0, 4000) : fallback;
+}
+function describe(thrown) {
+  if (thrown !== null && (typeof thrown === "object" || typeof thrown === "function")) {
+    return { name: safeString(thrown, "name", "Error"), message: safeString(thrown, "message", "") };
+  }
+  switch (typeof thrown) {
+    case "string": return { name: "Error", message: call(strSlice, thrown, 0, 4000) };
+    case "number":
+    case "boolean":
+    case "undefined": return { name: "Error", message: "" + thrown };
+    case "bigint": return { name: "Error", message: "a BigInt was thrown" };
+    default: return { name: "Error", message: "a " + typeof thrown + " was thrown" };
+  }
+}
+// Engine errors that mean a limit was hit are reported by the limit's name.
+function limitMessage(error) {
+  const { name, message } = describe(error);
+  if (name === "InternalError" && (message === "out of memory" || message === "string too long")) {
+    return `memory limit of ${limits.memory_bytes} bytes exceeded (${message})`;
+  }
+  if (name === "RangeError" && message === "Maximum call stack size exceeded") {
+    return `stack limit of ${limits.stack_bytes} bytes exceeded`;
+  }
+  return null;
+}
+function makeError(failure) {
+  const error = new RealError(failure.message);
+  defineProperty(error, "name", { value: failure.name, writable: true, configurable: true });
+  if (typeof failure.code === "string") {
+    defineProperty(error, "code", { value: failure.code, writable: true, configurable: true });
+  }
+  return error;
+}
+
+// ---- durations and configs ----------------------------------------------------------------
+
+const UNIT_MS = {
+  second: 1000, minute: 60000, hour: 3600000, day: 86400000,
+  week: 604800000, month: 2592000000, year: 31536000000,
+};
+const DURATION = /^\s*(\d+(?:\.\d+)?)\s*(second|minute|hour|day|week|month|year)s?\s*$/;
+const MAX_DURATION_MS = 365 * 86400000;
+function durationMs(value, what) {
+  let ms;
+  if (typeof value === "number") {
+    ms = value;
+  } else if (typeof value === "string") {
+    const match = DURATION.exec(value);
+    if (match === null) {
+      throw new RealTypeError(
+        `${what}: ${stringify(call(strSlice, value, 0, 60))} is not a duration; use milliseconds ` +
+          `or "N unit" with a unit of second, minute, hour, day, week, month or year`);
+    }
+    ms = Number(match[1]) * UNIT_MS[match[2]];
+  } else {
+    throw new RealTypeError(`${what} must be a number of milliseconds or a "N unit" string`);
+  }
+  if (!(ms >= 0) || ms > MAX_DURATION_MS) {
+    throw new RealTypeError(`${what} must be from 0 ms to 365 days`);
+  }
+  return Math.floor(ms);
+}
+
+const DEFAULT_CONFIG = { retries: { limit: 5, delay: 10000, backoff: "exponential" }, timeout: 600000 };
+function checkKeys(object, allowed, what) {
+  if (object === null || typeof object !== "object") throw new RealTypeError(`${what} must be an object`);
+  const names = objectKeys(object);
+  for (let i = 0; i < names.length; i++) {
+    if (!hasOwn(allowed, names[i])) throw new RealTypeError(`${what} has an unknown key "${names[i]}"`);
+  }
+}
+// Returns [config as the author sees it in ctx.config, normalized policy for the host].
+function stepConfig(config, what) {
+  const merged = {
+    retries: { ...DEFAULT_CONFIG.retries },
+    timeout: DEFAULT_CONFIG.timeout,
+  };
+  if (config !== undefined) {
+    checkKeys(config, { retries: 1, timeout: 1 }, what);
+    if (config.retries !== undefined) {
+      checkKeys(config.retries, { limit: 1, delay: 1, backoff: 1 }, what + ".retries");
+      for (const key of ["limit", "delay", "backoff"]) {
+        if (config.retries[key] !== undefined) merged.retries[key] = config.retries[key];
+      }
+    }
+    if (config.timeout !== undefined) merged.timeout = config.timeout;
+  }
+  const limit = merged.retries.limit;
+  if (typeof limit !== "number" || !(limit >= 0 && limit <= 1000) || limit !== Math.floor(limit)) {
+    throw new RealTypeError(`${what}.retries.limit must be a whole number from 0 to 1000`);
+  }
+  const backoff = merged.retries.backoff;
+  if (backoff !== "constant" && backoff !== "linear" && backoff !== "exponential") {
+    throw new RealTypeError(`${what}.retries.backoff must be "constant", "linear" or "exponential"`);
+  }
+  const policy = {
+    limit,
+    delayMs: durationMs(merged.retries.delay, what + ".retries.delay"),
+    backoff,
+    timeoutMs: durationMs(merged.timeout, what + ".timeout"),
+  };
+  if (policy.timeoutMs === 0) throw new RealTypeError(`${what}.timeout must be more than 0 ms`);
+  return [merged, policy];
+}
+function checkName(name, what) {
+  if (typeof name !== "string" || name.length === 0 || name.length > limits.step_name_chars) {
+    throw new RealTypeError(`${what} must be a string of 1 to ${limits.step_name_chars} characters`);
+  }
+  if (call(strTest, CONTROL, name)) throw new RealTypeError(`${what} must not contain control characters`);
+  if (!call(isWellFormed, name)) throw new RealTypeError(`${what} must not contain lone surrogates`);
+  return name;
+}

@@ -1,0 +1,234 @@
+// The step API: step.do, sleep, sleepUntil, waitForEvent, tool, notify, db.sql, console.
+
+// ---- the step API -------------------------------------------------------------------------
+
+function stepDo(name, configOrFn, maybeFn) {
+  try {
+    checkName(name, "step.do name");
+    const [config, fn] = typeof configOrFn === "function" ? [undefined, configOrFn] : [configOrFn, maybeFn];
+    if (typeof fn !== "function") throw new RealTypeError(`step.do("${name}") needs a function`);
+    const [merged, policy] = stepConfig(config, `step.do("${name}") config`);
+    const op = { op: "step.check", step: name, kind: "do", config: policy };
+    // A step the journal has never seen starts at once, announcing itself with a step.begin
+    // that the host writes ahead of anything the body sends; a step with a row (retrying,
+    // or in flight when a driver died) asks the host first.
+    const begin = (key, count, fullName, resolve, rejectStep) => {
+      send({ op: "step.begin", step: fullName, count, kind: "do", config: policy }, null);
+      runAttempt(name, fullName, count, 1, merged, fn, key, resolve, rejectStep);
+    };
+    return request("do", name, op, (result, at, key, count, resolve, rejectStep, fullName) => {
+      if (hasOwn(result, "value") && result.value !== null && result.value.hit === false) {
+        reach(result.value.now, key + ":" + result.value.attempt);
+        runAttempt(name, fullName, count, result.value.attempt, merged, fn, key, resolve, rejectStep);
+      } else if (hasOwn(result, "value") && result.value !== null && result.value.hit === true) {
+        reach(at, key);
+        resolve(decode(result.value.value));
+      } else {
+        valueAnswer(result, at, key, count, resolve, rejectStep);
+      }
+    }, begin);
+  } catch (error) {
+    return reject(error);
+  }
+}
+function runAttempt(name, fullName, count, attempt, config, fn, key, resolve, rejectStep) {
+  const ctx = freeze({ step: freeze({ name, count }), attempt, config: deepFreeze(config) });
+  const where = `step "${name}" (#${count})`;
+  const outer = currentScope; // the caller's scope: the step's own promise resumes it
+  const record = (fields) => {
+    const saved = currentScope;
+    currentScope = outer;
+    try {
+      recordIn(fields);
+    } finally {
+      currentScope = saved;
+    }
+  };
+  const recordIn = (fields) => {
+    send({ op: "step.record", step: fullName, count, attempt, ...fields }, (result, at) => {
+      if (hasOwn(result, "value")) {
+        reach(at, key);
+        // A string is the value another writer settled first: the first writer wins.
+        if (typeof result.value === "string") resolve(decode(result.value));
+        else if (hasOwn(fields, "value")) resolve(decode(fields.value));
+        else rejectStep(makeError(fields.error));
+      } else {
+        valueAnswer(result, at, key, count, resolve, rejectStep);
+      }
+    });
+  };
+  let started;
+  try {
+    currentScope = attemptScope(key);
+    started = P.resolve(fn(ctx));
+  } catch (error) {
+    started = P.reject(error);
+  } finally {
+    currentScope = outer;
+  }
+  call(promiseThen, started, (value) => {
+    let text;
+    try {
+      text = encode(value, `the result of ${where}`);
+    } catch (error) {
+      fail(error instanceof LimitError ? error.message : describe(error).message, false);
+      return;
+    }
+    record({ value: text });
+  }, (thrown) => {
+    const limit = thrown instanceof LimitError ? thrown.message : limitMessage(thrown);
+    if (limit !== null) {
+      fail(`${where}: ${limit}`, false);
+      return;
+    }
+    record({ error: stepFailure(thrown, where) });
+  });
+}
+function stepFailure(thrown, where) {
+  const { name, message } = describe(thrown);
+  const failure = { name, message, retryable: name !== "FatalError" && name !== "NonRetryableError" };
+  if (name === "RetryableError" && thrown !== null && typeof thrown === "object") {
+    let after;
+    try {
+      after = thrown.retryAfter;
+    } catch {
+      after = undefined;
+    }
+    if (after !== undefined) {
+      try {
+        failure.retryAfterMs = durationMs(after, `${where} retryAfter`);
+      } catch (error) {
+        failure.message += ` (ignored retryAfter: ${describe(error).message})`;
+      }
+    }
+  }
+  return failure;
+}
+function deepFreeze(value) {
+  if (value !== null && typeof value === "object" && !isFrozen(value)) {
+    freeze(value);
+    const names = objectKeys(value);
+    for (let i = 0; i < names.length; i++) deepFreeze(value[names[i]]);
+  }
+  return value;
+}
+
+function stepSleep(name, duration) {
+  try {
+    checkName(name, "step.sleep name");
+    const ms = durationMs(duration, `step.sleep("${name}") duration`);
+    return request("sleep", name, { op: "step.sleep", step: name, ms }, valueAnswer);
+  } catch (error) {
+    return reject(error);
+  }
+}
+function stepSleepUntil(name, when) {
+  try {
+    checkName(name, "step.sleepUntil name");
+    let until = when;
+    const time = brand(dateGetTime, when);
+    if (time !== NOT) until = time;
+    if (typeof until !== "number" || !(until >= 0) || until > 8.64e15) {
+      throw new RealTypeError(`step.sleepUntil("${name}") needs a Date or epoch milliseconds`);
+    }
+    if (until - clock > MAX_DURATION_MS) {
+      throw new RealTypeError(`step.sleepUntil("${name}") is more than 365 days ahead`);
+    }
+    return request("sleep", name, { op: "step.sleep", step: name, until: Math.floor(until) }, valueAnswer);
+  } catch (error) {
+    return reject(error);
+  }
+}
+const EVENT_TYPE = /^[A-Za-z0-9_.:-]{1,100}$/;
+function stepWaitForEvent(name, options) {
+  try {
+    checkName(name, "step.waitForEvent name");
+    const what = `step.waitForEvent("${name}") options`;
+    checkKeys(options, { type: 1, timeout: 1 }, what);
+    if (typeof options.type !== "string" || !call(strTest, EVENT_TYPE, options.type)) {
+      throw new RealTypeError(`${what}.type must be 1-100 characters of A-Z, a-z, 0-9, _ . : -`);
+    }
+    const timeoutMs = options.timeout === undefined ? 86400000 : durationMs(options.timeout, what + ".timeout");
+    const op = { op: "step.waitForEvent", step: name, type: options.type, timeoutMs };
+    return request("waitForEvent", name, op, valueAnswer);
+  } catch (error) {
+    return reject(error);
+  }
+}
+function stepTool(name, address, args, config) {
+  try {
+    checkName(name, "step.tool name");
+    if (typeof address !== "string" || address.length === 0 || address.length > 256 ||
+        call(strTest, CONTROL, address) || !call(isWellFormed, address)) {
+      throw new RealTypeError(`step.tool("${name}") address must be a string of 1 to 256 characters`);
+    }
+    const [, policy] = stepConfig(config, `step.tool("${name}") config`);
+    const encoded = encode(args, `the arguments of step.tool("${name}")`);
+    const op = { op: "step.tool", step: name, address, args: encoded, config: policy };
+    return request("tool", name, op, valueAnswer);
+  } catch (error) {
+    return reject(error);
+  }
+}
+function stepNotify(message) {
+  try {
+    checkKeys(message, { title: 1, body: 1, link: 1 }, "step.notify message");
+    const text = (key, max, required) => {
+      const value = message[key];
+      if (value === undefined && !required) return undefined;
+      if (typeof value !== "string" || value.length > max || (required && value.length === 0)) {
+        throw new RealTypeError(`step.notify ${key} must be a string of at most ${max} characters`);
+      }
+      return wellFormed(value);
+    };
+    const op = { op: "step.notify", title: text("title", 256, true), body: text("body", 4096, false), link: text("link", 2048, false) };
+    notifies += 1;
+    if (notifies > limits.notify_per_drive) {
+      throw new LimitError(`notify per drive limit of ${limits.notify_per_drive} exceeded`);
+    }
+    return request("notify", "", op, valueAnswer);
+  } catch (error) {
+    return reject(error);
+  }
+}
+function dbSql(sql, params) {
+  try {
+    if (typeof sql !== "string" || sql.length === 0 || sql.length > 100000 || !call(isWellFormed, sql)) {
+      throw new RealTypeError("db.sql needs well-formed SQL text of 1 to 100000 characters");
+    }
+    const list = params === undefined ? [] : params;
+    if (!isArray(list)) throw new RealTypeError("db.sql params must be an array");
+    const op = { op: "db.sql", sql, params: encode(list, "the params of db.sql") };
+    return request("sql", "", op, valueAnswer);
+  } catch (error) {
+    return reject(error);
+  }
+}
+
+// console output: captured per run, never emitted again while replaying.
+function logger(level) {
+  return (...args) => {
+    logCount += 1;
+    if (logCount <= logsSeen) return; // printed by an earlier drive of this run
+    let text = "";
+    for (let i = 0; i < args.length; i++) {
+      const arg = args[i];
+      let part;
+      if (typeof arg === "string") part = arg;
+      else if (arg !== null && typeof arg === "object") {
+        try {
+          part = stringify(arg);
+        } catch {
+          part = "[unprintable]";
+        }
+        if (typeof part !== "string") part = "[unprintable]";
+      } else part = typeof arg === "bigint" || typeof arg === "symbol" ? "[" + typeof arg + "]" : "" + arg;
+      text += (i ? " " : "") + part;
+      if (text.length > 16384) break;
+    }
+    text = wellFormed(call(strSlice, text, 0, 16384));
+    logBytes += text.length;
+    if (logBytes > limits.log_bytes_per_drive) return;
+    send({ op: "log", level, text, count: logCount }, null);
+  };
+}

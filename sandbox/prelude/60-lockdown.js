@@ -1,0 +1,87 @@
+// Lockdown: determinism installed, intrinsics frozen, the runtime defined.
+
+// ---- lockdown -----------------------------------------------------------------------------
+
+// Assignments like `this.name = "X"` in an Error subclass must keep working once the
+// prototypes are frozen (the "override mistake"): such data properties become accessors
+// whose setter defines an own property on the receiver.
+function enableOverride(object, name) {
+  const desc = getOwnPropertyDescriptor(object, name);
+  if (!desc || !hasOwn(desc, "value") || !desc.configurable) return;
+  const value = desc.value;
+  defineProperty(object, name, {
+    get() {
+      return value;
+    },
+    set(next) {
+      if (this === object) throw new RealTypeError(`cannot assign to frozen ${name}`);
+      if (hasOwn(this, name)) this[name] = next;
+      else defineProperty(this, name, { value: next, writable: true, enumerable: true, configurable: true });
+    },
+    enumerable: desc.enumerable,
+    configurable: false,
+  });
+}
+// Freeze every object author code could use to change shared behaviour: namespaces,
+// constructors, prototypes. A plain method (a function with no own `prototype`) is left as it
+// is: its own properties are read-only already, and new ones change nothing the prelude or
+// other code relies on. This keeps preparing a context cheap.
+function harden(roots) {
+  const seen = new RealSet();
+  const queue = [...roots];
+  while (queue.length) {
+    const object = queue.pop();
+    if (object === null || (typeof object !== "object" && typeof object !== "function")) continue;
+    if (seen.has(object) || object === G) continue;
+    seen.add(object);
+    freeze(object);
+    append(queue, getPrototypeOf(object));
+    const names = ownKeys(object);
+    for (let i = 0; i < names.length; i++) {
+      const desc = getOwnPropertyDescriptor(object, names[i]);
+      const value = desc.value;
+      if (value !== null && typeof value === "object") append(queue, value);
+      else if (typeof value === "function" && hasOwn(value, "prototype")) append(queue, value);
+    }
+  }
+}
+function lockdown(runtime) {
+  for (const name of ["WeakRef", "FinalizationRegistry", "performance", "SharedArrayBuffer", "Atomics"]) {
+    delete G[name];
+  }
+  G.Date = LogicalDate;
+  Math.random = random;
+  const overrides = [
+    [O.prototype, ["constructor", "toString", "toLocaleString", "valueOf", "hasOwnProperty", "isPrototypeOf", "propertyIsEnumerable"]],
+    [Function.prototype, ["constructor", "toString"]],
+    [Array.prototype, ["constructor", "toString"]],
+  ];
+  for (const errorClass of [RealError, RealTypeError, RangeError, SyntaxError, ReferenceError, EvalError, URIError, AggregateError, InternalError]) {
+    append(overrides, [errorClass.prototype, ["constructor", "name", "message", "toString"]]);
+  }
+  for (const [object, names] of overrides) for (const name of names) enableOverride(object, name);
+  defineProperty(G, "console", {
+    value: { log: logger("log"), info: logger("info"), warn: logger("warn"), error: logger("error"), debug: logger("log") },
+    writable: false, configurable: false, enumerable: false,
+  });
+  defineProperty(G, "__qjsflow", { value: runtime, writable: false, configurable: false, enumerable: false });
+  const roots = [];
+  const names = ownKeys(G);
+  for (let i = 0; i < names.length; i++) {
+    const desc = getOwnPropertyDescriptor(G, names[i]);
+    if (hasOwn(desc, "value")) {
+      append(roots, desc.value);
+      if (desc.configurable) defineProperty(G, names[i], { writable: false, configurable: false });
+    }
+  }
+  for (const sample of [async function () {}, function* () {}, async function* () {}]) {
+    append(roots, sample);
+    append(roots, sample.prototype);
+  }
+  append(roots, [][Symbol.iterator]());
+  append(roots, new RealMap().entries());
+  append(roots, new RealSet().values());
+  append(roots, ""[Symbol.iterator]());
+  append(roots, call(RealRegExp.prototype[Symbol.matchAll], /a/g, "a"));
+  harden(roots);
+}

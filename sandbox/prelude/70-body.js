@@ -1,0 +1,117 @@
+// Booting a run, loading its bundle, starting its entry, replaying in journal order.
+
+// ---- the body -----------------------------------------------------------------------------
+
+function findEntry(namespace) {
+  if (namespace === null || typeof namespace !== "object") {
+    throw new DriveError("the bundle defines no module");
+  }
+  const isClass = (value) => typeof value === "function" && value.prototype !== undefined &&
+    value.prototype !== null && typeof value.prototype.run === "function";
+  if (typeof namespace.default === "function") return namespace.default;
+  const classes = [];
+  const names = objectKeys(namespace);
+  for (let i = 0; i < names.length; i++) if (isClass(namespace[names[i]])) append(classes, namespace[names[i]]);
+  if (classes.length === 1) return classes[0];
+  throw new DriveError(classes.length === 0
+    ? "the workflow module exports no workflow: export default a function, or a class with run()"
+    : "the workflow module exports several classes with run(); export the workflow as default");
+}
+
+// Run-independent: done ahead of the drive, while the executor would otherwise be idle.
+const db = freeze({ sql: dbSql });
+const step = freeze({
+  do: stepDo, sleep: stepSleep, sleepUntil: stepSleepUntil, waitForEvent: stepWaitForEvent,
+  tool: stepTool, notify: stepNotify,
+});
+let prepared = false;
+function prepare() {
+  lockdown(freeze({ db }));
+  prepared = true;
+}
+
+function boot(request) {
+  if (!prepared) prepare();
+  limits = request.limits;
+  runId = request.runId;
+  clock = request.createdAtMs;
+  for (let i = 0; i < request.journal.length; i++) {
+    const entry = request.journal[i];
+    journal.set(entry.key, { value: entry.value, error: entry.error, at: entry.at, seq: i });
+  }
+  journalSize = request.journal.length;
+  for (let i = 0; i < request.unsettled.length; i++) unsettled.add(request.unsettled[i]);
+  logsSeen = request.logsSeen;
+  reach(clock, "start");
+  const env = decode(request.env);
+  defineProperty(env, "db", { value: db, enumerable: true });
+  freeze(env);
+  const event = freeze({
+    payload: decode(request.input),
+    timestamp: new RealDate(request.createdAtMs),
+    instanceId: request.runId,
+    workflowName: request.workflow,
+  });
+  moduleBody = { step, env, event };
+}
+
+function load(code) {
+  (0, EVAL)(code);
+}
+
+function start() {
+  const entry = findEntry(G.__qjsflow_module);
+  const { step, env, event } = moduleBody;
+  let body;
+  try {
+    if (entry.prototype !== undefined && entry.prototype !== null && typeof entry.prototype.run === "function") {
+      const instance = new entry(freeze({}), env);
+      body = instance.run(event, step);
+    } else {
+      body = entry(event, step, env);
+    }
+  } catch (thrown) {
+    body = P.reject(thrown);
+  }
+  call(promiseThen, P.resolve(body), (value) => {
+    try {
+      const output = encode(value, "the workflow's result");
+      if (outcome === null) outcome = { status: "completed", output };
+    } catch (error) {
+      fail(error instanceof LimitError ? error.message : describe(error).message, false);
+    }
+  }, (thrown) => {
+    const limit = limitMessage(thrown);
+    const { name, message } = describe(thrown);
+    fail(limit !== null ? limit : `${name}: ${message}`, false);
+  });
+}
+
+// Settle the replayed entry that comes first in the journal, if one is waiting.
+function nextHit() {
+  if (hits.length === 0) return false;
+  let best = 0;
+  for (let i = 1; i < hits.length; i++) if (hits[i].entry.seq < hits[best].entry.seq) best = i;
+  const hit = hits[best];
+  hits[best] = hits[hits.length - 1];
+  hits.length -= 1;
+  settleHit(hit);
+  return true;
+}
+
+function answer(message) {
+  const waiting = pending.get(message.id);
+  if (waiting === undefined) throw new DriveError("the host answered an unknown op " + message.id);
+  pending.delete(message.id);
+  currentScope = waiting.scope;
+  waiting.onResult(message.result, message.at);
+}
+
+function finish() {
+  if (outcome !== null) return outcome;
+  if (markers.length > 0) return { status: "suspended", markers };
+  return {
+    status: "failed", retryable: false,
+    message: "the workflow awaited something that can never resolve (a promise no step settles)",
+  };
+}

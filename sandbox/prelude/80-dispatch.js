@@ -1,0 +1,37 @@
+// dispatch: the executor's only entry point, and the value of the whole prelude.
+
+// ---- dispatch: the executor's only entry point ---------------------------------------------
+
+// Every command returns ASCII JSON: {ok: ...} or {error: {name, message, limit}}.
+return function dispatch(command, argument) {
+  try {
+    switch (command) {
+      case "prepare": prepare(); return "{}";
+      case "boot": boot(parseJSON(argument)); return "{}";
+      case "load": load(argument); return "{}";
+      case "start": start(); return "{}";
+      case "hit": return nextHit() ? "1" : "0";
+      case "answer": answer(parseJSON(argument)); return "{}";
+      case "take": {
+        const taken = outbox;
+        outbox = [];
+        return taken.length === 0 ? "" : asciiJSON(taken);
+      }
+      case "outcome": return outcome === null ? "" : asciiJSON(outcome);
+      case "takeLogs": {
+        // At the end of a drive only console output still goes out: a step call nobody
+        // awaited must not run after the body has finished.
+        const logs = [];
+        for (let i = 0; i < outbox.length; i++) if (outbox[i].op.op === "log") append(logs, outbox[i]);
+        outbox = [];
+        return logs.length === 0 ? "" : asciiJSON(logs);
+      }
+      case "finish": return asciiJSON(finish());
+    }
+    return asciiJSON({ error: { name: "DriveError", message: "unknown command " + command } });
+  } catch (thrown) {
+    const limit = limitMessage(thrown);
+    const { name, message } = describe(thrown);
+    return asciiJSON({ error: { name, message: limit !== null ? limit : message, limit: limit !== null } });
+  }
+};
