@@ -125,35 +125,38 @@ async def test_compute_per_run_is_a_ledger_across_drives(pool: ExecutorPool) -> 
     assert outcome.cpu_s <= 2 * 0.3 + 0.1
 
 
-async def test_limits_are_configurable_per_drive(pool: ExecutorPool) -> None:
-    source = 'export default async (e, step) => { for (let i = 0; i < 4; i++) await step.do("s", async () => i); };'
+COUNTED = {
+    "steps of one name": (
+        'for (let i = 0; i < 4; i++) await step.do("s", async () => i);',
+        Limits(steps_per_run=3),
+        "steps per run limit of 3 exceeded",
+    ),
+    "steps of many names": (
+        'for (let i = 0; i < 4; i++) await step.do("s" + i, async () => i);',
+        Limits(steps_per_run=3),
+        "steps per run limit of 3 exceeded",
+    ),
+    "notifications": (
+        'for (let i = 0; i < 5; i++) await step.notify({ title: "t" + i });',
+        Limits(notify_per_drive=3),
+        "notify per drive limit of 3 exceeded",
+    ),
+    "nesting": (
+        "const down = (n) => step.do('d' + n, async () => n > 0 ? down(n - 1) : 0); await down(12);",
+        Limits(),
+        "steps nested deeper than 8 levels",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(COUNTED))
+async def test_counted_limits_are_configurable(pool: ExecutorPool, case: str) -> None:
+    body, limits, expected = COUNTED[case]
+    source = f"export default async (e, step) => {{ {body} }};"
     host = MemoryHost()
-    outcome = await pool.drive(
-        host.request(await bundle_of(source), limits=Limits(steps_per_run=3)), host
-    )
+    outcome = await pool.drive(host.request(await bundle_of(source), limits=limits), host)
     assert isinstance(outcome, Failed)
-    assert "steps per run limit of 3 exceeded" in outcome.message
-
-
-async def test_steps_per_run_counts_every_name(pool: ExecutorPool) -> None:
-    source = 'export default async (e, step) => { for (let i = 0; i < 4; i++) await step.do("s" + i, async () => i); };'
-    host = MemoryHost()
-    outcome = await pool.drive(
-        host.request(await bundle_of(source), limits=Limits(steps_per_run=3)), host
-    )
-    assert isinstance(outcome, Failed)
-    assert "steps per run limit of 3 exceeded" in outcome.message
-
-
-async def test_notify_per_drive_limit(pool: ExecutorPool) -> None:
-    source = 'export default async (e, step) => { for (let i = 0; i < 5; i++) await step.notify({ title: "t" + i }); };'
-    host = MemoryHost()
-    outcome = await pool.drive(
-        host.request(await bundle_of(source), limits=Limits(notify_per_drive=3)), host
-    )
-    assert isinstance(outcome, Failed)
-    assert "notify per drive limit of 3 exceeded" in outcome.message
-    assert len(host.entries) == 3
+    assert expected in outcome.message
 
 
 async def test_an_executor_killed_mid_drive_is_replaced(pool: ExecutorPool) -> None:
