@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 
+import psycopg
 import pytest
 
-from runner import Runner
+from runner import Runner, RunnerConfig
 from runner.store import LeaseLost
+from sandbox import PoolConfig
 from tests.conftest import FakeClock, start_source
+from tests.postgres import PostgresServer
 
 SLEEPER = 'export default async (e, step) => { await step.sleep("nap", "1 minute"); return 1; };'
 
@@ -62,3 +66,21 @@ async def test_group_commit_keeps_each_failure_to_itself(clocked_runner: Runner)
     assert isinstance(results[0], int)
     assert isinstance(results[2], int)
     assert (await store.table_counts())["events"] == counts["events"] + 2
+
+
+async def test_a_dropped_postgresql_connection_is_replaced(
+    postgres: PostgresServer, tmp_path: Path
+) -> None:
+    url = postgres.new_database()
+    config = RunnerConfig(pool=PoolConfig(size=1), scope_root=tmp_path / "scopes")
+    async with Runner.open(url, config) as runner:
+        published = await runner.publish("acme", {"workflows/one.ts": SLEEPER})
+        with psycopg.connect(postgres.admin_url, autocommit=True) as admin:
+            database = url.rsplit("/", 1)[1]
+            admin.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s",
+                (database,),
+            )
+        with pytest.raises(psycopg.OperationalError):
+            await runner.store.find_snapshot("acme", published.snapshot_id)
+        assert await runner.store.find_snapshot("acme", published.snapshot_id) is not None

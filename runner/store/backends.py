@@ -133,21 +133,28 @@ class _PgConnection:
 class PostgresBackend:
     dialect = POSTGRES
 
-    def __init__(self, connection: _PgConnection) -> None:
+    def __init__(self, url: str, connection: _PgConnection) -> None:
+        self._url = url
         self._connection = connection
         self._thread = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="qjsflow-pg")
 
     @classmethod
     async def open(cls, url: str) -> PostgresBackend:
         raw = await asyncio.to_thread(lambda: psycopg.connect(url, autocommit=True))
-        connection = _PgConnection(raw)
-        backend = cls(connection)
+        backend = cls(url, _PgConnection(raw))
         await backend.run(migrate_postgres)
         return backend
 
     async def run(self, work: Callable[[Any], T]) -> T:
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._thread, work, self._connection)
+        return await loop.run_in_executor(self._thread, self._with_connection, work)
+
+    def _with_connection(self, work: Callable[[Any], T]) -> T:
+        """On the backend's thread. A connection the server dropped (a restart, a failover) is
+        replaced before the job: the job that met the drop failed and was rolled back."""
+        if self._connection.raw.broken or self._connection.raw.closed:
+            self._connection = _PgConnection(psycopg.connect(self._url, autocommit=True))
+        return work(self._connection)
 
     async def all(self, sql: str, args: tuple[Any, ...] = ()) -> list[Any]:
         rows: list[Any] = await self.run(lambda c: c.execute(sql, args).fetchall())
