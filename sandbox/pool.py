@@ -39,7 +39,7 @@ _CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 @dataclass(frozen=True, slots=True)
 class PoolConfig:
-    size: int = 2
+    size: int = 4  # executors at most; spawned as concurrent drives need them
     recycle_after: int = 200
     watchdog_interval_s: float = 0.05
     watchdog_grace_s: float = 0.25
