@@ -94,6 +94,11 @@ class RunDriver:
         except asyncio.CancelledError:
             if not lost.is_set():
                 raise
+            # The heartbeat cancelled this (possibly the caller's) task: undo that request,
+            # so that the caller's own timeouts and task groups are not confused by it.
+            task = asyncio.current_task()
+            if task is not None:
+                task.uncancel()
             raise LeaseLost(lease) from None
         finally:
             heartbeat.cancel()
