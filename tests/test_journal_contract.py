@@ -8,7 +8,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from runner import Runner, RunnerConfig
+from runner import Bindings, Runner, RunnerConfig
 from runner.store import LeaseLost
 from sandbox import PoolConfig
 from tests.conftest import FakeClock, start_source
@@ -84,3 +84,32 @@ async def test_a_dropped_postgresql_connection_is_replaced(
         with pytest.raises(psycopg.OperationalError):
             await runner.store.find_snapshot("acme", published.snapshot_id)
         assert await runner.store.find_snapshot("acme", published.snapshot_id) is not None
+
+
+async def test_a_driver_whose_heartbeat_fails_stops_and_leaves_its_caller_alone(
+    journal: str, tmp_path: Path
+) -> None:
+    config = RunnerConfig(pool=PoolConfig(size=1), lease_ttl_s=0.3, scope_root=tmp_path / "s")
+    async with Runner.open(journal, config) as runner:
+        stolen: list[int] = []
+
+        async def slow(args: object) -> str:
+            run = next(iter(await runner.list()))
+            # Another driver takes the run over while this tool call is in flight.
+            lease = await runner.store.acquire_lease(run.run_id, "thief", 2**50, 10_000)
+            assert lease is not None
+            stolen.append(lease.epoch)
+            await asyncio.sleep(1.0)
+            return "too late"
+
+        source = 'export default async (e, step) => step.tool("t", "slow", {});'
+        run = await start_source(runner, source, bindings=Bindings(tools={"slow": slow}))
+        task = asyncio.current_task()
+        assert task is not None
+        assert task.cancelling() == 0
+        assert run.status == "running"  # left for the thief; nothing of the result was written
+        calls = await runner.list_tool_calls(run.run_id)
+        assert [c.result for c in calls] == [None]
+        kinds = [e.type for e in await runner.store.list_events(run.run_id)]
+        assert "step_completed" not in kinds
+        assert stolen
