@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -14,6 +13,7 @@ import orjson
 
 from bench.common import TEN_STEPS
 from runner import Runner, RunnerConfig, StartRunInput
+from runner.worker import worker_command
 from sandbox import PoolConfig
 from tests.postgres import postgres_server
 
@@ -30,11 +30,11 @@ async def _prepare(journal: str) -> None:
 
 
 def _drive_with(journal: str, workers: int) -> float:
-    command = [sys.executable, "-m", "runner.cli", "--db", journal, "worker", "--until-idle"]
+    command = worker_command(journal, until_idle=True, concurrency=8)
     started = time.perf_counter()
     processes = [
         subprocess.Popen(
-            [*command, "--concurrency", "8"],
+            command,
             cwd=PROJECT,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,

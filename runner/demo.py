@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import signal
 import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -24,6 +23,7 @@ from runner.config import RunnerConfig
 from runner.runner import Runner
 from runner.store import EventRecord
 from runner.views import RunView, StartRunInput
+from runner.worker import worker_command
 
 __all__ = ["DEMO_TOOLS", "run_demo"]
 
@@ -71,10 +71,7 @@ class _Story:
     def worker(self) -> subprocess.Popen[bytes]:
         log = (self.workdir / f"worker-{len(self.workers)}.log").open("wb")
         process = subprocess.Popen(
-            [
-                sys.executable, "-m", "runner.cli", "--db", str(self.db),
-                "--tools", "runner.demo:DEMO_TOOLS", "--lease-ttl", str(LEASE_TTL_S), "worker",
-            ],
+            worker_command(str(self.db), tools="runner.demo:DEMO_TOOLS", lease_ttl_s=LEASE_TTL_S),
             cwd=FIXTURES.parent,
             stdout=log,
             stderr=subprocess.STDOUT,

@@ -13,13 +13,14 @@ import asyncio
 import contextlib
 import functools
 import logging
+import sys
 from typing import Any
 
 from runner.bindings import Bindings
 from runner.driver import RunDriver
 from runner.store import JournalStore
 
-__all__ = ["Worker"]
+__all__ = ["Worker", "worker_command"]
 
 _log = logging.getLogger("qjsflow.worker")
 IDLE_HORIZON_MS = 1000
@@ -110,3 +111,26 @@ class Worker:
 
 def _forget(tasks: dict[str, asyncio.Task[None]], run_id: str, _: object) -> None:
     tasks.pop(run_id, None)
+
+
+def worker_command(
+    db: str,
+    *,
+    tools: str | None = None,
+    lease_ttl_s: float | None = None,
+    until_idle: bool = False,
+    concurrency: int | None = None,
+) -> list[str]:
+    """The argv of a `qjsflow worker` process on this interpreter (for the demo, the crash
+    tests and the benchmarks, which run workers as real processes)."""
+    command = [sys.executable, "-m", "runner.cli", "--db", db]
+    if tools is not None:
+        command += ["--tools", tools]
+    if lease_ttl_s is not None:
+        command += ["--lease-ttl", str(lease_ttl_s)]
+    command.append("worker")
+    if until_idle:
+        command.append("--until-idle")
+    if concurrency is not None:
+        command += ["--concurrency", str(concurrency)]
+    return command

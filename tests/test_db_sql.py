@@ -7,7 +7,6 @@ import os
 import signal
 import sqlite3
 import subprocess
-import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -17,6 +16,7 @@ import pytest
 from runner import InvalidScope, Runner, RunnerConfig, StartRunInput
 from runner.host import CRASH_AFTER_SQL
 from runner.scopedb import MIN_SQLITE_VERSION, ScopeDatabases, SqlLimits
+from runner.worker import worker_command
 from sandbox import PoolConfig
 from tests.conftest import PROJECT_ROOT, FakeClock, start_source
 
@@ -184,8 +184,7 @@ async def test_an_insert_applied_before_a_crash_is_not_applied_twice(tmp_path: P
 
     def worker(crash_on: str) -> subprocess.CompletedProcess[bytes]:
         return subprocess.run(
-            [sys.executable, "-m", "runner.cli", "--db", str(db), "--lease-ttl", "1",
-             "worker", "--until-idle"],
+            worker_command(str(db), lease_ttl_s=1, until_idle=True),
             cwd=PROJECT_ROOT, env={**os.environ, CRASH_AFTER_SQL: crash_on},
             capture_output=True, timeout=100, check=False,
         )  # fmt: skip

@@ -8,7 +8,6 @@ import random
 import signal
 import sqlite3
 import subprocess
-import sys
 import time
 from collections import Counter
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -19,6 +18,7 @@ import psycopg
 import pytest
 
 from runner import Runner, RunnerConfig, StartRunInput
+from runner.worker import worker_command
 from sandbox import PoolConfig
 from tests.conftest import PROJECT_ROOT
 
@@ -56,9 +56,8 @@ class Workers:
         log = (self.logs / f"worker-{len(self.spawned)}.log").open("wb")
         process = subprocess.Popen(
             [
-                sys.executable, "-m", "runner.cli", "--db", str(self.db),
-                "--tools", "tests.crash_tools:TOOLS", "--lease-ttl", str(lease_ttl),
-                "worker", *worker_args,
+                *worker_command(self.db, tools="tests.crash_tools:TOOLS", lease_ttl_s=lease_ttl),
+                *worker_args,
             ],
             cwd=PROJECT_ROOT,
             env={**os.environ, "QJSFLOW_TOOL_LOG": str(self.tool_log)},

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 
 import psycopg
 import pytest
 
 from runner import Runner, RunnerConfig, StartRunInput
+from runner.worker import worker_command
 from sandbox import PoolConfig
 from tests.conftest import PROJECT_ROOT
 from tests.postgres import PostgresServer
@@ -33,17 +33,7 @@ async def test_four_workers_drive_1000_runs_once_each(postgres: PostgresServer) 
             await runner.start(request, drive=False)
     workers = [
         subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "runner.cli",
-                "--db",
-                url,
-                "worker",
-                "--until-idle",
-                "--concurrency",
-                "4",
-            ],
+            worker_command(url, until_idle=True, concurrency=4),
             cwd=PROJECT_ROOT,
             env=dict(os.environ),
             stdout=subprocess.DEVNULL,
