@@ -70,27 +70,29 @@ class RunDriver:
             lease = await self.store.acquire_lease(
                 run_id, self.worker_id, self.now_ms(), self._ttl_ms
             )
+            final: RunRecord | None = None
             if lease is not None:
                 self.active += 1
                 try:
-                    await self._drive_leased(lease, bindings)
+                    final = await self._drive_leased(lease, bindings)
                 except LeaseLost:
                     pass  # another driver has the run now; it writes the rest
                 finally:
                     self.active -= 1
-                    await self.store.release_lease(lease)
-            run = await self.store.get_run(run_id)
+                    if final is None:  # not released with the drive's last transaction
+                        await self.store.release_lease(lease)
+            run = final or await self.store.get_run(run_id)
             if run is None:
                 raise RunNotFound(run_id)
             return run
 
-    async def _drive_leased(self, lease: Lease, bindings: Bindings) -> None:
+    async def _drive_leased(self, lease: Lease, bindings: Bindings) -> RunRecord:
         lost = asyncio.Event()
         heartbeat = asyncio.get_running_loop().create_task(
             self._heartbeat(lease, lost, asyncio.current_task())
         )
         try:
-            await self._drive_loop(lease, bindings)
+            return await self._drive_loop(lease, bindings)
         except asyncio.CancelledError:
             if not lost.is_set():
                 raise
@@ -116,15 +118,17 @@ class RunDriver:
                     drive.cancel()  # stops the executor; nothing more is written
                 return
 
-    async def _drive_loop(self, lease: Lease, bindings: Bindings) -> None:
+    async def _drive_loop(self, lease: Lease, bindings: Bindings) -> RunRecord:
+        """Drive until the run suspends on something not yet due or ends; the last transaction
+        also releases the lease and returns the run as it was left."""
         crashes = 0
         for _ in range(_MAX_DRIVES_PER_CALL):
             now = self.now_ms()
             begun = await self.store.transact(
                 partial(_begin_drive, lease=lease, now=now), lease, durable=False
             )
-            if begun is None:
-                return  # finished, or cancelled just now
+            if isinstance(begun, RunRecord):
+                return begun  # finished, or cancelled just now
             run, journal, unsettled = begun
             outcome, host = await self._drive_once(run, journal, unsettled, lease, bindings)
             if isinstance(outcome, Failed) and outcome.retryable and crashes < _CRASH_RETRIES:
@@ -134,11 +138,13 @@ class RunDriver:
                 )
                 continue
             now = self.now_ms()
-            again = await self.store.transact(
+            ended = await self.store.transact(
                 partial(_finish, lease=lease, outcome=outcome, host=host, now=now), lease
             )
-            if not again:
-                return
+            if ended is not None:
+                return ended
+        # Still due after this many drives: leave the rest to the next call or a worker.
+        return await self.store.transact(partial(_release, lease=lease), lease, durable=False)
 
     async def _drive_once(
         self,
@@ -183,15 +189,15 @@ class RunDriver:
 
 def _begin_drive(
     tx: JournalTransaction, lease: Lease, now: int
-) -> tuple[RunRecord, tuple[JournalEntry, ...], tuple[str, ...]] | None:
-    """Mark the run running and load its journal: one transaction, one query for the journal."""
+) -> tuple[RunRecord, tuple[JournalEntry, ...], tuple[str, ...]] | RunRecord:
+    """Mark the run running and load its journal: one transaction, one query for the journal.
+    A run that is over (or cancelled now) is released and returned instead."""
     run = tx.get_run(lease.run_id)
     assert run is not None
-    if run.status in TERMINAL:
-        return None
-    if run.cancel_requested:
-        _cancel(tx, run.run_id, now, {"updated_at": now})
-        return None
+    if run.status in TERMINAL or run.cancel_requested:
+        if run.status not in TERMINAL:
+            _cancel(tx, run.run_id, now, {"updated_at": now})
+        return _release(tx, lease)
     tx.delete_timer(run.run_id, SIGNAL_TIMER)
     tx.update_run(run.run_id, status="running", updated_at=now)
     tx.append_event(run.run_id, "drive_started", now, f'{{"worker":"{lease.worker_id}"}}')
@@ -217,10 +223,18 @@ def _charge(tx: JournalTransaction, lease: Lease, outcome: DriveOutcome, host: D
     )
 
 
+def _release(tx: JournalTransaction, lease: Lease) -> RunRecord:
+    tx.release_lease(lease)
+    run = tx.get_run(lease.run_id)
+    assert run is not None
+    return run
+
+
 def _finish(
     tx: JournalTransaction, lease: Lease, outcome: DriveOutcome, host: DriveHost, now: int
-) -> bool:
-    """Record how the drive ended; True when the run should be driven again now."""
+) -> RunRecord | None:
+    """Record how the drive ended. None when the run should be driven again now; otherwise the
+    lease is released in the same transaction and the run returned as it was left."""
     run_id = lease.run_id
     current = tx.get_run(run_id)
     assert current is not None
@@ -236,18 +250,18 @@ def _finish(
                 run_id, status="completed", output=output, wake_at=None, waiting_for=None, **common
             )
             tx.append_event(run_id, "run_completed", now, None)
-            return False
+            return _release(tx, lease)
         case Failed(message=message):
             tx.delete_timers(run_id)
             tx.update_run(
                 run_id, status="failed", error=message, wake_at=None, waiting_for=None, **common
             )
             tx.append_event(run_id, "run_failed", now, None)
-            return False
+            return _release(tx, lease)
         case Suspended(markers=markers):
             if current.cancel_requested:
                 _cancel(tx, run_id, now, common)
-                return False
+                return _release(tx, lease)
             wake_at = tx.next_timer(run_id)
             events = sorted({m.event for m in markers if m.kind == "event" and m.event})
             status = "waiting" if events else "sleeping"
@@ -256,7 +270,9 @@ def _finish(
                 **common,
             )  # fmt: skip
             tx.append_event(run_id, "run_suspended", now, None)
-            return wake_at is not None and wake_at <= now
+            if wake_at is not None and wake_at <= now:
+                return None
+            return _release(tx, lease)
     raise AssertionError("unreachable")
 
 
