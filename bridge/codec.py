@@ -36,9 +36,13 @@ def dumps_text(value: Any, *, sort_keys: bool = False) -> str:
 
 
 def loads(
-    data: bytes | str, *, max_bytes: int | None = None, max_depth: int = DEFAULT_MAX_DEPTH
+    data: bytes | str, *, max_bytes: int | None = None, max_depth: int | None = DEFAULT_MAX_DEPTH
 ) -> Any:
-    """Decode JSON text; refuse text over `max_bytes`, nesting over `max_depth`, and NaN."""
+    """Decode JSON text; refuse text over `max_bytes`, nesting over `max_depth`, and NaN.
+
+    `max_depth=None` skips the walk that measures nesting: orjson itself refuses anything
+    nested deeper than 1024, which is all a caller that validates parts later needs.
+    """
     size = len(data)
     if max_bytes is not None and size > max_bytes:
         raise CodecError(f"JSON text of {size} bytes exceeds the limit of {max_bytes} bytes")
@@ -46,8 +50,7 @@ def loads(
         value = orjson.loads(data)
     except orjson.JSONDecodeError as error:
         raise CodecError(f"malformed JSON: {error}") from None
-    depth = _depth(value, max_depth)
-    if depth > max_depth:
+    if max_depth is not None and _depth(value, max_depth) > max_depth:
         raise CodecError(f"JSON nested deeper than the limit of {max_depth} levels")
     return value
 

@@ -50,7 +50,7 @@ _EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
 
 def to_python(text: str) -> Any:
     """Decode an encoded value for Python callers (views, tools)."""
-    return _revive(loads(text, max_depth=10_000))
+    return _revive(loads(text, max_depth=None))  # stored values were bounded when written
 
 
 def from_python(value: Any, *, max_bytes: int | None = None, what: str = "value") -> str:

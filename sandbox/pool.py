@@ -101,7 +101,8 @@ class _Executor:
     async def receive(self) -> Any:
         stdout = self.process.stdout
         assert stdout is not None
-        return loads(await read_frame_async(stdout), max_depth=10_000)
+        # Each op's values are checked (size, depth) by parse_op; the frame needs no walk.
+        return loads(await read_frame_async(stdout), max_depth=None)
 
     def kill(self, reason: str) -> None:
         if self.killed_for is None:
@@ -130,7 +131,6 @@ class ExecutorPool:
     def __init__(self, config: PoolConfig | None = None) -> None:
         self.config = config or PoolConfig()
         self._idle: list[_Executor] = []
-        self._live = 0
         self._slots = asyncio.Semaphore(self.config.size)
         self._watches: dict[int, _Watch] = {}
         self._watchdog: asyncio.Task[None] | None = None
@@ -229,7 +229,6 @@ class ExecutorPool:
             return self._idle.pop(0)  # the longest idle: its next context is prepared
         cpu_limit = int(self.config.recycle_after * 30 + 60)
         executor = await _Executor.spawn(self.config, cpu_limit)
-        self._live += 1
         return executor
 
     async def _give_back(self, executor: _Executor, keep: bool) -> None:
@@ -240,7 +239,6 @@ class ExecutorPool:
             return
         if not healthy:
             self.replaced += 1
-        self._live -= 1
         await executor.reap()
 
     def _ensure_watchdog(self) -> None:

@@ -36,3 +36,9 @@ def test_unencodable_values_are_refused() -> None:
         dumps({"big": 2**70})
     with pytest.raises(CodecError, match="cannot encode"):
         dumps(object())
+
+
+def test_without_a_depth_walk_orjson_still_bounds_nesting() -> None:
+    assert loads("[" * 900 + "]" * 900, max_depth=None) is not None
+    with pytest.raises(CodecError, match="depth limit exceeded"):
+        loads("[" * 2000 + "]" * 2000, max_depth=None)

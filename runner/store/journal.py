@@ -119,7 +119,6 @@ class JournalStore:
         )
         self._queue: list[_Job] = []
         self._committer: asyncio.Task[None] | None = None
-        self.commits = 0  # physical commits made: group commit shows as commits < writes
 
     @classmethod
     async def open(cls, location: str | Path) -> JournalStore:
@@ -170,7 +169,6 @@ class JournalStore:
                 if isinstance(error, asyncio.CancelledError):
                     raise
                 continue
-            self.commits += 1
             for job, (ok, value) in zip(batch, outcomes, strict=True):
                 if job.future.done():
                     continue
