@@ -212,12 +212,11 @@ class Runner:
         encoded = from_python(
             payload, max_bytes=self.config.limits.value_bytes, what="the event payload"
         )
-        await self._run(run_id, scope)
+        _check_names(run_id, scope)
         now = self._driver.now_ms()
 
         def deliver(tx: JournalTransaction) -> RunRecord:
-            run = tx.get_run(run_id)
-            assert run is not None
+            run = _owned(tx.get_run(run_id), run_id, scope)
             if run.status in TERMINAL or run.cancel_requested:
                 raise RunClosed(run_id, "cancelled" if run.cancel_requested else run.status)
             seq = tx.insert_inbox(run_id, event_type, encoded, now)
@@ -237,12 +236,11 @@ class Runner:
     async def cancel(self, run_id: str, *, scope: str | None = None) -> RunView:
         """Stop a run at its next suspension point (at once if it is suspended now). Later
         signals are refused."""
-        await self._run(run_id, scope)
+        _check_names(run_id, scope)
         now = self._driver.now_ms()
 
         def request_cancel(tx: JournalTransaction) -> None:
-            run = tx.get_run(run_id)
-            assert run is not None
+            run = _owned(tx.get_run(run_id), run_id, scope)
             if run.status not in TERMINAL and not run.cancel_requested:
                 tx.update_run(run_id, cancel_requested=1, updated_at=now)
                 tx.append_event(run_id, "cancel_requested", now, None)
@@ -304,14 +302,8 @@ class Runner:
 
     async def _run(self, run_id: str, scope: str | None) -> RunRecord:
         """The run, or RunNotFound — also when it belongs to another scope."""
-        if scope is not None:
-            validate_scope(scope)
-        if not isinstance(run_id, str) or not _RUN_ID.fullmatch(run_id):
-            raise RunNotFound(str(run_id)[:128])
-        run = await self._store.get_run(run_id)
-        if run is None or (scope is not None and run.scope != scope):
-            raise RunNotFound(run_id)
-        return run
+        _check_names(run_id, scope)
+        return _owned(await self._store.get_run(run_id), run_id, scope)
 
     async def _drive(self, run_id: str, bindings: Bindings | None) -> RunView:
         run = await self._driver.drive(run_id, bindings or self.config.bindings)
@@ -332,6 +324,20 @@ def _default_scope_root(store: JournalStore) -> Path:
     if store.path is None:
         return Path("qjsflow.scopes").resolve()
     return store.path.with_name(store.path.name + ".scopes")
+
+
+def _check_names(run_id: str, scope: str | None) -> None:
+    if scope is not None:
+        validate_scope(scope)
+    if not isinstance(run_id, str) or not _RUN_ID.fullmatch(run_id):
+        raise RunNotFound(str(run_id)[:128])
+
+
+def _owned(run: RunRecord | None, run_id: str, scope: str | None) -> RunRecord:
+    """A run of another scope answers exactly like a missing one."""
+    if run is None or (scope is not None and run.scope != scope):
+        raise RunNotFound(run_id)
+    return run
 
 
 def _check_same(existing: RunRecord, wanted: RunRecord) -> None:
