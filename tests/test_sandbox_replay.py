@@ -225,6 +225,11 @@ export default async function run(event, step) {
     () => { step.do = async () => "forged"; },
     () => { globalThis.JSON = { stringify: () => "forged", parse: () => 1 }; },
     () => { Object.defineProperty(Object.prototype, "then", { get() { return (r) => r("x"); } }); },
+    // Plain methods are not frozen (only namespaces, constructors and prototypes are): their
+    // own new properties must not reach the prelude either.
+    () => { JSON.stringify.call = () => "forged"; JSON.stringify.apply = () => "forged"; },
+    () => { Reflect.apply.call = () => "forged"; Map.prototype.get.call = () => undefined; },
+    () => { Function.prototype.call = () => "forged"; },
   ];
   for (const change of tamper) {
     try { change(); attempts.push("changed"); } catch (error) { attempts.push(error.name); }
@@ -258,6 +263,8 @@ async def test_tampering_cannot_forge_drop_or_reorder_messages(pool: ExecutorPoo
     # way nothing changed.
     assert set(output["attempts"][:6]) <= {"changed", "TypeError"}
     assert output["attempts"][6] == "TypeError"
+    assert output["attempts"][7:9] == ["changed", "changed"]  # allowed, and harmless
+    assert output["attempts"][9] in {"changed", "TypeError"}  # a frozen prototype: ignored
     assert output["json"] == '{"k":[1]}'
     assert output["list"] == [1]
     assert output["thenable"] is True
