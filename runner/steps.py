@@ -33,6 +33,7 @@ __all__ = [
     "begin",
     "begin_attempt",
     "check",
+    "event_value",
     "fail_attempt",
     "failure_from_json",
     "failure_to_json",
@@ -284,7 +285,7 @@ def wait_for_event(tx: JournalTransaction, run_id: str, op: StepWaitForEvent, no
     if delivered is not None:
         tx.consume(delivered.seq, row.key)
         tx.delete_timer(run_id, row.key)
-        value = _event_value(detail["type"], delivered.payload, delivered.received_at)
+        value = event_value(detail["type"], delivered.payload, delivered.received_at)
         tx.settle_step(
             row, status="completed", output=value, error=None, at=now,
             event_type="event_consumed",
@@ -307,7 +308,7 @@ def wait_for_event(tx: JournalTransaction, run_id: str, op: StepWaitForEvent, no
     return Suspend("event", event=detail["type"], wake_at_ms=deadline), None
 
 
-def _event_value(event_type: str, payload: str, received_at: int) -> str:
+def event_value(event_type: str, payload: str, received_at: int) -> str:
     # The payload is already encoded: splice it in rather than decode and re-encode it.
     return (
         f'{{"type":{dumps_text(event_type)},"payload":{payload},'

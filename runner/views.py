@@ -8,9 +8,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-import orjson
-
 from bridge.values import to_python
+from runner.steps import failure_from_json
 from runner.store import RunRecord, StepRow, ToolCallRecord
 
 __all__ = [
@@ -103,8 +102,8 @@ def _decoded(text: str | None) -> Any:
 def _error_message(text: str | None) -> str | None:
     if text is None:
         return None
-    data = orjson.loads(text)
-    return f"{data['name']}: {data['message']}" if isinstance(data, dict) else str(data)
+    failure = failure_from_json(text)
+    return f"{failure.name}: {failure.message}"
 
 
 def run_view(run: RunRecord) -> RunView:

@@ -9,7 +9,6 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from bridge import dumps_text
 from bridge.limits import Limits
 from bridge.types import (
     Answer,
@@ -31,6 +30,7 @@ from bridge.types import (
     Suspend,
     Value,
 )
+from runner.steps import event_value
 
 
 @dataclass
@@ -100,10 +100,7 @@ class MemoryHost:
                     return Suspend("event", event_type), None
                 payload = queue.pop(0)
                 at = self.now_ms + 1000
-                event = (
-                    f'{{"type":{dumps_text(event_type)},"payload":{payload},'
-                    f'"timestamp":{{"$t":"Date","v":{at}}}}}'
-                )
+                event = event_value(event_type, payload, at)
                 return Value(event), self._record(f"waitForEvent:{count}:{step}", event)
             case StepTool(step=step, count=count, address=address, args=args):
                 value = self.tools[address](args)
