@@ -71,7 +71,7 @@ async def concurrent(runs: int = 100, pool_size: int = 4) -> dict[str, Any]:
         elapsed = time.perf_counter() - started
         latencies = []
         for n in range(runs):
-            done = [s.completed_at for s in await runner.store.list_steps(f"c{n}")]
+            done = [s.completed_at for s in await runner.store.list_steps(f"bench/c{n}")]
             assert all(at is not None for at in done)
             latencies += [b - a for a, b in itertools.pairwise(done)]  # type: ignore[operator]
     latencies.sort()
@@ -89,7 +89,9 @@ async def replay(steps: int = 1000, repeats: int = 5) -> dict[str, Any]:
         snapshot = await publish(runner, many_steps(steps))
         run = await runner.start(request(snapshot, "long"))
         assert run.status == "waiting", run.error
-        samples = [await timed(lambda: runner.resume("long")) for _ in range(repeats)]
+        samples = [
+            await timed(lambda: runner.resume("long", scope="bench")) for _ in range(repeats)
+        ]
     return {"replay_ms": median(samples) * 1e3}
 
 
@@ -102,17 +104,17 @@ async def cold_start(repeats: int = 5) -> dict[str, Any]:
             started = time.perf_counter()
             snapshot = await publish(runner, source)
             await runner.start(request(snapshot, "cold"))
-            first = next(s for s in await runner.store.list_steps("cold"))
+            first = next(s for s in await runner.store.list_steps("bench/cold"))
             assert first.completed_at is not None
             cold.append(time.perf_counter() - started)
     async with fresh_runner() as runner:
         snapshot = await publish(runner, WAITER)
         await runner.start(request(snapshot, "w"))
-        await runner.resume("w")
+        await runner.resume("w", scope="bench")
         warm = []
         for _ in range(repeats * 4):
             await asyncio.sleep(0.02)
-            warm.append(await timed(lambda: runner.resume("w")))
+            warm.append(await timed(lambda: runner.resume("w", scope="bench")))
     return {"publish_to_first_step_ms": median(cold) * 1e3, "warm_drive_ms": median(warm) * 1e3}
 
 

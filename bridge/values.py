@@ -1,21 +1,30 @@
-"""The tagged value encoding, seen from Python.
+"""The tagged value encoding, seen from Python: the one table of value kinds.
 
-Author values are encoded by the prelude (sandbox/prelude/20-values.js) and stored verbatim;
-Python reads them with `to_python` for views and tools, and writes host-made values (run input,
-event payloads, tool results) with `from_python`, producing exactly what the prelude decodes.
+Author values are encoded by the prelude (sandbox/prelude/20-values.js) and stored verbatim.
+Python reads them with `to_python` (views, tools), writes host-made values (run input, event
+payloads, tool results) with `from_python`, and prints them with `to_json_form` (`--json`),
+which uses the journal's own tags wherever plain JSON cannot hold a value. Every value the
+prelude's encoder accepts decodes here without error; tests/value_vectors.py holds the shared
+vectors both sides are tested with.
 
-| JavaScript | encoded | Python |
-|---|---|---|
-| undefined | {"$t":"undefined"} | None |
-| NaN, ±Infinity, -0 | {"$t":"NaN"} … | float |
-| BigInt | {"$t":"bigint","v":hex} | int (ints beyond 2**53 are written as BigInt) |
-| Date | {"$t":"Date","v":ms} | datetime (UTC) |
-| Map / Set | {"$t":"Map","v":[[k,v]…]} / {"$t":"Set","v":[…]} | dict (or list of pairs) / list |
-| Uint8Array, ArrayBuffer | {"$t":"Uint8Array","v":hex} | bytes |
-| other typed arrays | {"$t":"Float64Array","v":hex} | list of numbers |
-| RegExp, Error | {"$t":"RegExp"…}, {"$t":"Error","name","message"} | dict with those fields |
-| string with lone surrogates | {"$t":"utf16","v":hex} | str |
-| object with its own "$t" key | {"$t":"object","v":{…}} | dict |
+| JavaScript | encoded | Python (`to_python`) | `--json` form |
+|---|---|---|---|
+| string | "…" | str | "…" |
+| string with lone surrogates | {"$t":"utf16","v":hex} | str (with surrogates) | the tag |
+| number | 1.5 | int or float | 1.5 |
+| undefined | {"$t":"undefined"} | None | null |
+| NaN, ±Infinity, -0 | {"$t":"NaN"} … | float | the tag |
+| BigInt | {"$t":"bigint","v":hex} | int | a number within ±2**53, else the tag |
+| Date | {"$t":"Date","v":ms} | datetime (UTC); `JsValue` past years 1-9999 | the tag |
+| Map | {"$t":"Map","v":[[k,v]…]} | dict (pairs: see below) | object, or the tag |
+| Set | {"$t":"Set","v":[…]} | list | a list |
+| Uint8Array, ArrayBuffer | {"$t":"Uint8Array","v":hex} | bytes | the tag |
+| other typed arrays | {"$t":"Float64Array","v":hex} | list of numbers | a list |
+| RegExp, Error | {"$t":"RegExp"…}, {"$t":"Error",…} | dict of source/flags, name/message | object |
+| object with its own "$t" key | {"$t":"object","v":{…}} | dict | the tag |
+
+A Map whose keys Python cannot hash (objects) or does not tell apart (1, 1n, true) becomes a
+list of (key, value) pairs; an invalid Date is a `JsValue` too.
 """
 
 from __future__ import annotations
@@ -24,12 +33,13 @@ import datetime as dt
 import math
 import struct
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from bridge.codec import dumps_text, loads
 from bridge.errors import InvalidInput
 
-__all__ = ["from_python", "to_python"]
+__all__ = ["JsValue", "from_python", "to_json_form", "to_python"]
 
 _TYPED = {
     "Int8Array": "b",
@@ -46,6 +56,20 @@ _TYPED = {
 }
 _SAFE_INT = 2**53
 _EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
+_REVIVE_ERRORS = (KeyError, TypeError, ValueError, OverflowError, struct.error, AttributeError)
+
+
+@dataclass(frozen=True, slots=True)
+class JsValue:
+    """A JavaScript value Python has no type for (a Date outside years 1-9999, an invalid
+    Date, a tag this version does not know), kept in its encoded form: `encoded` is the
+    journal's tagged JSON object, which `from_python` and `to_json_form` write back as is."""
+
+    encoded: dict[str, Any]
+
+    @property
+    def tag(self) -> str:
+        return str(self.encoded.get("$t"))
 
 
 def to_python(text: str) -> Any:
@@ -55,14 +79,21 @@ def to_python(text: str) -> Any:
 
 def from_python(value: Any, *, max_bytes: int | None = None, what: str = "value") -> str:
     """Encode a Python value (JSON-like, plus datetime, bytes, set) for the journal."""
-    text = dumps_text(_tag(value, what, 0))
+    text = dumps_text(_tag(value, what, 0, False))
     if max_bytes is not None and len(text.encode("utf-8")) > max_bytes:
         raise InvalidInput(f"{what} is larger than the limit of {max_bytes} bytes")
     return text
 
 
-def _tag(value: Any, what: str, depth: int) -> Any:
-    if depth > 64:
+def to_json_form(value: Any) -> Any:
+    """A decoded value (or a view holding some) as plain JSON data: what JSON holds natively
+    as itself, the rest in the journal's tags (see the table above). Never fails on what
+    `to_python` returns; orjson can always write the result."""
+    return _tag(value, "value", 0, True)
+
+
+def _tag(value: Any, what: str, depth: int, lenient: bool) -> Any:
+    if depth > 64 and not lenient:  # views hold stored values, which were bounded when written
         raise InvalidInput(f"{what} is nested deeper than 64 levels")
     if value is None or isinstance(value, bool):
         return value
@@ -91,24 +122,51 @@ def _tag(value: Any, what: str, depth: int) -> Any:
         return value
     if isinstance(value, dt.datetime):
         moment = value if value.tzinfo else value.replace(tzinfo=dt.UTC)
-        return {"$t": "Date", "v": round((moment - _EPOCH).total_seconds() * 1000)}
+        delta = moment - _EPOCH
+        ms = (delta.days * 86_400 + delta.seconds) * 1000 + delta.microseconds // 1000
+        return {"$t": "Date", "v": ms}
+    if isinstance(value, JsValue):
+        return value.encoded
     if isinstance(value, bytes | bytearray):
         return {"$t": "Uint8Array", "v": bytes(value).hex()}
     if isinstance(value, list | tuple):
-        return [_tag(item, what, depth + 1) for item in value]
+        return [_tag(item, what, depth + 1, lenient) for item in value]
     if isinstance(value, set | frozenset):
-        return {"$t": "Set", "v": [_tag(item, what, depth + 1) for item in value]}
+        return {"$t": "Set", "v": [_tag(item, what, depth + 1, lenient) for item in value]}
     if isinstance(value, Mapping):
+        if not all(isinstance(key, str) for key in value):  # a JS Map holds any key
+            pairs = [
+                [_tag(key, what, depth + 2, lenient), _tag(item, what, depth + 2, lenient)]
+                for key, item in value.items()
+            ]
+            return {"$t": "Map", "v": pairs}
         out: dict[str, Any] = {}
         for key, item in value.items():
-            if not isinstance(key, str):
-                raise InvalidInput(f"{what} has a non-string key {key!r}")
-            out[key] = _tag(item, what, depth + 1)
+            out[_tagged_key(key) if lenient else key] = _tag(item, what, depth + 1, lenient)
         return {"$t": "object", "v": out} if "$t" in out else out
+    if lenient:
+        return {"$t": "unknown", "v": type(value).__name__}
     raise InvalidInput(f"{what} holds a {type(value).__name__}, which cannot be stored")
 
 
+def _tagged_key(key: str) -> str:
+    """An object key JSON can hold: lone surrogates (which the encoder refuses in keys, but
+    a Python caller may hold) are written as `\\uXXXX` text."""
+    try:
+        key.encode("utf-8")
+    except UnicodeEncodeError:
+        return key.encode("utf-8", "backslashreplace").decode("ascii", "replace")
+    return key
+
+
 def _revive(value: Any) -> Any:
+    try:
+        return _revive_tagged(value)
+    except _REVIVE_ERRORS:  # a malformed tag: kept as it is rather than failing a view
+        return JsValue(value)
+
+
+def _revive_tagged(value: Any) -> Any:
     if isinstance(value, list):
         return [_revive(item) for item in value]
     if not isinstance(value, dict):
@@ -132,7 +190,12 @@ def _revive(value: Any) -> Any:
             return -int(text[1:], 16) if text.startswith("-") else int(text, 16)
         case "Date":
             ms = value["v"]
-            return None if ms is None else _EPOCH + dt.timedelta(milliseconds=ms)
+            if ms is None:
+                return JsValue(value)
+            try:
+                return _EPOCH + dt.timedelta(milliseconds=ms)
+            except OverflowError:  # JS dates reach ±271,821 years; Python's stop at 1-9999
+                return JsValue(value)
         case "utf16":
             units = bytes.fromhex(value["v"])
             code_units = struct.unpack(f">{len(units) // 2}H", units)
@@ -141,9 +204,11 @@ def _revive(value: Any) -> Any:
         case "Map":
             pairs = [(_revive(k), _revive(v)) for k, v in value["v"]]
             try:
-                return dict(pairs)
-            except TypeError:
+                as_dict = dict(pairs)
+            except TypeError:  # a key Python cannot hash (an object, a list)
                 return pairs
+            # Keys JS tells apart and Python does not (1, 1n, true) would be lost in a dict.
+            return as_dict if len(as_dict) == len(pairs) else pairs
         case "Set":
             return [_revive(item) for item in value["v"]]
         case "Uint8Array" | "ArrayBuffer":
@@ -158,4 +223,4 @@ def _revive(value: Any) -> Any:
         raw = bytes.fromhex(value["v"])
         code = _TYPED[tag]
         return list(struct.unpack(f"<{len(raw) // struct.calcsize(code)}{code}", raw))
-    return value
+    return JsValue(value)

@@ -13,10 +13,12 @@ from runner.errors import (
     UnknownWorkflow,
 )
 from runner.runner import PublishedWorkflow, PublishResult, Runner
-from runner.scopes import InvalidScope, validate_scope
+from runner.scopes import ALL_SCOPES, AllScopes, InvalidScope, validate_scope
 from runner.views import PersistedRun, RunView, StartRunInput, StepView, ToolCallView
 
 __all__ = [
+    "ALL_SCOPES",
+    "AllScopes",
     "Bindings",
     "FatalToolError",
     "InvalidEvent",

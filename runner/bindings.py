@@ -22,6 +22,7 @@ class Notification:
     title: str
     body: str | None
     link: str | None
+    scope: str = ""
 
 
 async def _no_notify(message: Notification) -> None:

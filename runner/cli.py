@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import importlib
+import math
 import signal
 import sys
 import traceback
@@ -22,12 +23,21 @@ import orjson
 
 from bridge import InvalidInput, QjsflowError
 from runner.bindings import Bindings, ToolFn
-from runner.cli_output import render_json, render_publish, render_run, render_runs, render_steps
+from runner.cli_output import (
+    printable,
+    render_json,
+    render_publish,
+    render_run,
+    render_runs,
+    render_steps,
+)
 from runner.config import RunnerConfig
 from runner.demo import run_demo
+from runner.errors import RunNotFound
 from runner.runner import PublishResult, Runner
+from runner.scopes import ALL_SCOPES
 from runner.store.backends import is_postgres_url
-from runner.views import RunView, StartRunInput
+from runner.views import RunView, StartRunInput, StepView
 
 __all__ = ["main"]
 
@@ -39,7 +49,7 @@ class _Parser(argparse.ArgumentParser):
     """argparse, but usage errors are one line on stderr and exit 2."""
 
     def error(self, message: str) -> Any:
-        print(f"qjsflow: error: {message}", file=sys.stderr)
+        print(f"qjsflow: error: {printable(message)}", file=sys.stderr)
         raise SystemExit(EXIT_USAGE)
 
 
@@ -127,8 +137,8 @@ def _json_arg(text: str, option: str) -> Any:
 
 
 def _config(args: argparse.Namespace) -> RunnerConfig:
-    if args.lease_ttl <= 0:
-        raise InvalidInput("--lease-ttl must be more than 0 seconds")
+    if not math.isfinite(args.lease_ttl) or args.lease_ttl <= 0:
+        raise InvalidInput("--lease-ttl must be a finite number of seconds, more than 0")
     bindings = Bindings(tools=load_tools(args.tools)) if args.tools else Bindings()
     return RunnerConfig(lease_ttl_s=args.lease_ttl, bindings=bindings)
 
@@ -159,21 +169,54 @@ async def _start(args: argparse.Namespace, runner: Runner) -> RunView:
     return await runner.start(request)
 
 
+async def _scope_of(args: argparse.Namespace, runner: Runner) -> str:
+    """`--scope`, or for an operator who left it out, the one scope that has this run id."""
+    if args.scope is not None:
+        return str(args.scope)
+    scopes = await runner.scopes_of(args.run)
+    if not scopes:
+        raise RunNotFound(args.run)
+    if len(scopes) > 1:
+        raise InvalidInput(
+            f"run {args.run!r} exists in {len(scopes)} scopes ({', '.join(scopes[:10])}): "
+            "say which with --scope"
+        )
+    return scopes[0]
+
+
 async def _signal(args: argparse.Namespace, runner: Runner) -> RunView:
     payload = _json_arg(args.payload, "--payload")
-    return await runner.signal(args.run, args.type, payload, scope=args.scope)
+    scope = await _scope_of(args, runner)
+    return await runner.signal(args.run, args.type, payload, scope=scope)
 
 
 async def _list(args: argparse.Namespace, runner: Runner) -> list[RunView]:
-    return await runner.list(scope=args.scope, workflow=args.workflow, status=args.status)
+    scope = ALL_SCOPES if args.scope is None else args.scope
+    return await runner.list(scope=scope, workflow=args.workflow, status=args.status)
+
+
+async def _status(args: argparse.Namespace, runner: Runner) -> RunView:
+    return await runner.get(args.run, scope=await _scope_of(args, runner))
+
+
+async def _resume(args: argparse.Namespace, runner: Runner) -> RunView:
+    return await runner.resume(args.run, scope=await _scope_of(args, runner))
+
+
+async def _cancel(args: argparse.Namespace, runner: Runner) -> RunView:
+    return await runner.cancel(args.run, scope=await _scope_of(args, runner))
+
+
+async def _steps(args: argparse.Namespace, runner: Runner) -> list[StepView]:
+    return await runner.list_steps(args.run, scope=await _scope_of(args, runner))
 
 
 _RUN_COMMANDS: dict[str, _Command] = {
     "start": _start,
     "signal": _signal,
-    "status": lambda args, runner: runner.get(args.run, scope=args.scope),
-    "resume": lambda args, runner: runner.resume(args.run, scope=args.scope),
-    "cancel": lambda args, runner: runner.cancel(args.run, scope=args.scope),
+    "status": _status,
+    "resume": _resume,
+    "cancel": _cancel,
 }
 
 
@@ -200,8 +243,7 @@ def _run(args: argparse.Namespace) -> str:
             else f"worker stopped after {drives} drives"
         )
     if command == "steps":
-        list_steps: _Command = lambda a, r: r.list_steps(a.run, scope=a.scope)  # noqa: E731
-        steps = asyncio.run(_with_runner(args, list_steps))
+        steps = asyncio.run(_with_runner(args, _steps))
         return render_json(steps) if args.json else render_steps(steps)
     if command == "list":
         runs = asyncio.run(_with_runner(args, _list))
@@ -210,8 +252,24 @@ def _run(args: argparse.Namespace) -> str:
     return render_json(view) if args.json else render_run(view, colour)
 
 
+def _check_utf8(argv: Sequence[str]) -> None:
+    """Python hands undecodable argument bytes over as lone surrogates: refuse them here, so
+    that no name or value that cannot be stored or printed goes any further."""
+    for position, argument in enumerate(argv, start=1):
+        try:
+            argument.encode("utf-8")
+        except UnicodeEncodeError:
+            shown = printable(argument)[:80]
+            raise InvalidInput(f"argument {position} ({shown}) is not valid UTF-8") from None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    arguments = list(sys.argv[1:] if argv is None else argv)
+    try:
+        _check_utf8(arguments)
+    except InvalidInput as error:
+        return _fail(error, EXIT_USAGE, debug=False)
+    args = _parser().parse_args(arguments)
     try:
         print(_run(args))
         return EXIT_OK
@@ -227,7 +285,7 @@ def _fail(error: BaseException, code: int, debug: bool) -> int:
     if debug:
         traceback.print_exception(error)
     message = " | ".join(line.strip() for line in str(error).splitlines() if line.strip())
-    print(f"qjsflow: error: {message or type(error).__name__}", file=sys.stderr)
+    print(f"qjsflow: error: {printable(message or type(error).__name__)}", file=sys.stderr)
     return code
 
 

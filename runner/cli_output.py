@@ -3,16 +3,25 @@
 from __future__ import annotations
 
 import dataclasses
+import re
 import time
 from collections.abc import Sequence
 from typing import Any
 
 import orjson
 
+from bridge.values import JsValue, to_json_form
 from runner.runner import PublishResult
 from runner.views import RunView, StepView
 
-__all__ = ["render_json", "render_publish", "render_run", "render_runs", "render_steps"]
+__all__ = [
+    "printable",
+    "render_json",
+    "render_publish",
+    "render_run",
+    "render_runs",
+    "render_steps",
+]
 
 _COLOURS = {
     "completed": "32",
@@ -24,23 +33,41 @@ _COLOURS = {
 }
 
 
+# What a terminal acts on or hides: C0 and C1 controls (ESC, BEL, CR, a newline that forges a
+# line), DEL, bidirectional overrides and isolates, and lone surrogates (which cannot be
+# written as UTF-8 at all).
+_UNPRINTABLE = re.compile(
+    r"[\x00-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069\ud800-\udfff]"
+)
+
+
+def printable(text: str) -> str:
+    """Author-controlled text made safe for a terminal: every character that a terminal would
+    act on, or that would hide or reorder what follows, is shown as an escape (`\\x1b`)."""
+    return _UNPRINTABLE.sub(_escape, text)
+
+
+def _escape(match: re.Match[str]) -> str:
+    code = ord(match.group())
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+
+
 def render_json(value: Any) -> str:
-    """Views (dataclasses, lists of them, dicts) as one JSON document."""
-    return orjson.dumps(_plain(value), default=_fallback).decode()
+    """Views (dataclasses, lists of them, dicts) as one JSON document; values that plain JSON
+    cannot hold are written in the journal's tagged form (bridge.values)."""
+    return orjson.dumps(to_json_form(_plain(value))).decode()
 
 
 def _plain(value: Any) -> Any:
+    if isinstance(value, JsValue):
+        return value
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         return {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
     if isinstance(value, list | tuple):
         return [_plain(item) for item in value]
+    if isinstance(value, dict):
+        return {key: _plain(item) for key, item in value.items()}
     return value
-
-
-def _fallback(value: Any) -> Any:
-    if isinstance(value, bytes):
-        return value.hex()
-    raise TypeError(f"{type(value).__name__} is not JSON serializable")
 
 
 def render_publish(result: PublishResult) -> str:
@@ -53,9 +80,12 @@ def render_publish(result: PublishResult) -> str:
 
 def render_run(run: RunView, colour: bool) -> str:
     lines = [
-        ("run", run.run_id),
+        ("run", printable(run.run_id)),
         ("status", _status(run.status, colour)),
-        ("workflow", f"{run.workflow} (scope {run.scope}, snapshot {run.snapshot_id[:12]})"),
+        (
+            "workflow",
+            printable(f"{run.workflow} (scope {run.scope}, snapshot {run.snapshot_id[:12]})"),
+        ),
         ("created", age(run.created_at)),
         ("updated", age(run.updated_at)),
     ]
@@ -66,7 +96,7 @@ def render_run(run: RunView, colour: bool) -> str:
     if run.status == "completed":
         lines.append(("output", _short(run.output)))
     if run.error:
-        lines.append(("error", run.error))
+        lines.append(("error", printable(run.error)))
     width = max(len(name) for name, _ in lines)
     return "\n".join(f"{name.ljust(width)}  {value}" for name, value in lines)
 
@@ -76,7 +106,14 @@ def render_runs(runs: Sequence[RunView], colour: bool) -> str:
         return "no runs"
     rows = [("RUN", "STATUS", "WORKFLOW", "AGE", "NEXT")]
     rows += [
-        (r.run_id, _status(r.status, colour), r.workflow, age(r.created_at), _next(r)) for r in runs
+        (
+            printable(r.run_id),
+            _status(r.status, colour),
+            printable(r.workflow),
+            age(r.created_at),
+            _next(r),
+        )
+        for r in runs
     ]
     return "\n".join(table(rows))
 
@@ -86,8 +123,8 @@ def render_steps(steps: Sequence[StepView]) -> str:
         return "no steps"
     rows = [("KIND", "NAME", "#", "STATUS", "ATTEMPT", "RESULT")]
     rows += [
-        (s.kind, s.name, str(s.count), s.status, str(s.attempt),
-         s.error if s.error else _short(s.output))
+        (printable(s.kind), printable(s.name), str(s.count), printable(s.status),
+         str(s.attempt), printable(s.error) if s.error else _short(s.output))
         for s in steps
     ]  # fmt: skip
     return "\n".join(table(rows))
@@ -121,7 +158,7 @@ def _span(seconds: float) -> str:
 def _next(run: RunView) -> str:
     if run.status == "waiting" and run.waiting_for:
         timeout = f" (times out {age(run.wake_at)})" if run.wake_at else ""
-        return f"event {run.waiting_for}{timeout}"
+        return f"event {printable(run.waiting_for)}{timeout}"
     if run.wake_at is not None and run.status not in {"completed", "failed", "cancelled"}:
         return f"wakes {age(run.wake_at)}"
     return ""
@@ -129,7 +166,7 @@ def _next(run: RunView) -> str:
 
 def _status(status: str, colour: bool) -> str:
     if not colour or status not in _COLOURS:
-        return status
+        return printable(status)
     return f"\x1b[{_COLOURS[status]}m{status}\x1b[0m"
 
 
@@ -138,5 +175,6 @@ def _visible(cell: str) -> int:
 
 
 def _short(value: Any, limit: int = 60) -> str:
-    text = orjson.dumps(value, default=_fallback).decode()
+    # JSON text escapes controls; `printable` catches what JSON leaves as is (C1, bidi).
+    text = printable(orjson.dumps(to_json_form(value)).decode())
     return text if len(text) <= limit else text[: limit - 1] + "…"

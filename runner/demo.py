@@ -21,6 +21,7 @@ from runner.bindings import Bindings
 from runner.cli_output import render_json, table
 from runner.config import RunnerConfig
 from runner.runner import Runner
+from runner.scopes import run_key
 from runner.store import EventRecord
 from runner.views import RunView, StartRunInput
 from runner.worker import worker_command
@@ -125,13 +126,15 @@ async def _story(story: _Story) -> dict[str, Any]:
         story.say(f"5. worker {second.pid} started; it recovers the run once the dead "
                   f"worker's {LEASE_TTL_S:g}s lease lapses")  # fmt: skip
         await _until(lambda: _status_is(runner, run.run_id, "waiting"), "the approval wait")
-        waiting = await runner.get(run.run_id)
+        waiting = await runner.get(run.run_id, scope="demo")
         story.say(f"6. the run is {waiting.status} for the event {waiting.waiting_for!r}")
 
-        await runner.signal(run.run_id, "approval", {"approved": True, "by": "sam"}, drive=False)
+        await runner.signal(
+            run.run_id, "approval", {"approved": True, "by": "sam"}, drive=False, scope="demo"
+        )
         story.say("7. sent the approval event; the worker picks it up")
         await _until(lambda: _status_is(runner, run.run_id, "completed"), "the run to complete")
-        done = await runner.get(run.run_id)
+        done = await runner.get(run.run_id, scope="demo")
         story.say(f"8. the run is {done.status}: {render_json(done.output)}")
         story.stop_workers()
         timeline = await _timeline(runner, done)
@@ -143,19 +146,20 @@ async def _story(story: _Story) -> dict[str, Any]:
 
 
 async def _packing(runner: Runner, run_id: str) -> bool:
-    calls = await runner.list_tool_calls(run_id)
+    calls = await runner.list_tool_calls(run_id, scope="demo")
     return any(call.address == "warehouse.pack" and call.result is None for call in calls)
 
 
 async def _status_is(runner: Runner, run_id: str, status: str) -> bool:
-    return (await runner.get(run_id)).status == status
+    return (await runner.get(run_id, scope="demo")).status == status
 
 
 async def _timeline(runner: Runner, run: RunView) -> list[tuple[str, ...]]:
     """One row per step: attempts, duration, and in which drives it ran or was replayed."""
-    events = await runner.store.list_events(run.run_id)
+    key = run_key(run.scope, run.run_id)
+    events = await runner.store.list_events(key)
     drive_of = _drive_numbers(events)
-    steps = await runner.store.list_steps(run.run_id)
+    steps = await runner.store.list_steps(key)
     rows: list[tuple[str, ...]] = [("STEP", "KIND", "ATTEMPT", "DURATION", "EXECUTED", "REPLAYED")]
     total_drives = max(drive_of.values(), default=0)
     for step in steps:

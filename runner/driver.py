@@ -26,6 +26,7 @@ from runner.config import RunnerConfig
 from runner.errors import RunNotFound
 from runner.host import DriveHost
 from runner.scopedb import ScopeDatabases
+from runner.scopes import split_run_key
 from runner.steps import failure_from_json
 from runner.store import JournalStore, JournalTransaction, Lease, LeaseLost, RunRecord
 from runner.views import TERMINAL
@@ -158,7 +159,7 @@ class RunDriver:
             self.store, lease, bindings, self.config.limits, self.now_ms, scopes=self.scopes
         )
         request = DriveRequest(
-            run_id=run.run_id,
+            run_id=split_run_key(run.run_id)[1],  # the author's event.instanceId
             workflow=run.workflow,
             bundle=await self._bundle(run),
             input=run.input,

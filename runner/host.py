@@ -39,6 +39,7 @@ from runner import steps
 from runner.bindings import Bindings, Notification
 from runner.errors import FatalToolError
 from runner.scopedb import ScopeDatabases, SqlOutcome
+from runner.scopes import split_run_key
 from runner.steps import Answered, failure_to_json
 from runner.store import JournalStore, JournalTransaction, Lease
 
@@ -226,7 +227,8 @@ class DriveHost:
         if send:
             # Best effort by contract: a failed notification fails nothing.
             with contextlib.suppress(Exception):
-                await self.bindings.notify(Notification(self.run_id, op.title, op.body, op.link))
+                scope, run_id = split_run_key(self.run_id)
+                await self.bindings.notify(Notification(run_id, op.title, op.body, op.link, scope))
         return answer
 
     # -- author SQL ----------------------------------------------------------------------------

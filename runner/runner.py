@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import builtins
+import dataclasses
 import os
 import re
 import secrets
@@ -35,7 +36,14 @@ from runner.errors import (
     UnknownWorkflow,
 )
 from runner.scopedb import ScopeDatabases
-from runner.scopes import validate_scope
+from runner.scopes import (
+    ALL_SCOPES,
+    AllScopes,
+    InvalidScope,
+    run_key,
+    split_run_key,
+    validate_scope,
+)
 from runner.store import JournalStore, JournalTransaction, LogRecord, RunRecord, SnapshotRecord
 from runner.views import (
     TERMINAL,
@@ -149,7 +157,7 @@ class Runner:
         existing run; different ones raise `RunConflict`.
         """
         scope = validate_scope(request.scope)
-        run_id = self._run_id(request.run_id)
+        run_id = run_key(scope, self._run_id(request.run_id))
         snapshot = await self._store.find_snapshot(scope, request.snapshot_id)
         if snapshot is None:
             raise SnapshotNotFound(scope, request.snapshot_id)
@@ -183,13 +191,11 @@ class Runner:
             return run_view(record)
         return await self._drive(run_id, bindings)
 
-    async def resume(
-        self, run_id: str, bindings: Bindings | None = None, *, scope: str | None = None
-    ) -> RunView:
+    async def resume(self, run_id: str, bindings: Bindings | None = None, *, scope: str) -> RunView:
         """Drive a run again: after a crash, or once its timer is due. A finished run is
         returned as it is."""
-        await self._run(run_id, scope)
-        return await self._drive(run_id, bindings)
+        run = await self._run(run_id, scope)
+        return await self._drive(run.run_id, bindings)
 
     async def signal(
         self,
@@ -198,7 +204,7 @@ class Runner:
         payload: object = None,
         bindings: Bindings | None = None,
         *,
-        scope: str | None = None,
+        scope: str,
         drive: bool = True,
     ) -> RunView:
         """Deliver an event for `step.waitForEvent`. Events that arrive before the wait are
@@ -212,41 +218,41 @@ class Runner:
         encoded = from_python(
             payload, max_bytes=self.config.limits.value_bytes, what="the event payload"
         )
-        _check_names(run_id, scope)
+        key = _key(run_id, scope)
         now = self._driver.now_ms()
 
         def deliver(tx: JournalTransaction) -> RunRecord:
-            run = _owned(tx.get_run(run_id), run_id, scope)
+            run = _found(tx.get_run(key), run_id)
             if run.status in TERMINAL or run.cancel_requested:
                 raise RunClosed(run_id, "cancelled" if run.cancel_requested else run.status)
-            seq = tx.insert_inbox(run_id, event_type, encoded, now)
+            seq = tx.insert_inbox(key, event_type, encoded, now)
             tx.append_event(
-                run_id, "event_received", now, dumps_text({"type": event_type, "inbox": seq})
+                key, "event_received", now, dumps_text({"type": event_type, "inbox": seq})
             )
             if run.status == "waiting":
                 # Wakes the run for whichever driver comes next, here or in a worker.
-                tx.set_timer(run_id, SIGNAL_TIMER, "signal", now)
+                tx.set_timer(key, SIGNAL_TIMER, "signal", now)
             return run
 
         current = await self._store.transact(deliver)
         if drive and current.status == "waiting":
-            return await self._drive(run_id, bindings)
+            return await self._drive(key, bindings)
         return run_view(current)
 
-    async def cancel(self, run_id: str, *, scope: str | None = None) -> RunView:
+    async def cancel(self, run_id: str, *, scope: str) -> RunView:
         """Stop a run at its next suspension point (at once if it is suspended now). Later
         signals are refused."""
-        _check_names(run_id, scope)
+        key = _key(run_id, scope)
         now = self._driver.now_ms()
 
         def request_cancel(tx: JournalTransaction) -> None:
-            run = _owned(tx.get_run(run_id), run_id, scope)
+            run = _found(tx.get_run(key), run_id)
             if run.status not in TERMINAL and not run.cancel_requested:
-                tx.update_run(run_id, cancel_requested=1, updated_at=now)
-                tx.append_event(run_id, "cancel_requested", now, None)
+                tx.update_run(key, cancel_requested=1, updated_at=now)
+                tx.append_event(key, "cancel_requested", now, None)
 
         await self._store.transact(request_cancel)
-        return await self._drive(run_id, None)
+        return await self._drive(key, None)
 
     async def serve(
         self,
@@ -264,46 +270,50 @@ class Runner:
         await worker.serve(until_idle=until_idle, stop=stop)
         return worker.drives
 
-    async def get(self, run_id: str, *, scope: str | None = None) -> RunView:
+    async def get(self, run_id: str, *, scope: str) -> RunView:
         return run_view(await self._run(run_id, scope))
 
-    async def get_persisted(self, run_id: str, *, scope: str | None = None) -> PersistedRun:
+    async def get_persisted(self, run_id: str, *, scope: str) -> PersistedRun:
         run = await self._run(run_id, scope)
         bindings = to_python(run.persisted_bindings)
-        return PersistedRun(run.run_id, run.snapshot_id, run.entry_path, dict(bindings))
+        return PersistedRun(run_id, run.snapshot_id, run.entry_path, dict(bindings))
 
     async def list(
         self,
         *,
-        scope: str | None = None,
+        scope: str | AllScopes,
         workflow: str | None = None,
         status: str | None = None,
         limit: int = 1000,
     ) -> list[RunView]:
-        if scope is not None:
-            validate_scope(scope)
-        runs = await self._store.list_runs(scope, workflow, status, limit)
+        """Runs of one scope, oldest first; an operator passes `scope=ALL_SCOPES` to see
+        every scope's (there is no default, so isolation is never off by omission)."""
+        chosen = None if scope is ALL_SCOPES else validate_scope(scope)
+        runs = await self._store.list_runs(chosen, workflow, status, limit)
         return [run_view(run) for run in runs]
 
-    async def list_steps(self, run_id: str, *, scope: str | None = None) -> builtins.list[StepView]:
-        await self._run(run_id, scope)
-        return [step_view(step) for step in await self._store.list_steps(run_id)]
+    async def scopes_of(self, run_id: str) -> builtins.list[str]:
+        """For operators: every scope that has a run with this id (run ids are per scope)."""
+        _check_names(run_id, None)
+        return await self._store.scopes_of_run(run_id)
 
-    async def list_tool_calls(
-        self, run_id: str, *, scope: str | None = None
-    ) -> builtins.list[ToolCallView]:
+    async def list_steps(self, run_id: str, *, scope: str) -> builtins.list[StepView]:
+        run = await self._run(run_id, scope)
+        return [step_view(step) for step in await self._store.list_steps(run.run_id)]
+
+    async def list_tool_calls(self, run_id: str, *, scope: str) -> builtins.list[ToolCallView]:
         """The audit trail of `step.tool`: one row per call, in order."""
-        await self._run(run_id, scope)
-        return [tool_call_view(call) for call in await self._store.list_tool_calls(run_id)]
+        run = await self._run(run_id, scope)
+        return [tool_call_view(call) for call in await self._store.list_tool_calls(run.run_id)]
 
-    async def list_logs(self, run_id: str, *, scope: str | None = None) -> builtins.list[LogRecord]:
-        await self._run(run_id, scope)
-        return await self._store.list_logs(run_id)
+    async def list_logs(self, run_id: str, *, scope: str) -> builtins.list[LogRecord]:
+        run = await self._run(run_id, scope)
+        logs = await self._store.list_logs(run.run_id)
+        return [dataclasses.replace(log, run_id=run_id) for log in logs]
 
-    async def _run(self, run_id: str, scope: str | None) -> RunRecord:
-        """The run, or RunNotFound — also when it belongs to another scope."""
-        _check_names(run_id, scope)
-        return _owned(await self._store.get_run(run_id), run_id, scope)
+    async def _run(self, run_id: str, scope: str) -> RunRecord:
+        """The run of this scope, or RunNotFound."""
+        return _found(await self._store.get_run(_key(run_id, scope)), run_id)
 
     async def _drive(self, run_id: str, bindings: Bindings | None) -> RunView:
         run = await self._driver.drive(run_id, bindings or self.config.bindings)
@@ -333,9 +343,16 @@ def _check_names(run_id: str, scope: str | None) -> None:
         raise RunNotFound(str(run_id)[:128])
 
 
-def _owned(run: RunRecord | None, run_id: str, scope: str | None) -> RunRecord:
-    """A run of another scope answers exactly like a missing one."""
-    if run is None or (scope is not None and run.scope != scope):
+def _key(run_id: str, scope: str) -> str:
+    """The journal key of a caller's run: a scope must always be named."""
+    if scope is None:
+        raise InvalidScope(scope)
+    _check_names(run_id, scope)
+    return run_key(scope, run_id)
+
+
+def _found(run: RunRecord | None, run_id: str) -> RunRecord:
+    if run is None:
         raise RunNotFound(run_id)
     return run
 
@@ -343,11 +360,11 @@ def _owned(run: RunRecord | None, run_id: str, scope: str | None) -> RunRecord:
 def _check_same(existing: RunRecord, wanted: RunRecord) -> None:
     differences = [
         name
-        for name in ("scope", "workflow", "snapshot_id", "input", "persisted_bindings")
+        for name in ("workflow", "snapshot_id", "input", "persisted_bindings")
         if getattr(existing, name) != getattr(wanted, name)
     ]
-    if differences:
-        raise RunConflict(wanted.run_id, differences)
+    if differences:  # the run is the caller's own scope's: the key holds the scope
+        raise RunConflict(split_run_key(wanted.run_id)[1], differences)
 
 
 def _published(record: SnapshotRecord, *, created: bool) -> PublishResult:

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import enum
 import re
+from typing import Final
 
 from bridge import InvalidInput
 
-__all__ = ["InvalidScope", "validate_scope"]
+__all__ = ["ALL_SCOPES", "AllScopes", "InvalidScope", "run_key", "split_run_key", "validate_scope"]
 
 _SCOPE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,63}$")
 
@@ -24,3 +26,25 @@ def validate_scope(scope: object) -> str:
     if not isinstance(scope, str) or not _SCOPE.fullmatch(scope):
         raise InvalidScope(scope)
     return scope
+
+
+class AllScopes(enum.Enum):
+    """An operator's explicit request to look across every scope (`Runner.list`)."""
+
+    ALL = "all"
+
+
+ALL_SCOPES: Final = AllScopes.ALL
+
+
+def run_key(scope: str, run_id: str) -> str:
+    """The journal's key of a run: runs are keyed by (scope, run id), so two scopes may use
+    the same run id and neither can see, block or guess the other's. Neither part can hold
+    a '/', so the key is unambiguous."""
+    return f"{scope}/{run_id}"
+
+
+def split_run_key(key: str) -> tuple[str, str]:
+    """(scope, run id) of a journal key."""
+    scope, _, run_id = key.partition("/")
+    return scope, run_id

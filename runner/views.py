@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from bridge.values import to_python
+from runner.scopes import split_run_key
 from runner.steps import failure_from_json
 from runner.store import RunRecord, StepRow, ToolCallRecord
 
@@ -108,7 +109,7 @@ def _error_message(text: str | None) -> str | None:
 
 def run_view(run: RunRecord) -> RunView:
     return RunView(
-        run_id=run.run_id,
+        run_id=split_run_key(run.run_id)[1],
         scope=run.scope,
         workflow=run.workflow,
         snapshot_id=run.snapshot_id,
@@ -125,7 +126,7 @@ def run_view(run: RunRecord) -> RunView:
 
 def step_view(step: StepRow) -> StepView:
     return StepView(
-        run_id=step.run_id,
+        run_id=split_run_key(step.run_id)[1],
         name=step.name,
         kind=step.kind,
         count=step.count,
@@ -139,7 +140,7 @@ def step_view(step: StepRow) -> StepView:
 
 def tool_call_view(call: ToolCallRecord) -> ToolCallView:
     return ToolCallView(
-        run_id=call.run_id,
+        run_id=split_run_key(call.run_id)[1],
         step=call.step_key.split(":", 2)[2],
         attempt=call.attempt,
         address=call.address,

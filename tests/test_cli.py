@@ -208,3 +208,66 @@ def test_the_cli_speaks_postgresql_urls(tmp_path: Path, postgres: PostgresServer
     assert (run["status"], run["output"]) == ("completed", 42)
     assert [s["name"] for s in ok("steps", run["run_id"])] == ["add"]
     assert ok("status", run["run_id"], "--scope", "acme")["status"] == "completed"
+
+
+def test_an_unscoped_operator_command_asks_which_scope(cli: Cli, tmp_path: Path) -> None:
+    root = _tree(tmp_path)
+    for scope in ("acme", "globex"):
+        snapshot = cli.ok("publish", str(root), "--scope", scope)["snapshot_id"]
+        started = cli.run("start", "greet", "--scope", scope, "--snapshot", snapshot,
+                          "--run-id", "same", "--input", '{"name": "x"}')  # fmt: skip
+        assert started.returncode == 0, started.stderr
+    ambiguous = cli.run("status", "same")
+    assert ambiguous.returncode == 2
+    assert "exists in 2 scopes (acme, globex)" in ambiguous.stderr
+    assert "--scope" in ambiguous.stderr
+    assert cli.ok("status", "same", "--scope", "globex")["scope"] == "globex"
+    listed = cli.ok("list")
+    assert sorted(r["scope"] for r in listed) == ["acme", "globex"]
+    missing = cli.run("status", "nobody")
+    assert missing.returncode == 2
+    assert "no run 'nobody'" in missing.stderr
+
+
+FORGER = """
+export default async (event, step) => {
+  await step.do("x\\u202e\\u009b2J", async () => "\\u009b31m");
+  throw new Error("boom\\nstatus    completed\\u001b]0;owned\\u0007\\u202e");
+};
+"""
+
+
+def test_human_output_escapes_what_authors_control(cli: Cli, tmp_path: Path) -> None:
+    root = tmp_path / "forger"
+    (root / "workflows").mkdir(parents=True)
+    (root / "workflows" / "forge.ts").write_text(FORGER)
+    snapshot = cli.ok("publish", str(root), "--scope", "acme")["snapshot_id"]
+    for args in (
+        ("start", "forge", "--scope", "acme", "--snapshot", snapshot, "--run-id", "f1"),
+        ("status", "f1"),
+        ("steps", "f1"),
+    ):
+        done = cli.run(*args, json=False)
+        assert done.returncode == 0, done.stderr
+        assert not any(c in done.stdout for c in "\x1b\x07\u202e\x9b"), done.stdout
+        assert "\\x1b" in done.stdout or "\\x9b" in done.stdout
+    status = cli.run("status", "f1", json=False).stdout.splitlines()
+    assert [line.split()[1] for line in status if line.startswith("status")] == ["failed"]
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (("list", "--workflow", "\udcff"), "argument 5 (\\udcff) is not valid UTF-8"),
+        (("--lease-ttl", "nan", "list"), "--lease-ttl must be a finite number"),
+        (("--lease-ttl", "inf", "list"), "--lease-ttl must be a finite number"),
+    ],
+)
+def test_bad_arguments_exit_2(cli: Cli, args: tuple[str, ...], message: str) -> None:
+    cli.ok("publish", str(_tree(cli.db.parent)), "--scope", "acme")
+    done = subprocess.run(
+        [sys.executable, "-m", "runner.cli", "--db", str(cli.db), *args],
+        cwd=PROJECT_ROOT, capture_output=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert done.returncode == 2, done.stderr
+    assert message in done.stderr.decode(), done.stderr

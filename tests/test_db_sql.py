@@ -150,11 +150,13 @@ export default async (event, step) => {
 async def test_results_replay_from_the_journal(sql_runner: Runner, clock: FakeClock) -> None:
     run = await start_source(sql_runner, MEMO, {"n": 7})
     assert run.status == "sleeping"
-    await sql_runner.resume(run.run_id)
+    await sql_runner.resume(run.run_id, scope="acme")
     clock.advance(61)
-    done = await sql_runner.resume(run.run_id)
+    done = await sql_runner.resume(run.run_id, scope="acme")
     assert done.output == {"changes": 1, "rows": [{"n": 7}]}
-    sql_steps = [s for s in await sql_runner.list_steps(run.run_id) if s.kind == "sql"]
+    sql_steps = [
+        s for s in await sql_runner.list_steps(run.run_id, scope="acme") if s.kind == "sql"
+    ]
     assert [(s.count, s.status) for s in sql_steps] == [
         (1, "completed"),
         (2, "completed"),
@@ -194,7 +196,7 @@ async def test_an_insert_applied_before_a_crash_is_not_applied_twice(tmp_path: P
     with sqlite3.connect(scope_file) as connection:
         assert connection.execute("SELECT count(*) FROM orders").fetchone() == (1,)
     async with Runner.open(db) as runner:
-        sql_steps = [s for s in await runner.list_steps("once") if s.kind == "sql"]
+        sql_steps = [s for s in await runner.list_steps("once", scope="acme") if s.kind == "sql"]
         # The CREATE ran inside the step "make table", so it is named after it; the INSERT is
         # the body's own first call, applied in the scope database but not yet journaled.
         assert [(s.name, s.count, s.status) for s in sql_steps] == [
@@ -205,7 +207,7 @@ async def test_an_insert_applied_before_a_crash_is_not_applied_twice(tmp_path: P
     recovered = worker(crash_on="")
     assert recovered.returncode == 0, recovered.stderr
     async with Runner.open(db) as runner:
-        run = await runner.get("once")
+        run = await runner.get("once", scope="acme")
         assert (run.status, run.output) == ("completed", 1)
     with sqlite3.connect(scope_file) as connection:
         assert connection.execute("SELECT count(*) FROM orders").fetchone() == (1,)

@@ -18,6 +18,7 @@ import psycopg
 import pytest
 
 from runner import Runner, RunnerConfig, StartRunInput
+from runner.scopes import run_key
 from runner.worker import worker_command
 from sandbox import PoolConfig
 from tests.conftest import PROJECT_ROOT
@@ -112,7 +113,7 @@ async def _until(condition: Callable[[], object], timeout_s: float, what: str) -
 
 
 async def _all_done(api: Runner, run_ids: list[str]) -> bool:
-    statuses = [(await api.get(run_id)).status for run_id in run_ids]
+    statuses = [(await api.get(run_id, scope="acme")).status for run_id in run_ids]
     return all(status in {"completed", "failed", "cancelled"} for status in statuses)
 
 
@@ -156,7 +157,7 @@ async def test_sigkill_at_random_moments_loses_and_repeats_nothing(
         worker.wait(timeout=30)
         if kill == 8:
             for run_id in run_ids:  # buffered if the run has not reached its wait yet
-                await api.signal(run_id, "approve", "boss", drive=False)
+                await api.signal(run_id, "approve", "boss", drive=False, scope="acme")
     survivor = workers.spawn("--concurrency", "6")
     await workers.serving(survivor)
     await _until(lambda: _all_done(api, run_ids), 300, "every run to finish")
@@ -166,9 +167,9 @@ async def test_sigkill_at_random_moments_loses_and_repeats_nothing(
     expected = [*range(STEPS // 2), "boss", *range(STEPS // 2, STEPS)]
     lines = workers.tool_lines()
     for run_id in run_ids:
-        run = await api.get(run_id)
+        run = await api.get(run_id, scope="acme")
         assert (run.status, run.output) == ("completed", expected), run.error
-        calls = await api.list_tool_calls(run_id)
+        calls = await api.list_tool_calls(run_id, scope="acme")
         for step in range(STEPS):
             rows = [c for c in calls if c.step == f"do:1:step {step}/append {step}"]
             recorded = [i for i, c in enumerate(rows) if c.result is not None]
@@ -211,14 +212,21 @@ async def test_two_workers_share_200_runs(workers: Workers, api: Runner) -> None
     assert first.wait(timeout=240) == 0
     assert second.wait(timeout=240) == 0
     for n, run_id in enumerate(run_ids):
-        run = await api.get(run_id)
+        run = await api.get(run_id, scope="acme")
         assert (run.status, run.output) == ("completed", 2 * n + 1)
     drivers: set[str] = set()
     for run_id in run_ids:
-        for event in await api.store.list_events(run_id):
+        for event in await api.store.list_events(run_key("acme", run_id)):
             if event.type == "drive_started" and event.data:
                 drivers.add(event.data)
-        assert sum(1 for e in await api.store.list_events(run_id) if e.type == "run_completed") == 1
+        assert (
+            sum(
+                1
+                for e in await api.store.list_events(run_key("acme", run_id))
+                if e.type == "run_completed"
+            )
+            == 1
+        )
     assert len(drivers) == 2, "both workers drove runs"
     _journal_checks(workers.db)
 
@@ -239,18 +247,19 @@ async def test_a_paused_driver_whose_lease_was_taken_cannot_write(
     await _until(lambda: workers.tool_lines()[("paused", "slow")] == 1, 60, "the first tool call")
     paused.send_signal(signal.SIGSTOP)
     await asyncio.sleep(2.0)  # past the 1 s lease
-    events_before = {e.seq for e in await api.store.list_events("paused")}
+    events_before = {e.seq for e in await api.store.list_events(run_key("acme", "paused"))}
     taker = workers.spawn("--until-idle", lease_ttl=1.0)
     assert taker.wait(timeout=60) == 0
-    run = await api.get("paused")
+    run = await api.get("paused", scope="acme")
     assert run.status == "completed"
     paused.send_signal(signal.SIGCONT)
     await asyncio.sleep(4.0)  # the paused tool call returns and its driver tries to write
     epochs = _query(
-        workers.db, "SELECT seq, type, epoch FROM events WHERE run_id = 'paused' ORDER BY seq"
+        workers.db, "SELECT seq, type, epoch FROM events WHERE run_id = 'acme/paused' ORDER BY seq"
     )
     calls = _query(
-        workers.db, "SELECT attempt, result FROM tool_calls WHERE run_id = 'paused' ORDER BY seq"
+        workers.db,
+        "SELECT attempt, result FROM tool_calls WHERE run_id = 'acme/paused' ORDER BY seq",
     )
     first_epoch = next(epoch for seq, kind, epoch in epochs if kind == "drive_started")
     late = [
@@ -261,7 +270,7 @@ async def test_a_paused_driver_whose_lease_was_taken_cannot_write(
     assert late == [], "the paused driver wrote after its lease was taken over"
     assert calls[0][1] is None  # the paused driver never recorded its tool's result
     assert run.output["attempt"] == 2
-    assert (await api.get("paused")).updated_at == run.updated_at
+    assert (await api.get("paused", scope="acme")).updated_at == run.updated_at
     paused.kill()
     _journal_checks(workers.db)
 
@@ -284,14 +293,14 @@ async def test_due_sleep_completes_when_a_worker_starts_and_signals_wake_fast(
     worker = workers.spawn()
     await workers.serving(worker)
     await _until(lambda: _status(api, "napper", "waiting"), 30, "the sleep to be woken")
-    await api.signal("napper", "go", "now", drive=False)
+    await api.signal("napper", "go", "now", drive=False, scope="acme")
     sent = time.monotonic()
     await _until(lambda: _status(api, "napper", "completed"), 5, "the signal to wake the run")
     assert time.monotonic() - sent < 1.0
     worker.send_signal(signal.SIGTERM)
     assert worker.wait(timeout=30) == 0
-    assert (await api.get("napper")).output == "now"
+    assert (await api.get("napper", scope="acme")).output == "now"
 
 
 async def _status(api: Runner, run_id: str, status: str) -> bool:
-    return (await api.get(run_id)).status == status
+    return (await api.get(run_id, scope="acme")).status == status

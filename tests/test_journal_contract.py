@@ -9,6 +9,7 @@ import psycopg
 import pytest
 
 from runner import Bindings, Runner, RunnerConfig
+from runner.scopes import run_key
 from runner.store import LeaseLost
 from sandbox import PoolConfig
 from tests.conftest import FakeClock, start_source
@@ -21,18 +22,26 @@ async def test_a_taken_over_lease_writes_nothing(clocked_runner: Runner, clock: 
     run = await start_source(clocked_runner, SLEEPER)
     store = clocked_runner.store
     now = int(clock() * 1000)
-    first = await store.acquire_lease(run.run_id, "first", now, 1000)
+    first = await store.acquire_lease(run_key("acme", run.run_id), "first", now, 1000)
     assert first is not None
-    assert await store.acquire_lease(run.run_id, "second", now + 500, 1000) is None  # still held
-    second = await store.acquire_lease(run.run_id, "second", now + 1001, 1000)  # lapsed
+    assert (
+        await store.acquire_lease(run_key("acme", run.run_id), "second", now + 500, 1000) is None
+    )  # still held
+    second = await store.acquire_lease(
+        run_key("acme", run.run_id), "second", now + 1001, 1000
+    )  # lapsed
     assert second is not None
     assert second.epoch == first.epoch + 1
     counts = await store.table_counts()
     with pytest.raises(LeaseLost, match="was taken over"):
-        await store.transact(lambda tx: tx.append_event(run.run_id, "late", now, None), first)
+        await store.transact(
+            lambda tx: tx.append_event(run_key("acme", run.run_id), "late", now, None), first
+        )
     assert not await store.renew_lease(first, now + 1100, 1000)
     assert await store.table_counts() == counts
-    await store.transact(lambda tx: tx.append_event(run.run_id, "fresh", now, None), second)
+    await store.transact(
+        lambda tx: tx.append_event(run_key("acme", run.run_id), "fresh", now, None), second
+    )
     assert (await store.table_counts())["events"] == counts["events"] + 1
 
 
@@ -42,9 +51,9 @@ async def test_due_timers_make_a_run_claimable(clocked_runner: Runner, clock: Fa
     now = int(clock() * 1000)
     assert await store.claimable_runs(now, 10) == []
     assert await store.next_due() == now + 60_000
-    assert await store.claimable_runs(now + 60_000, 10) == [run.run_id]
+    assert await store.claimable_runs(now + 60_000, 10) == [run_key("acme", run.run_id)]
     clock.advance(60)
-    assert (await clocked_runner.resume(run.run_id)).status == "completed"
+    assert (await clocked_runner.resume(run.run_id, scope="acme")).status == "completed"
     assert await store.next_due() is None
 
 
@@ -57,9 +66,9 @@ async def test_group_commit_keeps_each_failure_to_itself(clocked_runner: Runner)
         raise RuntimeError("this piece fails")
 
     results = await asyncio.gather(
-        store.transact(lambda tx: tx.append_event(run.run_id, "a", 1, None)),
+        store.transact(lambda tx: tx.append_event(run_key("acme", run.run_id), "a", 1, None)),
         store.transact(fails),
-        store.transact(lambda tx: tx.append_event(run.run_id, "b", 2, None)),
+        store.transact(lambda tx: tx.append_event(run_key("acme", run.run_id), "b", 2, None)),
         return_exceptions=True,
     )
     assert isinstance(results[1], RuntimeError)
@@ -94,9 +103,11 @@ async def test_a_driver_whose_heartbeat_fails_stops_and_leaves_its_caller_alone(
         stolen: list[int] = []
 
         async def slow(args: object) -> str:
-            run = next(iter(await runner.list()))
+            run = next(iter(await runner.list(scope="acme")))
             # Another driver takes the run over while this tool call is in flight.
-            lease = await runner.store.acquire_lease(run.run_id, "thief", 2**50, 10_000)
+            lease = await runner.store.acquire_lease(
+                run_key("acme", run.run_id), "thief", 2**50, 10_000
+            )
             assert lease is not None
             stolen.append(lease.epoch)
             await asyncio.sleep(1.0)
@@ -108,8 +119,8 @@ async def test_a_driver_whose_heartbeat_fails_stops_and_leaves_its_caller_alone(
         assert task is not None
         assert task.cancelling() == 0
         assert run.status == "running"  # left for the thief; nothing of the result was written
-        calls = await runner.list_tool_calls(run.run_id)
+        calls = await runner.list_tool_calls(run.run_id, scope="acme")
         assert [c.result for c in calls] == [None]
-        kinds = [e.type for e in await runner.store.list_events(run.run_id)]
+        kinds = [e.type for e in await runner.store.list_events(run_key("acme", run.run_id))]
         assert "step_completed" not in kinds
         assert stolen

@@ -50,7 +50,7 @@ async def test_four_workers_drive_1000_runs_once_each(postgres: PostgresServer) 
         ).fetchall()
         assert statuses == [("completed", 1000)]
         wrong = connection.execute(
-            "SELECT count(*) FROM runs WHERE output <> (45 + substr(run_id, 2)::int)::text"
+            "SELECT count(*) FROM runs WHERE output <> (45 + substr(run_id, 7)::int)::text"
         ).fetchone()
         assert wrong == (0,)
         completions = connection.execute(

@@ -5,7 +5,16 @@ from __future__ import annotations
 import pytest
 
 from bridge import InvalidInput
-from runner import InvalidEvent, RunClosed, Runner, RunNotFound
+from runner import (
+    ALL_SCOPES,
+    InvalidEvent,
+    RunClosed,
+    RunConflict,
+    Runner,
+    RunNotFound,
+    StartRunInput,
+)
+from runner.scopes import run_key
 from tests.conftest import FakeClock, start_source
 
 BUFFERED = """
@@ -23,10 +32,10 @@ async def test_events_sent_before_the_wait_are_buffered_fifo(
 ) -> None:
     run = await start_source(clocked_runner, BUFFERED)
     assert run.status == "sleeping"
-    await clocked_runner.signal(run.run_id, "item", {"n": 1})
-    await clocked_runner.signal(run.run_id, "item", {"n": 2})
+    await clocked_runner.signal(run.run_id, "item", {"n": 1}, scope="acme")
+    await clocked_runner.signal(run.run_id, "item", {"n": 2}, scope="acme")
     clock.advance(60)
-    done = await clocked_runner.resume(run.run_id)
+    done = await clocked_runner.resume(run.run_id, scope="acme")
     assert done.status == "completed"
     assert done.output == [{"n": 1}, {"n": 2}, "item", True]
 
@@ -52,13 +61,15 @@ async def test_a_timed_out_wait_does_not_swallow_the_next_event(
 ) -> None:
     run = await start_source(clocked_runner, THREE_WAITS)
     assert (run.status, run.waiting_for) == ("waiting", "tick")
-    run = await clocked_runner.signal(run.run_id, "tick", "one")
+    run = await clocked_runner.signal(run.run_id, "tick", "one", scope="acme")
     assert run.status == "waiting"
     clock.advance(61)  # the second wait's deadline passes with no event...
-    run = await clocked_runner.signal(run.run_id, "tick", "two")  # ...then one arrives
+    run = await clocked_runner.signal(
+        run.run_id, "tick", "two", scope="acme"
+    )  # ...then one arrives
     assert run.status == "completed"
     assert run.output == ["one", "WaitForEventTimeoutError", "two"]
-    steps = await clocked_runner.list_steps(run.run_id)
+    steps = await clocked_runner.list_steps(run.run_id, scope="acme")
     assert [s.status for s in steps] == ["completed", "failed", "completed"]
 
 
@@ -74,22 +85,22 @@ async def test_default_wait_timeout_is_a_day_and_catchable(
     run = await start_source(clocked_runner, source)
     assert run.wake_at == pytest.approx(clock() + 86400)
     clock.advance(86399)
-    assert (await clocked_runner.resume(run.run_id)).status == "waiting"
+    assert (await clocked_runner.resume(run.run_id, scope="acme")).status == "waiting"
     clock.advance(1)
-    done = await clocked_runner.resume(run.run_id)
+    done = await clocked_runner.resume(run.run_id, scope="acme")
     assert done.status == "completed"
     assert "timed out after 86400000 ms" in done.output
-    replayed = await clocked_runner.resume(done.run_id)
+    replayed = await clocked_runner.resume(done.run_id, scope="acme")
     assert replayed.output == done.output
 
 
 async def test_cancel_stops_a_waiting_run_and_refuses_signals(clocked_runner: Runner) -> None:
     run = await start_source(clocked_runner, THREE_WAITS)
-    cancelled = await clocked_runner.cancel(run.run_id)
+    cancelled = await clocked_runner.cancel(run.run_id, scope="acme")
     assert cancelled.status == "cancelled"
     with pytest.raises(RunClosed, match="is cancelled and accepts no more events"):
-        await clocked_runner.signal(run.run_id, "tick", "late")
-    assert (await clocked_runner.resume(run.run_id)).status == "cancelled"
+        await clocked_runner.signal(run.run_id, "tick", "late", scope="acme")
+    assert (await clocked_runner.resume(run.run_id, scope="acme")).status == "cancelled"
 
 
 async def test_another_scope_sees_no_run(clocked_runner: Runner) -> None:
@@ -104,7 +115,7 @@ async def test_another_scope_sees_no_run(clocked_runner: Runner) -> None:
             await call
         assert str(caught.value) == f"no run {run.run_id!r} (check the run id and the scope)"
     with pytest.raises(RunNotFound) as missing:
-        await clocked_runner.get("0" * 32)
+        await clocked_runner.get("0" * 32, scope="acme")
     assert "check the run id and the scope" in str(missing.value)
     assert (await clocked_runner.get(run.run_id, scope="acme")).status == "waiting"
     assert await clocked_runner.list(scope="other") == []
@@ -114,9 +125,9 @@ async def test_bad_signals_are_refused_and_record_nothing(clocked_runner: Runner
     run = await start_source(clocked_runner, THREE_WAITS)
     counts = await clocked_runner.store.table_counts()
     with pytest.raises(InvalidEvent, match="invalid event type"):
-        await clocked_runner.signal(run.run_id, "bad type!", 1)
+        await clocked_runner.signal(run.run_id, "bad type!", 1, scope="acme")
     with pytest.raises(InvalidInput, match="the event payload is larger than the limit"):
-        await clocked_runner.signal(run.run_id, "tick", "x" * (1024 * 1024 + 1))
+        await clocked_runner.signal(run.run_id, "tick", "x" * (1024 * 1024 + 1), scope="acme")
     assert await clocked_runner.store.table_counts() == counts
 
 
@@ -132,9 +143,9 @@ export default async (event, step) => {
 
 async def test_steps_and_events_hold_the_whole_history(clocked_runner: Runner) -> None:
     run = await start_source(clocked_runner, HISTORY)
-    done = await clocked_runner.signal(run.run_id, "go", 41)
+    done = await clocked_runner.signal(run.run_id, "go", 41, scope="acme")
     assert (done.status, done.output) == ("completed", 42)
-    steps = await clocked_runner.list_steps(run.run_id)
+    steps = await clocked_runner.list_steps(run.run_id, scope="acme")
     assert [(s.kind, s.name, s.status, s.attempt, s.output) for s in steps] == [
         ("do", "a", "completed", 1, 1),
         ("sleep", "s", "completed", 1, None),
@@ -146,7 +157,7 @@ async def test_steps_and_events_hold_the_whole_history(clocked_runner: Runner) -
             {"type": "go", "payload": 41, "timestamp": steps[2].output["timestamp"]},
         ),
     ]
-    events = [e.type for e in await clocked_runner.store.list_events(run.run_id)]
+    events = [e.type for e in await clocked_runner.store.list_events(run_key("acme", run.run_id))]
     assert events == [
         "run_created",
         "drive_started",
@@ -161,5 +172,46 @@ async def test_steps_and_events_hold_the_whole_history(clocked_runner: Runner) -
         "event_consumed",
         "run_completed",
     ]
-    seqs = [e.seq for e in await clocked_runner.store.list_events(run.run_id)]
+    seqs = [e.seq for e in await clocked_runner.store.list_events(run_key("acme", run.run_id))]
     assert seqs == sorted(seqs)
+
+
+async def test_run_ids_belong_to_their_scope(clocked_runner: Runner) -> None:
+    """Another scope can neither squat an id, nor learn that it exists, nor probe its input."""
+    squat = await clocked_runner.publish("mallory", {"workflows/flow.ts": THREE_WAITS})
+    await clocked_runner.start(
+        StartRunInput("mallory", "flow", squat.snapshot_id, {"guess": 1}, "order-44")
+    )
+    owner = await start_source(clocked_runner, THREE_WAITS, {"real": 2}, run_id="order-44")
+    assert owner.status == "waiting"
+    assert owner.input == {"real": 2}
+    # The same id, two runs: each scope sees only its own.
+    assert (await clocked_runner.get("order-44", scope="acme")).input == {"real": 2}
+    assert (await clocked_runner.get("order-44", scope="mallory")).input == {"guess": 1}
+    # A conflicting start names only what differs within the caller's own scope.
+    with pytest.raises(RunConflict) as conflict:
+        await clocked_runner.start(
+            StartRunInput("mallory", "flow", squat.snapshot_id, {"guess": 2}, "order-44")
+        )
+    assert "scope" not in str(conflict.value)
+    assert "input" in str(conflict.value)
+    await clocked_runner.signal("order-44", "tick", 1, scope="mallory")
+    steps = await clocked_runner.list_steps("order-44", scope="acme")
+    assert [s.status for s in steps] == ["waiting"]  # the owner's run got no event
+    assert sorted(await clocked_runner.scopes_of("order-44")) == ["acme", "mallory"]
+    listed = await clocked_runner.list(scope=ALL_SCOPES)
+    assert sorted((r.scope, r.run_id) for r in listed) == [
+        ("acme", "order-44"),
+        ("mallory", "order-44"),
+    ]
+
+
+async def test_the_python_api_has_no_unscoped_default(clocked_runner: Runner) -> None:
+    run = await start_source(clocked_runner, THREE_WAITS)
+    for method in ("get", "cancel", "list_steps", "list_tool_calls", "list_logs", "resume"):
+        with pytest.raises(TypeError, match="scope"):
+            await getattr(clocked_runner, method)(run.run_id)
+    with pytest.raises(TypeError, match="scope"):
+        await clocked_runner.list()  # type: ignore[call-arg]
+    with pytest.raises(InvalidInput, match="invalid scope"):
+        await clocked_runner.get(run.run_id, scope=None)  # type: ignore[arg-type]

@@ -10,6 +10,7 @@ from bridge.limits import Limits
 from bridge.types import OpEnvelope, RetryPolicy, StepCheck, StepRecord, Value
 from runner import Bindings, Runner, StartRunInput
 from runner.host import DriveHost
+from runner.scopes import run_key
 from tests.conftest import FakeClock, executor_pids, start_source
 
 
@@ -21,7 +22,9 @@ async def test_first_writer_wins(clocked_runner: Runner, clock: FakeClock) -> No
         return int(clock() * 1000)
 
     policy = RetryPolicy(0, 0, "constant", 60_000)
-    lease = await clocked_runner.store.acquire_lease(run.run_id, "test", now(), 60_000)
+    lease = await clocked_runner.store.acquire_lease(
+        run_key("acme", run.run_id), "test", now(), 60_000
+    )
     assert lease is not None
     scopes = clocked_runner.scopes
     first = DriveHost(clocked_runner.store, lease, Bindings(), Limits(), now, scopes=scopes)
@@ -31,7 +34,9 @@ async def test_first_writer_wins(clocked_runner: Runner, clock: FakeClock) -> No
     [lost] = await second([OpEnvelope(3, StepRecord("shared", 1, 1, '"second"', None))])
     assert won.result == Value(None)
     assert lost.result == Value('"first"')
-    steps = [s for s in await clocked_runner.list_steps(run.run_id) if s.name == "shared"]
+    steps = [
+        s for s in await clocked_runner.list_steps(run.run_id, scope="acme") if s.name == "shared"
+    ]
     assert [(s.status, s.output) for s in steps] == [("completed", "first")]
 
 
@@ -58,7 +63,7 @@ async def test_an_attempt_in_flight_when_the_executor_died_counts_as_failed(
     assert run.status == "completed"
     assert run.output == {"attempt": 2, "inner": "tool done"}
     assert calls == [1]  # the tool's recorded result was reused by the second attempt
-    events = await clocked_runner.store.list_events(run.run_id)
+    events = await clocked_runner.store.list_events(run_key("acme", run.run_id))
     retrying = [e for e in events if e.type == "step_retrying"]
     assert len(retrying) == 1
     assert retrying[0].data is not None
@@ -79,14 +84,14 @@ async def test_persisted_bindings_and_list_filters(clocked_runner: Runner) -> No
     done = await clocked_runner.start(request)
     assert (done.status, done.output) == ("completed", "eu")
     await clocked_runner.start(StartRunInput("acme", "other", published.snapshot_id, run_id="r2"))
-    persisted = await clocked_runner.get_persisted("r1")
+    persisted = await clocked_runner.get_persisted("r1", scope="acme")
     assert (persisted.snapshot_id, persisted.entry_path, persisted.persisted_bindings) == (
         published.snapshot_id,
         "workflows/flow.ts",
         {"region": "eu"},
     )
-    assert [r.run_id for r in await clocked_runner.list(status="sleeping")] == ["r2"]
-    assert [r.run_id for r in await clocked_runner.list(workflow="flow")] == ["r1"]
+    assert [r.run_id for r in await clocked_runner.list(scope="acme", status="sleeping")] == ["r2"]
+    assert [r.run_id for r in await clocked_runner.list(scope="acme", workflow="flow")] == ["r1"]
     assert [r.run_id for r in await clocked_runner.list(scope="acme")] == ["r1", "r2"]
 
 
@@ -114,5 +119,9 @@ async def test_calls_inside_a_replayed_body_do_not_shift_the_calls_of_others(
     run = await start_source(clocked_runner, SAME_NAMES, bindings=Bindings(tools={"echo": echo}))
     assert (run.status, run.output) == ("completed", [1, 2])
     assert seen == [1, 2]  # a's body was replayed, not rerun; b's tool result was reused
-    names = [s.name for s in await clocked_runner.list_steps(run.run_id) if s.kind == "tool"]
+    names = [
+        s.name
+        for s in await clocked_runner.list_steps(run.run_id, scope="acme")
+        if s.kind == "tool"
+    ]
     assert names == ["do:1:a/x", "do:1:b/x"]

@@ -15,6 +15,7 @@ from runner import (
     StartRunInput,
     UnknownWorkflow,
 )
+from runner.scopes import run_key
 from tests.conftest import FakeClock, start_source
 
 ALWAYS_FAILS = """
@@ -32,12 +33,14 @@ async def test_attempts_and_exhausted_retries(clocked_runner: Runner) -> None:
     run = await start_source(clocked_runner, ALWAYS_FAILS)
     assert run.status == "failed"
     assert run.error == "Error: attempt 3 failed"
-    steps = {s.name: s for s in await clocked_runner.list_steps(run.run_id)}
+    steps = {s.name: s for s in await clocked_runner.list_steps(run.run_id, scope="acme")}
     assert steps["probe"].output == 1
     assert steps["flaky"].attempt == 3
     assert steps["flaky"].status == "failed"
     starts = [
-        e for e in await clocked_runner.store.list_events(run.run_id) if e.type == "step_started"
+        e
+        for e in await clocked_runner.store.list_events(run_key("acme", run.run_id))
+        if e.type == "step_started"
     ]
     assert len(starts) == 4  # probe once, flaky three times
 
@@ -64,7 +67,7 @@ async def test_repeated_names_are_distinct_steps_with_merged_config(clocked_runn
         "retries": {"limit": 1, "delay": 10000, "backoff": "exponential"},
         "timeout": "1 minute",
     }
-    steps = await clocked_runner.list_steps(run.run_id)
+    steps = await clocked_runner.list_steps(run.run_id, scope="acme")
     assert [(s.name, s.count, s.output["n"]) for s in steps] == [
         ("repeated", 1, 1),
         ("repeated", 2, 2),
@@ -92,16 +95,18 @@ async def test_non_retryable_runs_once_and_is_not_rerun_on_replay(
     run = await start_source(clocked_runner, NON_RETRYABLE)
     assert run.status == "sleeping"
     clock.advance(11)
-    run = await clocked_runner.resume(run.run_id)
+    run = await clocked_runner.resume(run.run_id, scope="acme")
     assert run.status == "completed"
     assert run.output == "NonRetryableError: card declined"
-    charge = next(s for s in await clocked_runner.list_steps(run.run_id) if s.name == "charge")
+    charge = next(
+        s for s in await clocked_runner.list_steps(run.run_id, scope="acme") if s.name == "charge"
+    )
     assert (charge.status, charge.attempt, charge.error) == (
         "failed",
         1,
         "NonRetryableError: card declined",
     )
-    events = await clocked_runner.store.list_events(run.run_id)
+    events = await clocked_runner.store.list_events(run_key("acme", run.run_id))
     assert sum(1 for e in events if e.type == "step_started") == 1
 
 
@@ -120,7 +125,7 @@ async def test_undefined_and_dates_replay_with_their_types(
 ) -> None:
     run = await start_source(clocked_runner, TYPES)
     clock.advance(2)
-    run = await clocked_runner.resume(run.run_id)
+    run = await clocked_runner.resume(run.run_id, scope="acme")
     assert run.output == {"undef": True, "date": True, "iso": "2024-01-02T00:00:00.000Z"}
 
 
@@ -149,19 +154,21 @@ async def test_sleep_survives_and_tools_run_once(clocked_runner: Runner, clock: 
     run = await start_source(clocked_runner, SLEEPER, bindings=bindings)
     assert run.status == "sleeping"
     assert run.wake_at == pytest.approx(clock() + 3600)
-    again = await clocked_runner.resume(run.run_id, bindings)  # not due yet: a replay only
+    again = await clocked_runner.resume(
+        run.run_id, bindings, scope="acme"
+    )  # not due yet: a replay only
     assert again.status == "sleeping"
     clock.advance(3600)
-    done = await clocked_runner.resume(run.run_id, bindings)
+    done = await clocked_runner.resume(run.run_id, bindings, scope="acme")
     assert done.status == "completed"
     assert done.output == {"before": 1, "after": 2}
     assert counter.calls == [{"at": "before"}, {"at": "after"}]
-    audit = await clocked_runner.list_tool_calls(run.run_id)
+    audit = await clocked_runner.list_tool_calls(run.run_id, scope="acme")
     assert [(a.step, a.address, a.args, a.result, a.error) for a in audit] == [
         ("before", "count", {"at": "before"}, 1, None),
         ("after", "count", {"at": "after"}, 2, None),
     ]
-    await clocked_runner.resume(run.run_id, bindings)
+    await clocked_runner.resume(run.run_id, bindings, scope="acme")
     assert len(counter.calls) == 2
 
 
@@ -179,9 +186,9 @@ async def test_retry_after_waits_as_sleeping(clocked_runner: Runner, clock: Fake
     assert run.status == "sleeping"
     assert run.wake_at == pytest.approx(clock() + 30)
     clock.advance(29)
-    assert (await clocked_runner.resume(run.run_id)).status == "sleeping"
+    assert (await clocked_runner.resume(run.run_id, scope="acme")).status == "sleeping"
     clock.advance(1)
-    done = await clocked_runner.resume(run.run_id)
+    done = await clocked_runner.resume(run.run_id, scope="acme")
     assert (done.status, done.output) == ("completed", 2)
 
 
@@ -200,7 +207,7 @@ async def test_per_attempt_timeout(clocked_runner: Runner, clock: FakeClock) -> 
 
     run = await start_source(clocked_runner, TIMEOUT, bindings=Bindings(tools={"slow": slow}))
     assert (run.status, run.output) == ("completed", 2)
-    events = await clocked_runner.store.list_events(run.run_id)
+    events = await clocked_runner.store.list_events(run_key("acme", run.run_id))
     retry = next(e for e in events if e.type == "step_retrying")
     assert retry.data is not None
     assert "exceeded its timeout of 1000 ms" in retry.data
@@ -213,7 +220,7 @@ async def test_fatal_tool_error_is_not_retried(clocked_runner: Runner) -> None:
     source = 'export default async (e, step) => { try { await step.tool("t", "refuse", {}); } catch (err) { return err.message; } };'
     run = await start_source(clocked_runner, source, bindings=Bindings(tools={"refuse": refuse}))
     assert (run.status, run.output) == ("completed", "account closed")
-    audit = await clocked_runner.list_tool_calls(run.run_id)
+    audit = await clocked_runner.list_tool_calls(run.run_id, scope="acme")
     assert [(a.attempt, a.error) for a in audit] == [(1, "FatalError: account closed")]
 
 
@@ -235,7 +242,7 @@ async def test_unknown_workflow_and_snapshot(clocked_runner: Runner) -> None:
         await clocked_runner.start(StartRunInput("acme", "nope", published.snapshot_id))
     with pytest.raises(SnapshotNotFound):
         await clocked_runner.start(StartRunInput("other", "flow", published.snapshot_id))
-    assert await clocked_runner.list() == []
+    assert await clocked_runner.list(scope="acme") == []
 
 
 LOGS_AND_NOTIFY = """
@@ -257,11 +264,11 @@ async def test_console_and_notify_happen_once(clocked_runner: Runner, clock: Fak
 
     bindings = Bindings(notify=notify)
     run = await start_source(clocked_runner, LOGS_AND_NOTIFY, {"n": 3}, bindings=bindings)
-    await clocked_runner.resume(run.run_id, bindings)
+    await clocked_runner.resume(run.run_id, bindings, scope="acme")
     clock.advance(6)
-    done = await clocked_runner.resume(run.run_id, bindings)
+    done = await clocked_runner.resume(run.run_id, bindings, scope="acme")
     assert done.status == "completed"
-    logs = await clocked_runner.list_logs(run.run_id)
+    logs = await clocked_runner.list_logs(run.run_id, scope="acme")
     assert [(log.level, log.text) for log in logs] == [
         ("log", "starting 3"),
         ("warn", "after the pause"),

@@ -276,6 +276,14 @@ class JournalStore:
         rows = await self._all(f"SELECT {RUN_COLUMNS} FROM runs WHERE run_id = ?", (run_id,))
         return run_record(rows[0]) if rows else None
 
+    async def scopes_of_run(self, run_id: str) -> list[str]:
+        """Scopes holding a run with this id (an operator's look-up across scopes; it reads
+        every run, which is fine for a command a person types)."""
+        rows = await self._all(
+            "SELECT scope FROM runs WHERE run_id = scope || '/' || ? ORDER BY scope", (run_id,)
+        )
+        return [str(row[0]) for row in rows]
+
     async def list_runs(
         self, scope: str | None, workflow: str | None, status: str | None, limit: int
     ) -> list[RunRecord]:

@@ -1,6 +1,8 @@
 // Thrown values as strings, durations, step configs and names.
 
 // ---- thrown values become strings inside JS -----------------------------------------------
+// Names and messages are made well-formed here (a lone surrogate becomes U+FFFD): they travel
+// as plain JSON text, which the host parses strictly, not as tagged values.
 
 function safeString(object, key, fallback) {
   let value;
@@ -9,14 +11,14 @@ function safeString(object, key, fallback) {
   } catch {
     return fallback;
   }
-  return typeof value === "string" ? call(strSlice, value, 0, 4000) : fallback;
+  return typeof value === "string" ? wellFormed(call(strSlice, value, 0, 4000)) : fallback;
 }
 function describe(thrown) {
   if (thrown !== null && (typeof thrown === "object" || typeof thrown === "function")) {
     return { name: safeString(thrown, "name", "Error"), message: safeString(thrown, "message", "") };
   }
   switch (typeof thrown) {
-    case "string": return { name: "Error", message: call(strSlice, thrown, 0, 4000) };
+    case "string": return { name: "Error", message: wellFormed(call(strSlice, thrown, 0, 4000)) };
     case "number":
     case "boolean":
     case "undefined": return { name: "Error", message: "" + thrown };
