@@ -100,6 +100,9 @@ def _parser() -> argparse.ArgumentParser:
     signal_.add_argument("type")
     signal_.add_argument("--payload", default="null", help="the event payload, as JSON")
     signal_.add_argument("--scope")
+    signal_.add_argument(
+        "--event-id", help="an idempotency key: the same id delivered again adds nothing"
+    )
     listing = commands.add_parser("list", help="list runs")
     listing.add_argument("--scope")
     listing.add_argument("--workflow")
@@ -148,7 +151,7 @@ async def _with_runner(args: argparse.Namespace, action: _Command, *, create: bo
         path = Path(str(args.db).removeprefix("sqlite:///"))
         if not path.is_file():
             raise InvalidInput(f"no journal database at {args.db}: publish something first")
-    async with Runner.open(args.db, _config(args)) as runner:
+    async with Runner.open(args.db, _config(args), create=create) as runner:
         return await action(args, runner)
 
 
@@ -187,7 +190,7 @@ async def _scope_of(args: argparse.Namespace, runner: Runner) -> str:
 async def _signal(args: argparse.Namespace, runner: Runner) -> RunView:
     payload = _json_arg(args.payload, "--payload")
     scope = await _scope_of(args, runner)
-    return await runner.signal(args.run, args.type, payload, scope=scope)
+    return await runner.signal(args.run, args.type, payload, scope=scope, event_id=args.event_id)
 
 
 async def _list(args: argparse.Namespace, runner: Runner) -> list[RunView]:

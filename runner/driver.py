@@ -23,7 +23,7 @@ from functools import partial
 from bridge.types import Completed, DriveOutcome, DriveRequest, Failed, JournalEntry, Suspended
 from runner.bindings import Bindings
 from runner.config import RunnerConfig
-from runner.errors import RunNotFound
+from runner.errors import RunNotFound, StoredCodeDamaged
 from runner.host import DriveHost
 from runner.scopedb import ScopeDatabases
 from runner.scopes import split_run_key
@@ -158,10 +158,14 @@ class RunDriver:
         host = DriveHost(
             self.store, lease, bindings, self.config.limits, self.now_ms, scopes=self.scopes
         )
+        try:
+            bundle = await self._bundle(run)
+        except StoredCodeDamaged as damaged:  # never run code that is not what was published
+            return Failed(False, str(damaged), 0.0), host
         request = DriveRequest(
             run_id=split_run_key(run.run_id)[1],  # the author's event.instanceId
             workflow=run.workflow,
-            bundle=await self._bundle(run),
+            bundle=bundle,
             input=run.input,
             created_at_ms=run.created_at,
             journal=journal,
@@ -263,8 +267,12 @@ def _finish(
             if current.cancel_requested:
                 _cancel(tx, run_id, now, common)
                 return _release(tx, lease)
-            wake_at = tx.next_timer(run_id)
             events = sorted({m.event for m in markers if m.kind == "event" and m.event})
+            if events and tx.has_unconsumed(run_id, events):
+                # An event arrived while this drive ran, after its wait looked: drive again
+                # now rather than park the run until the wait times out.
+                tx.set_timer(run_id, SIGNAL_TIMER, "signal", now)
+            wake_at = tx.next_timer(run_id)
             status = "waiting" if events else "sleeping"
             tx.update_run(
                 run_id, status=status, wake_at=wake_at, waiting_for=",".join(events) or None,

@@ -7,22 +7,27 @@
     ├── RunConflict         a caller-supplied run id already names a different run
     ├── RunClosed           the run is finished or cancelled and accepts no events
     └── InvalidRunId / InvalidEvent   malformed ids, event types or payloads
+    QjsflowError
+    ├── JournalUnavailable  the journal is empty, damaged or of an unknown version
+    └── StoredCodeDamaged   a bundle's bytes no longer match what was published
 
 `FatalToolError` is for tool authors: raise it from a tool to fail the step without retries.
 """
 
 from __future__ import annotations
 
-from bridge import InvalidInput
+from bridge import InvalidInput, QjsflowError
 
 __all__ = [
     "FatalToolError",
     "InvalidEvent",
     "InvalidRunId",
+    "JournalUnavailable",
     "RunClosed",
     "RunConflict",
     "RunNotFound",
     "SnapshotNotFound",
+    "StoredCodeDamaged",
     "UnknownWorkflow",
 ]
 
@@ -72,3 +77,21 @@ class InvalidEvent(InvalidInput):
 
 class FatalToolError(Exception):
     """Raised by a tool to fail its step at once, with no retries."""
+
+
+class JournalUnavailable(QjsflowError):
+    """The journal cannot be read as one: a read-only command never creates or repairs it."""
+
+    def __init__(self, location: str, problem: str) -> None:
+        super().__init__(f"the journal at {location} {problem}")
+
+
+class StoredCodeDamaged(QjsflowError):
+    """A stored bundle whose bytes changed at rest is never run."""
+
+    def __init__(self, scope: str, snapshot_id: str, workflow: str) -> None:
+        super().__init__(
+            f"the stored code of workflow {workflow!r} in snapshot {snapshot_id} (scope "
+            f"{scope}) does not match its checksum: it was changed after it was published. "
+            "It will not run; publish the source again and start a new run"
+        )

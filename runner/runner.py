@@ -94,10 +94,15 @@ class Runner:
     @classmethod
     @asynccontextmanager
     async def open(
-        cls, db_path: str | os.PathLike[str], config: RunnerConfig | None = None
+        cls,
+        db_path: str | os.PathLike[str],
+        config: RunnerConfig | None = None,
+        *,
+        create: bool = True,
     ) -> AsyncIterator[Runner]:
-        """`async with Runner.open(path) as runner:` — the journal is created if missing."""
-        runner = await cls.connect(db_path, config)
+        """`async with Runner.open(path) as runner:` — the journal is created if missing
+        (with `create=False` it must exist, and opening it writes nothing)."""
+        runner = await cls.connect(db_path, config, create=create)
         try:
             yield runner
         finally:
@@ -105,10 +110,14 @@ class Runner:
 
     @classmethod
     async def connect(
-        cls, db_path: str | os.PathLike[str], config: RunnerConfig | None = None
+        cls,
+        db_path: str | os.PathLike[str],
+        config: RunnerConfig | None = None,
+        *,
+        create: bool = True,
     ) -> Runner:
         """Open a runner whose lifetime the caller ends with `aclose()`."""
-        store = await JournalStore.open(os.fspath(db_path))
+        store = await JournalStore.open(os.fspath(db_path), create=create)
         return cls(store, config or RunnerConfig())
 
     async def aclose(self) -> None:
@@ -206,10 +215,19 @@ class Runner:
         *,
         scope: str,
         drive: bool = True,
+        event_id: str | None = None,
     ) -> RunView:
         """Deliver an event for `step.waitForEvent`. Events that arrive before the wait are
         buffered; each is consumed once, in the order they arrived. A waiting run is driven
-        inline (or, with `drive=False`, woken for a worker)."""
+        inline (or, with `drive=False`, woken for a worker). With an `event_id`, delivering
+        the same id again (a caller retrying after a timeout) adds no second event."""
+        if event_id is not None and (
+            not isinstance(event_id, str) or not _RUN_ID.fullmatch(event_id)
+        ):
+            raise InvalidEvent(
+                f"invalid event id {str(event_id)[:80]!r}: use 1-128 characters of "
+                "A-Z, a-z, 0-9, _ and -"
+            )
         if not isinstance(event_type, str) or not _EVENT_TYPE.fullmatch(event_type):
             raise InvalidEvent(
                 f"invalid event type {str(event_type)[:80]!r}: use 1-100 characters of "
@@ -225,10 +243,13 @@ class Runner:
             run = _found(tx.get_run(key), run_id)
             if run.status in TERMINAL or run.cancel_requested:
                 raise RunClosed(run_id, "cancelled" if run.cancel_requested else run.status)
-            seq = tx.insert_inbox(key, event_type, encoded, now)
+            seq = tx.insert_inbox(key, event_type, encoded, now, event_id)
+            if seq is None:
+                return run  # delivered before: the retry changes nothing
             tx.append_event(
-                key, "event_received", now, dumps_text({"type": event_type, "inbox": seq})
-            )
+                key, "event_received", now,
+                dumps_text({"type": event_type, "inbox": seq, "eventId": event_id}),
+            )  # fmt: skip
             if run.status == "waiting":
                 # Wakes the run for whichever driver comes next, here or in a worker.
                 tx.set_timer(key, SIGNAL_TIMER, "signal", now)

@@ -7,6 +7,7 @@ import pytest
 from bridge import InvalidInput
 from runner import (
     ALL_SCOPES,
+    Bindings,
     InvalidEvent,
     RunClosed,
     RunConflict,
@@ -215,3 +216,48 @@ async def test_the_python_api_has_no_unscoped_default(clocked_runner: Runner) ->
         await clocked_runner.list()  # type: ignore[call-arg]
     with pytest.raises(InvalidInput, match="invalid scope"):
         await clocked_runner.get(run.run_id, scope=None)  # type: ignore[arg-type]
+
+
+MID_DRIVE = """
+export default async (event, step) => {
+  const [got] = await Promise.all([
+    step.waitForEvent("w", { type: "go" }),
+    step.tool("signal me", "deliver", {}),
+  ]);
+  return got.payload;
+};
+"""
+
+
+async def test_an_event_delivered_during_the_drive_is_not_stranded(
+    clocked_runner: Runner,
+) -> None:
+    """The wait looks at the inbox first; the event arrives (from a tool) later in the same
+    drive. The run must take it now, not sleep until the wait's 24 h timeout."""
+
+    async def deliver(args: object) -> None:
+        del args
+        await clocked_runner.signal("mid", "go", "hello", scope="acme", drive=False)
+
+    bindings = Bindings(tools={"deliver": deliver})
+    run = await start_source(clocked_runner, MID_DRIVE, run_id="mid", bindings=bindings)
+    assert (run.status, run.output) == ("completed", "hello")
+
+
+async def test_a_signal_retried_with_its_event_id_is_delivered_once(
+    clocked_runner: Runner, clock: FakeClock
+) -> None:
+    run = await start_source(clocked_runner, BUFFERED)
+    for _ in range(3):
+        await clocked_runner.signal(run.run_id, "item", {"n": 1}, scope="acme", event_id="e-1")
+    await clocked_runner.signal(run.run_id, "item", {"n": 2}, scope="acme", event_id="e-2")
+    with pytest.raises(InvalidEvent, match="invalid event id"):
+        await clocked_runner.signal(run.run_id, "item", 3, scope="acme", event_id="bad id!")
+    clock.advance(60)
+    done = await clocked_runner.resume(run.run_id, scope="acme")
+    assert done.output == [{"n": 1}, {"n": 2}, "item", True]
+    received = [
+        e for e in await clocked_runner.store.list_events(run_key("acme", run.run_id))
+        if e.type == "event_received"
+    ]  # fmt: skip
+    assert len(received) == 2

@@ -13,12 +13,14 @@ import asyncio
 import concurrent.futures
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
 import aiosqlite
 import psycopg
 
+from runner.errors import JournalUnavailable
 from runner.store.connection import connect, run_in_thread
 from runner.store.migrations import migrate
 from runner.store.pg_schema import migrate_postgres
@@ -70,12 +72,14 @@ def is_postgres_url(location: str | Path) -> bool:
     return str(location).startswith(("postgresql://", "postgres://"))
 
 
-async def open_backend(location: str | Path) -> Backend:
+async def open_backend(location: str | Path, *, create: bool = True) -> Backend:
+    """The backend for a location; without `create`, a missing or empty journal is refused
+    and nothing is written (read-only commands)."""
     if is_postgres_url(location):
-        return await PostgresBackend.open(str(location))
+        return await PostgresBackend.open(str(location), create=create)
     text = str(location)
     path = Path(text.removeprefix("sqlite:///")) if text.startswith("sqlite:///") else Path(text)
-    return await SqliteBackend.open(path)
+    return await SqliteBackend.open(path, create=create)
 
 
 class SqliteBackend:
@@ -86,10 +90,14 @@ class SqliteBackend:
         self._full = True  # connect() sets synchronous=FULL
 
     @classmethod
-    async def open(cls, path: Path) -> SqliteBackend:
+    async def open(cls, path: Path, *, create: bool = True) -> SqliteBackend:
+        if not create and not path.is_file():
+            raise JournalUnavailable(str(path), "does not exist: publish something first")
+        if not create and path.stat().st_size == 0:  # opening it would write a header
+            raise JournalUnavailable(str(path), "is empty (0 bytes): it holds no journal")
         connection = await connect(path)
         try:
-            await migrate(connection)
+            await migrate(connection, str(path), create=create)
         except BaseException:
             await connection.close()
             raise
@@ -139,10 +147,14 @@ class PostgresBackend:
         self._thread = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="qjsflow-pg")
 
     @classmethod
-    async def open(cls, url: str) -> PostgresBackend:
+    async def open(cls, url: str, *, create: bool = True) -> PostgresBackend:
         raw = await asyncio.to_thread(lambda: psycopg.connect(url, autocommit=True))
         backend = cls(url, _PgConnection(raw))
-        await backend.run(migrate_postgres)
+        try:
+            await backend.run(partial(migrate_postgres, create=create))
+        except BaseException:
+            await backend.close()
+            raise
         return backend
 
     async def run(self, work: Callable[[Any], T]) -> T:

@@ -21,6 +21,7 @@ from typing import Any, TypeVar
 
 from bridge import dumps_text
 from bundles import Snapshot
+from runner.errors import StoredCodeDamaged
 from runner.store.backends import Backend, is_postgres_url, open_backend
 from runner.store.records import (
     EventRecord,
@@ -121,9 +122,10 @@ class JournalStore:
         self._committer: asyncio.Task[None] | None = None
 
     @classmethod
-    async def open(cls, location: str | Path) -> JournalStore:
-        """A path or `sqlite:///path` (created if missing), or a `postgresql://` URL."""
-        return cls(await open_backend(location), location)
+    async def open(cls, location: str | Path, *, create: bool = True) -> JournalStore:
+        """A path or `sqlite:///path` (created if missing), or a `postgresql://` URL. Without
+        `create` the journal must exist with a current schema: nothing is written."""
+        return cls(await open_backend(location, create=create), location)
 
     @property
     def backend_name(self) -> str:
@@ -251,14 +253,19 @@ class JournalStore:
         )
 
     async def load_bundle(self, scope: str, snapshot_id: str, workflow: str) -> BundleRecord | None:
+        """The bundle, verified against the checksum stored when it was published: code
+        changed at rest raises `StoredCodeDamaged` and never reaches an executor."""
         rows = await self._all(
-            "SELECT entry_path, code FROM bundles"
+            "SELECT entry_path, code, code_sha256 FROM bundles"
             " WHERE scope = ? AND snapshot_id = ? AND workflow = ?",
             (scope, snapshot_id, workflow),
         )
         if not rows:
             return None
-        return BundleRecord(scope, snapshot_id, workflow, str(rows[0][0]), str(rows[0][1]))
+        entry_path, code, checksum = str(rows[0][0]), str(rows[0][1]), str(rows[0][2])
+        if hashlib.sha256(code.encode("utf-8")).hexdigest() != checksum:
+            raise StoredCodeDamaged(scope, snapshot_id, workflow)
+        return BundleRecord(scope, snapshot_id, workflow, entry_path, code)
 
     async def table_counts(self) -> dict[str, int]:
         """Rows in each journal table: what tests use to show that nothing was written."""

@@ -10,7 +10,9 @@ import time
 
 import aiosqlite
 
-__all__ = ["MIGRATIONS", "migrate"]
+from runner.errors import JournalUnavailable
+
+__all__ = ["MIGRATIONS", "current_version", "migrate"]
 
 MIGRATIONS: tuple[tuple[int, str, str], ...] = (
     (
@@ -206,8 +208,37 @@ MIGRATIONS: tuple[tuple[int, str, str], ...] = (
 )
 
 
-async def migrate(connection: aiosqlite.Connection) -> int:
-    """Bring the schema up to date; returns the version it is at."""
+async def current_version(connection: aiosqlite.Connection) -> int | None:
+    """The schema version, read without a write transaction; None when there is no schema."""
+    async with connection.execute(
+        "SELECT 1 FROM sqlite_schema WHERE type = 'table' AND name = 'schema_migrations'"
+    ) as cursor:
+        if await cursor.fetchone() is None:
+            return None
+    async with connection.execute("SELECT max(version) FROM schema_migrations") as cursor:
+        row = await cursor.fetchone()
+    return None if row is None or row[0] is None else int(row[0])
+
+
+async def migrate(connection: aiosqlite.Connection, location: str, *, create: bool = True) -> int:
+    """Bring the schema up to date; returns the version it is at. A current schema is only
+    read (no write lock: a read-only command works while another process writes); without
+    `create`, a database with no schema or an old one is refused, never written."""
+    version = await current_version(connection)
+    latest = MIGRATIONS[-1][0]
+    if version is not None and version > latest:
+        raise JournalUnavailable(
+            location, f"is at schema version {version}, newer than this qjsflow"
+        )
+    if version == latest:
+        return version
+    if not create:
+        problem = (
+            "is empty or damaged: it holds no qjsflow journal"
+            if version is None
+            else f"is at schema version {version}: open it once with a writing command"
+        )
+        raise JournalUnavailable(location, problem)
     await connection.execute(
         "CREATE TABLE IF NOT EXISTS schema_migrations ("
         " version INTEGER PRIMARY KEY, name TEXT NOT NULL, applied_at REAL NOT NULL) STRICT"

@@ -9,6 +9,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from runner.errors import JournalUnavailable
+
 __all__ = ["PG_MIGRATIONS", "migrate_postgres"]
 
 _LOCK_KEY = 0x716A73666C6F77  # "qjsflow"
@@ -113,8 +115,19 @@ PG_MIGRATIONS: tuple[tuple[int, str, str], ...] = (
 )
 
 
-def migrate_postgres(connection: Any) -> int:
-    """Bring the schema up to date (on the backend's thread); returns the version."""
+def migrate_postgres(connection: Any, *, create: bool = True) -> int:
+    """Bring the schema up to date (on the backend's thread); returns the version. A current
+    schema is only read; without `create`, a database with no or an old schema is refused."""
+    latest = PG_MIGRATIONS[-1][0]
+    exists = connection.execute("SELECT to_regclass('schema_migrations')").fetchone()[0]
+    version = None
+    if exists is not None:
+        version = connection.execute("SELECT max(version) FROM schema_migrations").fetchone()[0]
+    if version == latest:
+        return latest
+    if not create:
+        problem = "holds no qjsflow journal" if version is None else f"is at version {version}"
+        raise JournalUnavailable("the given database URL", problem)
     connection.execute("BEGIN")
     try:
         connection.execute("SELECT pg_advisory_xact_lock(?)", (_LOCK_KEY,))

@@ -268,13 +268,18 @@ class JournalTransaction:
         row = self._one("SELECT min(due_at) FROM timers WHERE run_id = ?", (run_id,))
         return None if row is None or row[0] is None else int(row[0])
 
-    def insert_inbox(self, run_id: str, event_type: str, payload: str, at: int) -> int:
+    def insert_inbox(
+        self, run_id: str, event_type: str, payload: str, at: int, event_id: str | None = None
+    ) -> int | None:
+        """The new inbox row's seq; None when an event with this `event_id` was delivered
+        already (a caller's retry), and nothing is written."""
         row = self._one(
-            "INSERT INTO inbox (run_id, type, payload, received_at) VALUES (?, ?, ?, ?)"
-            " RETURNING seq",
-            (run_id, event_type, payload, at),
+            "INSERT INTO inbox (run_id, type, payload, received_at, event_id)"
+            " VALUES (?, ?, ?, ?, ?) ON CONFLICT (run_id, event_id) WHERE event_id IS NOT NULL"
+            " DO NOTHING RETURNING seq",
+            (run_id, event_type, payload, at, event_id),
         )
-        return int(row[0])
+        return None if row is None else int(row[0])
 
     def oldest_unconsumed(
         self, run_id: str, event_type: str, received_by: int
@@ -286,6 +291,15 @@ class JournalTransaction:
             (run_id, event_type, received_by),
         )
         return None if row is None else InboxRecord(*row)
+
+    def has_unconsumed(self, run_id: str, event_types: list[str]) -> bool:
+        marks = ", ".join("?" for _ in event_types)
+        row = self._one(
+            f"SELECT 1 FROM inbox WHERE run_id = ? AND type IN ({marks})"
+            " AND consumed_by IS NULL LIMIT 1",
+            (run_id, *event_types),
+        )
+        return row is not None
 
     def consume(self, seq: int, step_key: str) -> None:
         self._db.execute("UPDATE inbox SET consumed_by = ? WHERE seq = ?", (step_key, seq))
