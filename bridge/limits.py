@@ -26,6 +26,8 @@ class Limits:
     ops_per_drive: int = 20_000
     jobs_per_drive: int = 5_000_000
     log_bytes_per_drive: int = 256 * 1024
+    log_lines_per_drive: int = 1_000  # every console call counts, an empty one too
+    log_lines_per_run: int = 10_000
 
     def to_wire(self) -> dict[str, Any]:
         return asdict(self)

@@ -147,11 +147,14 @@ class DbSql:
 
 @dataclass(frozen=True, slots=True)
 class Log:
-    """Console output; `count` numbers it within the run, so replays never repeat it."""
+    """Console output. `source` is the scope that printed it ("" for the workflow body, or a
+    step's key and attempt) and `count` numbers it within that scope: the pair identifies
+    the line, so a replay never stores it twice."""
 
     level: Literal["log", "info", "warn", "error"]
     text: str
     count: int
+    source: str = ""
 
 
 Op = (

@@ -142,11 +142,11 @@ def _failure_to_wire(failure: StepFailure) -> dict[str, Any]:
 
 
 # A call inside a step body is named after its enclosing steps ("do:1:sync/push"), up to 8 deep.
-_MAX_SCOPED_NAME = 8 * 300 + 256
+_MAX_SCOPED_NAME = 8 * (3 * 256 + 40)  # eight escaped parents (a name's %2F triples it)
 
 
 def _step(body: dict[str, Any], limits: Limits) -> tuple[str, int]:
-    name = _text(body, "step", _MAX_SCOPED_NAME + limits.step_name_chars)
+    name = _text(body, "step", _MAX_SCOPED_NAME + 3 * limits.step_name_chars)
     if not name or name.endswith("/"):
         raise ProtocolError("step name is empty")
     return name, _int(body, "count", 1, limits.steps_per_run)
@@ -229,7 +229,10 @@ def _log(body: dict[str, Any], limits: Limits) -> Log:
         raise ProtocolError("level must be log, info, warn or error")
     level = cast(Literal["log", "info", "warn", "error"], level)
     text = _text(body, "text", limits.log_bytes_per_drive, allow_control=True)
-    return Log(level, text, _int(body, "count", 1, 2**31))
+    source = body.get("source", "")
+    if not isinstance(source, str) or len(source) > _MAX_SCOPED_NAME + 64:
+        raise ProtocolError("source must be a string")
+    return Log(level, text, _int(body, "count", 1, 2**31), source)
 
 
 _PARSERS: dict[str, Callable[[dict[str, Any], Limits], Op]] = {

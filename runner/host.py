@@ -120,7 +120,8 @@ class DriveHost:
             self.lease,
             durable=durable,
         )
-        counts = [e.op.count for e in group if isinstance(e.op, Log)]
+        # The workflow body's lines stored so far: the next drive skips as many.
+        counts = [e.op.count for e in group if isinstance(e.op, Log) and e.op.source == ""]
         self.logs_count = max([self.logs_count, *counts])
         return answers
 
@@ -128,7 +129,10 @@ class DriveHost:
         op = envelope.op
         match op:
             case Log():
-                tx.insert_log(self.run_id, op.count, op.level, op.text, now)
+                tx.insert_log(
+                    self.run_id, f"{op.source}#{op.count}", op.level, op.text, now,
+                    max_lines=self.limits.log_lines_per_run,
+                )  # fmt: skip
                 return None
             case StepBegin():
                 steps.begin(tx, self.run_id, op, now)

@@ -57,7 +57,7 @@ from runner.views import (
     tool_call_view,
 )
 from runner.worker import Worker
-from sandbox import ExecutorPool
+from sandbox import ExecutorPool, remove_stale_workdirs
 
 __all__ = ["PublishResult", "PublishedWorkflow", "Runner", "Source"]
 
@@ -118,6 +118,7 @@ class Runner:
     ) -> Runner:
         """Open a runner whose lifetime the caller ends with `aclose()`."""
         store = await JournalStore.open(os.fspath(db_path), create=create)
+        await asyncio.to_thread(remove_stale_workdirs)  # left by workers that were killed
         return cls(store, config or RunnerConfig())
 
     async def aclose(self) -> None:

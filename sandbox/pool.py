@@ -31,10 +31,47 @@ from bridge.types import Answer, DriveOutcome, DriveRequest, Failed, OpEnvelope,
 from bridge.wire import ProtocolError, answer_to_wire, parse_op, parse_outcome, request_to_wire
 from sandbox.frames import FrameError, frame, read_frame_async
 
-__all__ = ["ExecutorPool", "Host", "PoolConfig"]
+__all__ = ["ExecutorPool", "Host", "PoolConfig", "remove_stale_workdirs"]
 
 Host = Callable[[Sequence[OpEnvelope]], Awaitable[Sequence[Answer]]]
 _CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+# Nothing of the host's environment; only the time zone, fixed so that local-time reads in JS
+# (getHours, getTimezoneOffset, toString) are the same on every worker and on every replay.
+_EXECUTOR_ENV = {"TZ": "UTC"}
+# Executor working folders are named after the process that made them, so a pool can remove
+# those of processes that died (SIGKILLed workers leave theirs behind).
+_WORKDIR_PREFIX = "qjsflow-executor-"
+
+
+def remove_stale_workdirs(root: str | None = None) -> int:
+    """Remove the executor folders of processes that are gone; returns how many."""
+    removed = 0
+    folder = root or tempfile.gettempdir()
+    with contextlib.suppress(OSError), os.scandir(folder) as entries:
+        for entry in entries:
+            owner = _workdir_owner(entry.name)
+            if owner is None or not entry.is_dir(follow_symlinks=False) or _alive(owner):
+                continue
+            shutil.rmtree(entry.path, ignore_errors=True)
+            removed += 1
+    return removed
+
+
+def _workdir_owner(name: str) -> int | None:
+    if not name.startswith(_WORKDIR_PREFIX):
+        return None
+    pid, _, _ = name.removeprefix(_WORKDIR_PREFIX).partition("-")
+    return int(pid) if pid.isdigit() else None
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,7 +95,7 @@ class _Executor:
 
     @classmethod
     async def spawn(cls, config: PoolConfig, cpu_limit_s: int) -> _Executor:
-        workdir = tempfile.mkdtemp(prefix="qjsflow-executor-")
+        workdir = tempfile.mkdtemp(prefix=f"{_WORKDIR_PREFIX}{os.getpid()}-")
         process = await asyncio.create_subprocess_exec(
             sys.executable,
             "-I",
@@ -67,7 +104,7 @@ class _Executor:
             stdin=asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.PIPE,
             cwd=workdir,
-            env={},
+            env=_EXECUTOR_ENV,
             limit=2**20,
             preexec_fn=lambda: _limit_process(config.address_space_bytes, cpu_limit_s),
         )
@@ -138,6 +175,7 @@ class ExecutorPool:
         self.replaced = 0  # executors discarded after a kill, crash or limit (for tests, stats)
 
     async def __aenter__(self) -> ExecutorPool:
+        await asyncio.to_thread(remove_stale_workdirs)
         return self
 
     async def __aexit__(self, *exc_info: object) -> None:

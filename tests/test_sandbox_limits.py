@@ -6,7 +6,9 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import os
+import shutil
 import signal
+import tempfile
 import time
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
@@ -217,10 +219,26 @@ async def test_executors_run_with_no_environment_an_empty_folder_and_rlimits(
     assert isinstance(outcome, Completed)
     assert facts
     environ, folder, limits = facts[0]
-    assert environ == b""
+    assert environ == b"TZ=UTC\x00"  # the fixed time zone, nothing of the host
     assert folder == []
     lines = {line[:26].strip(): line[26:].split() for line in limits.splitlines()[1:]}
     assert lines["Max address space"][0] == str(1024**3)
     assert lines["Max file size"][0] == "0"
     assert int(lines["Max open files"][0]) <= 8
     assert lines["Max cpu time"][0] != "unlimited"
+
+
+async def test_a_pool_removes_the_folders_of_dead_executors_only(tmp_path: Path) -> None:
+    del tmp_path
+    dead = tempfile.mkdtemp(prefix="qjsflow-executor-999999999-")  # beyond any pid: no process
+    live = tempfile.mkdtemp(prefix=f"qjsflow-executor-{os.getpid()}-")
+    other = tempfile.mkdtemp(prefix="qjsflow-executorish-")
+    try:
+        async with ExecutorPool(PoolConfig(size=1)):
+            pass
+        assert not os.path.exists(dead)
+        assert os.path.isdir(live)
+        assert os.path.isdir(other)
+    finally:
+        for folder in (dead, live, other):
+            shutil.rmtree(folder, ignore_errors=True)

@@ -64,7 +64,7 @@ def test_a_valid_check_and_record() -> None:
                 "id": 1,
                 "op": {
                     "op": "step.check",
-                    "step": "x" * 5000,
+                    "step": "x" * 50_000,
                     "kind": "do",
                     "count": 1,
                     "config": POLICY,

@@ -324,10 +324,21 @@ class JournalTransaction:
             (result, error, duration_ms, seq),
         )
 
-    def insert_log(self, run_id: str, count: int, level: str, text: str, at: int) -> bool:
-        row = self._one(
-            "INSERT INTO logs (run_id, count, level, text, at) VALUES (?, ?, ?, ?, ?)"
+    def insert_log(
+        self, run_id: str, source: str, level: str, text: str, at: int, *, max_lines: int
+    ) -> bool:
+        """Store a console line once (a line already stored from `source` is skipped), as the
+        run's next line. A run keeps at most `max_lines`: the last one says the rest were
+        dropped."""
+        row = self._one("SELECT coalesce(max(count), 0) FROM logs WHERE run_id = ?", (run_id,))
+        count = int(row[0]) + 1
+        if count > max_lines:
+            return False
+        if count == max_lines:
+            level, text = "warn", f"[console: the run's limit of {max_lines} lines was reached]"
+        inserted = self._one(
+            "INSERT INTO logs (run_id, count, level, text, at, source) VALUES (?, ?, ?, ?, ?, ?)"
             " ON CONFLICT DO NOTHING RETURNING 1",
-            (run_id, count, level, text, at),
+            (run_id, count, level, text, at, source),
         )
-        return row is not None
+        return inserted is not None

@@ -9,7 +9,6 @@ let journalSize = 0;
 const unsettled = new RealSet(); // keys of steps with a row that is not settled
 let consumed = 0;
 const counters = new RealMap();
-let clock = 0;
 let outbox = [];
 const pending = new RealMap(); // id -> {onResult}
 let hits = []; // replayed entries whose promise waits for its turn
@@ -25,7 +24,9 @@ let moduleBody = null;
 
 // ---- determinism: logical clock and seeded random -----------------------------------------
 
-let rngState = [1, 2, 3, 4];
+// Each scope (the workflow body, and every attempt of a step body) has its own clock and its
+// own random stream, so that a replay, which skips settled bodies, sees in every other scope
+// exactly what the first execution saw (see currentScope in 40-outbox.js).
 function seed(text) {
   // cyrb128: four 32-bit hashes of the text seed sfc32.
   let h1 = 1779033703, h2 = 3144134277, h3 = 1013904242, h4 = 2773480762;
@@ -40,31 +41,34 @@ function seed(text) {
   h2 = imul(h4 ^ (h2 >>> 22), 2869860233);
   h3 = imul(h1 ^ (h3 >>> 17), 951274213);
   h4 = imul(h2 ^ (h4 >>> 19), 2716044179);
-  rngState = [(h1 ^ h2 ^ h3 ^ h4) >>> 0, (h2 ^ h1) >>> 0, (h3 ^ h1) >>> 0, (h4 ^ h1) >>> 0];
+  return [(h1 ^ h2 ^ h3 ^ h4) >>> 0, (h2 ^ h1) >>> 0, (h3 ^ h1) >>> 0, (h4 ^ h1) >>> 0];
 }
 function random() {
-  let [a, b, c, d] = rngState;
+  const scope = currentScope;
+  let [a, b, c, d] = scope.rng;
   const t = (((a + b) >>> 0) + d) >>> 0;
   d = (d + 1) >>> 0;
   a = b ^ (b >>> 9);
   b = (c + (c << 3)) >>> 0;
   c = (c << 21) | (c >>> 11);
   c = (c + t) >>> 0;
-  rngState = [a >>> 0, b, c, d];
+  scope.rng = [a >>> 0, b, c, d];
   return t / 4294967296;
 }
-// The clock only moves forward, to the time of each journal event the execution reaches.
+// A scope's clock only moves forward, to the time of each journal event it reaches.
 function reach(at, key) {
-  if (typeof at === "number" && at > clock) clock = at;
-  seed(runId + "\u0000" + key + "\u0000" + clock);
+  const scope = currentScope;
+  if (typeof at === "number" && at > scope.clock) scope.clock = at;
+  scope.rng = seed(runId + "\u0000" + key + "\u0000" + scope.clock);
 }
 
 function LogicalDate(...args) {
-  if (new.target === undefined) return call(RealDate.prototype.toString, new RealDate(clock));
-  return construct(RealDate, args.length === 0 ? [clock] : args, new.target);
+  const now = currentScope.clock;
+  if (new.target === undefined) return call(RealDate.prototype.toString, new RealDate(now));
+  return construct(RealDate, args.length === 0 ? [now] : args, new.target);
 }
 defineProperty(LogicalDate, "prototype", { value: RealDate.prototype });
-LogicalDate.now = () => clock;
+LogicalDate.now = () => currentScope.clock;
 LogicalDate.parse = RealDate.parse;
 LogicalDate.UTC = RealDate.UTC;
 defineProperty(RealDate.prototype, "constructor", { value: LogicalDate });

@@ -76,12 +76,17 @@ function durationMs(value, what) {
 }
 
 const DEFAULT_CONFIG = { retries: { limit: 5, delay: 10000, backoff: "exponential" }, timeout: 600000 };
-function checkKeys(object, allowed, what) {
+// Options are read once, into a copy that every check and the op then use: a getter or a
+// Proxy cannot show the checks one value and the op another.
+function readOptions(object, allowed, what) {
   if (object === null || typeof object !== "object") throw new RealTypeError(`${what} must be an object`);
   const names = objectKeys(object);
+  const copy = createObject(null);
   for (let i = 0; i < names.length; i++) {
     if (!hasOwn(allowed, names[i])) throw new RealTypeError(`${what} has an unknown key "${names[i]}"`);
+    copy[names[i]] = object[names[i]];
   }
+  return copy;
 }
 // Returns [config as the author sees it in ctx.config, normalized policy for the host].
 function stepConfig(config, what) {
@@ -90,14 +95,14 @@ function stepConfig(config, what) {
     timeout: DEFAULT_CONFIG.timeout,
   };
   if (config !== undefined) {
-    checkKeys(config, { retries: 1, timeout: 1 }, what);
-    if (config.retries !== undefined) {
-      checkKeys(config.retries, { limit: 1, delay: 1, backoff: 1 }, what + ".retries");
+    const given = readOptions(config, { retries: 1, timeout: 1 }, what);
+    if (given.retries !== undefined) {
+      const retries = readOptions(given.retries, { limit: 1, delay: 1, backoff: 1 }, what + ".retries");
       for (const key of ["limit", "delay", "backoff"]) {
-        if (config.retries[key] !== undefined) merged.retries[key] = config.retries[key];
+        if (retries[key] !== undefined) merged.retries[key] = retries[key];
       }
     }
-    if (config.timeout !== undefined) merged.timeout = config.timeout;
+    if (given.timeout !== undefined) merged.timeout = given.timeout;
   }
   const limit = merged.retries.limit;
   if (typeof limit !== "number" || !(limit >= 0 && limit <= 1000) || limit !== Math.floor(limit)) {

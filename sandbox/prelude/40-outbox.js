@@ -20,7 +20,11 @@ function send(op, onResult) {
 // the parent's key ("do:1:sync/push"), so a replay that skips a settled body does not shift
 // the occurrence counts of calls made by bodies that do run. The scope of running code is
 // the scope of the promise whose settling resumed it (the executor settles one at a time).
-const ROOT_SCOPE = { prefix: "", counters: new RealMap(), depth: 0 };
+// Names are escaped ("/" and "%" as %2F and %25) before they are joined, so a name holding
+// "/" or ":" can never spell another step's key.
+const ROOT_SCOPE = {
+  id: "", prefix: "", counters: new RealMap(), depth: 0, clock: 0, rng: [1, 2, 3, 4], logs: 0,
+};
 let currentScope = ROOT_SCOPE;
 const MAX_NESTING = 8;
 let stepsTaken = 0; // every step call of this execution, replayed or new
@@ -34,16 +38,28 @@ function occurrence(kind, name) {
   currentScope.counters.set(counter, count);
   return count;
 }
-function attemptScope(key) {
+// An attempt of a step body: its own names, clock and random stream, seeded from the run,
+// the step's key and the attempt, starting at `startedAt` (the attempt's journal time).
+function attemptScope(key, attempt, startedAt) {
   if (currentScope.depth >= MAX_NESTING) {
     throw new LimitError(`steps nested deeper than ${MAX_NESTING} levels`);
   }
-  return { prefix: key + "/", counters: new RealMap(), depth: currentScope.depth + 1 };
+  const clock = typeof startedAt === "number" && startedAt > currentScope.clock ? startedAt : currentScope.clock;
+  return {
+    id: key + "#" + attempt, prefix: key + "/", counters: new RealMap(), depth: currentScope.depth + 1,
+    clock, logs: 0,
+    rng: seed(runId + "\u0000" + key + "\u0000" + attempt + "\u0000" + clock),
+  };
+}
+const NAME_ESCAPES = /[%/]/g;
+const escapeNameChar = (c) => (c === "%" ? "%25" : "%2F");
+function escapeName(name) {
+  return call(strReplace, name, NAME_ESCAPES, escapeNameChar);
 }
 // A step call: answered from the journal (in journal order) or sent to the host.
 function request(kind, name, op, onAnswer, begin) {
   const count = occurrence(kind, name);
-  const fullName = currentScope.prefix + name;
+  const fullName = currentScope.prefix + escapeName(name);
   const key = kind + ":" + count + ":" + fullName;
   const scope = currentScope;
   return new P((resolve, reject) => {

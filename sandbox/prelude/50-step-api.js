@@ -18,8 +18,8 @@ function stepDo(name, configOrFn, maybeFn) {
     };
     return request("do", name, op, (result, at, key, count, resolve, rejectStep, fullName) => {
       if (hasOwn(result, "value") && result.value !== null && result.value.hit === false) {
-        reach(result.value.now, key + ":" + result.value.attempt);
-        runAttempt(name, fullName, count, result.value.attempt, merged, fn, key, resolve, rejectStep);
+        const { attempt, now } = result.value;
+        runAttempt(name, fullName, count, attempt, merged, fn, key, resolve, rejectStep, now);
       } else if (hasOwn(result, "value") && result.value !== null && result.value.hit === true) {
         reach(at, key);
         resolve(decode(result.value.value));
@@ -31,7 +31,7 @@ function stepDo(name, configOrFn, maybeFn) {
     return reject(error);
   }
 }
-function runAttempt(name, fullName, count, attempt, config, fn, key, resolve, rejectStep) {
+function runAttempt(name, fullName, count, attempt, config, fn, key, resolve, rejectStep, startedAt) {
   const ctx = freeze({ step: freeze({ name, count }), attempt, config: deepFreeze(config) });
   const where = `step "${name}" (#${count})`;
   const outer = currentScope; // the caller's scope: the step's own promise resumes it
@@ -59,7 +59,7 @@ function runAttempt(name, fullName, count, attempt, config, fn, key, resolve, re
   };
   let started;
   try {
-    currentScope = attemptScope(key);
+    currentScope = attemptScope(key, attempt, startedAt);
     started = P.resolve(fn(ctx));
   } catch (error) {
     started = P.reject(error);
@@ -113,9 +113,18 @@ function deepFreeze(value) {
   return value;
 }
 
+// A body's attempt runs within one drive (its result is recorded when it returns), so it
+// cannot suspend: sleeping or waiting belongs between steps.
+function outsideBodies(api, name) {
+  if (currentScope !== ROOT_SCOPE) {
+    throw new RealTypeError(
+      `${api}("${name}") cannot be called inside a step.do body: sleep or wait between steps`);
+  }
+}
 function stepSleep(name, duration) {
   try {
     checkName(name, "step.sleep name");
+    outsideBodies("step.sleep", name);
     const ms = durationMs(duration, `step.sleep("${name}") duration`);
     return request("sleep", name, { op: "step.sleep", step: name, ms }, valueAnswer);
   } catch (error) {
@@ -125,13 +134,14 @@ function stepSleep(name, duration) {
 function stepSleepUntil(name, when) {
   try {
     checkName(name, "step.sleepUntil name");
+    outsideBodies("step.sleepUntil", name);
     let until = when;
     const time = brand(dateGetTime, when);
     if (time !== NOT) until = time;
     if (typeof until !== "number" || !(until >= 0) || until > 8.64e15) {
       throw new RealTypeError(`step.sleepUntil("${name}") needs a Date or epoch milliseconds`);
     }
-    if (until - clock > MAX_DURATION_MS) {
+    if (until - currentScope.clock > MAX_DURATION_MS) {
       throw new RealTypeError(`step.sleepUntil("${name}") is more than 365 days ahead`);
     }
     return request("sleep", name, { op: "step.sleep", step: name, until: Math.floor(until) }, valueAnswer);
@@ -143,13 +153,14 @@ const EVENT_TYPE = /^[A-Za-z0-9_.:-]{1,100}$/;
 function stepWaitForEvent(name, options) {
   try {
     checkName(name, "step.waitForEvent name");
+    outsideBodies("step.waitForEvent", name);
     const what = `step.waitForEvent("${name}") options`;
-    checkKeys(options, { type: 1, timeout: 1 }, what);
-    if (typeof options.type !== "string" || !call(strTest, EVENT_TYPE, options.type)) {
+    const given = readOptions(options, { type: 1, timeout: 1 }, what);
+    if (typeof given.type !== "string" || !call(strTest, EVENT_TYPE, given.type)) {
       throw new RealTypeError(`${what}.type must be 1-100 characters of A-Z, a-z, 0-9, _ . : -`);
     }
-    const timeoutMs = options.timeout === undefined ? 86400000 : durationMs(options.timeout, what + ".timeout");
-    const op = { op: "step.waitForEvent", step: name, type: options.type, timeoutMs };
+    const timeoutMs = given.timeout === undefined ? 86400000 : durationMs(given.timeout, what + ".timeout");
+    const op = { op: "step.waitForEvent", step: name, type: given.type, timeoutMs };
     return request("waitForEvent", name, op, valueAnswer);
   } catch (error) {
     return reject(error);
@@ -172,9 +183,9 @@ function stepTool(name, address, args, config) {
 }
 function stepNotify(message) {
   try {
-    checkKeys(message, { title: 1, body: 1, link: 1 }, "step.notify message");
+    const given = readOptions(message, { title: 1, body: 1, link: 1 }, "step.notify message");
     const text = (key, max, required) => {
-      const value = message[key];
+      const value = given[key];
       if (value === undefined && !required) return undefined;
       if (typeof value !== "string" || value.length > max || (required && value.length === 0)) {
         throw new RealTypeError(`step.notify ${key} must be a string of at most ${max} characters`);
@@ -205,11 +216,23 @@ function dbSql(sql, params) {
   }
 }
 
-// console output: captured per run, never emitted again while replaying.
+// console output: captured per run, each line stored once. Lines are numbered within the
+// scope that prints them (the workflow body, or one attempt of a step body): the workflow
+// body runs again on every drive and skips the lines an earlier drive stored; an attempt's
+// body runs once, so its lines are new. Every call counts against the per-drive line limit.
 function logger(level) {
   return (...args) => {
+    const scope = currentScope;
+    scope.logs += 1;
+    if (scope === ROOT_SCOPE && scope.logs <= logsSeen) return; // stored by an earlier drive
     logCount += 1;
-    if (logCount <= logsSeen) return; // printed by an earlier drive of this run
+    if (logCount > limits.log_lines_per_drive) {
+      if (logCount === limits.log_lines_per_drive + 1) {
+        const text = `[console: more than ${limits.log_lines_per_drive} lines in one drive; the rest were dropped]`;
+        send({ op: "log", level: "warn", text, count: scope.logs, source: scope.id }, null);
+      }
+      return;
+    }
     let text = "";
     for (let i = 0; i < args.length; i++) {
       const arg = args[i];
@@ -229,6 +252,6 @@ function logger(level) {
     text = wellFormed(call(strSlice, text, 0, 16384));
     logBytes += text.length;
     if (logBytes > limits.log_bytes_per_drive) return;
-    send({ op: "log", level, text, count: logCount }, null);
+    send({ op: "log", level, text, count: scope.logs, source: scope.id }, null);
   };
 }

@@ -34,7 +34,7 @@ function boot(request) {
   if (!prepared) prepare();
   limits = request.limits;
   runId = request.runId;
-  clock = request.createdAtMs;
+  ROOT_SCOPE.clock = request.createdAtMs;
   for (let i = 0; i < request.journal.length; i++) {
     const entry = request.journal[i];
     journal.set(entry.key, { value: entry.value, error: entry.error, at: entry.at, seq: i });
@@ -42,7 +42,7 @@ function boot(request) {
   journalSize = request.journal.length;
   for (let i = 0; i < request.unsettled.length; i++) unsettled.add(request.unsettled[i]);
   logsSeen = request.logsSeen;
-  reach(clock, "start");
+  reach(request.createdAtMs, "start");
   const env = decode(request.env);
   defineProperty(env, "db", { value: db, enumerable: true });
   freeze(env);

@@ -1,0 +1,213 @@
+"""Replay never diverges and step identities never collide (hardening, class G)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bridge.limits import Limits
+from runner import Bindings, Runner, RunnerConfig
+from tests.conftest import FakeClock, start_source
+
+RANDOM_STREAMS = """
+export default async (event, step) => {
+  // The body starts at once and draws from its own stream; the workflow's own draw after it
+  // must be the same when a replay skips the body.
+  const body = step.do("draws", async () => [Math.random(), Math.random()]);
+  const mine = Math.random();
+  const inBody = await body;
+  const recorded = await step.do("record", async () => mine);
+  await step.sleep("replay", 1000);
+  return { recorded, mine, inBody, again: Math.random() };
+};
+"""
+
+
+async def test_step_bodies_draw_from_their_own_random_streams(
+    clocked_runner: Runner, clock: FakeClock
+) -> None:
+    run = await start_source(clocked_runner, RANDOM_STREAMS, run_id="rand")
+    assert run.status == "sleeping", run.error
+    clock.advance(2)
+    done = await clocked_runner.resume("rand", scope="acme")
+    assert done.status == "completed", done.error
+    assert done.output["recorded"] == done.output["mine"]
+    assert done.output["inBody"][0] != done.output["inBody"][1]
+
+
+class Counter:
+    def __init__(self) -> None:
+        self.calls: list[Any] = []
+
+    async def __call__(self, args: Any) -> str:
+        self.calls.append(args)
+        return f"call {len(self.calls)}"
+
+
+COLLIDING = """
+export default async (event, step) => {
+  const top = await step.tool("do:1:a/b", "count", { who: "top" });
+  const nested = await step.do("a", async () => step.tool("b", "count", { who: "nested" }));
+  const percent = await step.tool("do:1:a%2Fb", "count", { who: "percent" });
+  return [top, nested, percent];
+};
+"""
+
+
+async def test_names_with_colons_and_slashes_never_share_a_key(clocked_runner: Runner) -> None:
+    counter = Counter()
+    bindings = Bindings(tools={"count": counter})
+    run = await start_source(clocked_runner, COLLIDING, bindings=bindings)
+    assert run.status == "completed", run.error
+    assert [c["who"] for c in counter.calls] == ["top", "nested", "percent"]
+    assert run.output == ["call 1", "call 2", "call 3"]
+
+
+LOGS_AFTER_REPLAY = """
+export default async (event, step) => {
+  await step.do("a", async () => { console.log("in body 1"); console.log("in body 2"); return 1; });
+  console.log("after a");
+  await step.sleep("nap", 1000);
+  console.log("after nap");
+  return 0;
+};
+"""
+
+
+async def test_every_console_line_is_stored_once_across_replays(
+    clocked_runner: Runner, clock: FakeClock
+) -> None:
+    run = await start_source(clocked_runner, LOGS_AFTER_REPLAY, run_id="logs")
+    assert run.status == "sleeping"
+    clock.advance(2)
+    await clocked_runner.resume("logs", scope="acme")
+    clock.advance(2)
+    await clocked_runner.resume("logs", scope="acme")
+    logs = await clocked_runner.list_logs("logs", scope="acme")
+    assert [log.text for log in logs] == ["in body 1", "in body 2", "after a", "after nap"]
+
+
+GETTER = """
+export default async (event, step) => {
+  let reads = 0;
+  const config = { retries: { get limit() { reads += 1; return reads === 1 ? 0 : "x"; } } };
+  const done = await step.do("d", config, async () => "fine");
+  try {
+    await step.waitForEvent("w", { ...{}, get type() { reads += 1; return reads === 2 ? "go" : "!"; },
+                                   timeout: 1000 });
+  } catch (error) {
+    return [done, String(error.name), reads];
+  }
+  return [done, "no timeout", reads];
+};
+"""
+
+
+async def test_options_are_read_once_then_validated(
+    clocked_runner: Runner, clock: FakeClock
+) -> None:
+    run = await start_source(clocked_runner, GETTER, run_id="getter")
+    assert run.status == "waiting", run.error
+    assert run.waiting_for == "go"
+    clock.advance(2)
+    done = await clocked_runner.resume("getter", scope="acme")
+    assert done.output == ["fine", "WaitForEventTimeoutError", 2]
+
+
+TIMEZONE = """
+export default async (event, step) => {
+  const d = new Date(Date.UTC(2026, 0, 1, 12, 0, 0));
+  return [d.getTimezoneOffset(), d.getHours(), d.toString(), new Date(2026, 0, 1).getTime()];
+};
+"""
+
+
+async def test_local_time_is_utc_whatever_the_host_zone(
+    clocked_runner: Runner, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("TZ", "Pacific/Kiritimati")  # UTC+14 on the host
+    run = await start_source(clocked_runner, TIMEZONE)
+    assert os.environ["TZ"] == "Pacific/Kiritimati"
+    offset, hours, text, local_midnight = run.output
+    assert (offset, hours) == (0, 12)
+    assert "GMT+0000" in text
+    assert local_midnight == 1767225600000  # 2026-01-01T00:00:00Z
+
+
+TOP_LEVEL_THROW = """
+throw { name: "Boom\\ud800", message: "at the top \\udfff" };
+export default async () => 1;
+"""
+
+
+async def test_a_module_that_throws_at_load_fails_with_the_authors_error(
+    clocked_runner: Runner,
+) -> None:
+    run = await start_source(clocked_runner, TOP_LEVEL_THROW)
+    assert run.status == "failed"
+    assert run.error is not None
+    assert "Boom\ufffd" in run.error
+    assert "executor" not in run.error
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        'step.sleep("nap", 10)',
+        'step.sleepUntil("nap", Date.now() + 10)',
+        'step.waitForEvent("w", { type: "go" })',
+    ],
+)
+async def test_suspending_inside_a_step_body_is_refused_at_the_call(
+    clocked_runner: Runner, call: str
+) -> None:
+    source = f"""
+    export default async (event, step) => {{
+      try {{
+        await step.do("outer", {{ retries: {{ limit: 0 }} }}, async () => {{ await {call}; }});
+      }} catch (error) {{
+        return [error.name, error.message];
+      }}
+      return "no error";
+    }};
+    """
+    run = await start_source(clocked_runner, source)
+    assert run.status == "completed", run.error
+    name, message = run.output
+    assert name == "TypeError"
+    assert "cannot be called inside a step.do body" in message
+
+
+LOG_FLOOD = """
+export default async (event, step) => {
+  for (let drive = 0; drive < 3; drive++) {
+    await step.do("flood " + drive, async () => { for (let i = 0; i < 5000; i++) console.log(); });
+    for (let i = 0; i < 5000; i++) console.log("");
+    await step.sleep("nap " + drive, 1000);
+  }
+  return "done";
+};
+"""
+
+
+async def test_console_lines_are_bounded_per_drive_and_per_run(
+    tmp_path: Path, clock: FakeClock
+) -> None:
+    limits = Limits(log_lines_per_drive=100, log_lines_per_run=250)
+    config = RunnerConfig(clock=clock, limits=limits, scope_root=tmp_path / "scopes")
+    async with Runner.open(tmp_path / "journal.db", config) as runner:
+        run = await start_source(runner, LOG_FLOOD, run_id="flood")
+        first = await runner.list_logs("flood", scope="acme")
+        assert len(first) == 101  # the limit, and one line that says the rest were dropped
+        assert "more than 100 lines in one drive" in first[-1].text
+        for _ in range(3):
+            clock.advance(2)
+            run = await runner.resume("flood", scope="acme")
+        assert run.status == "completed", run.error
+        logs = await runner.list_logs("flood", scope="acme")
+        assert len(logs) == 250
+        assert "limit of 250 lines was reached" in logs[-1].text
+        assert [log.count for log in logs] == list(range(1, 251))
