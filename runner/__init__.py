@@ -1,6 +1,6 @@
 """The host: the journal, the run lifecycle, the servicing of bridge ops, the CLI."""
 
-from runner.bindings import Bindings, Notification, ToolFn
+from runner.bindings import Bindings, Notification, ToolCall, ToolFn, current_tool_call
 from runner.config import RunnerConfig
 from runner.errors import (
     FatalToolError,
@@ -37,8 +37,10 @@ __all__ = [
     "SnapshotNotFound",
     "StartRunInput",
     "StepView",
+    "ToolCall",
     "ToolCallView",
     "ToolFn",
     "UnknownWorkflow",
+    "current_tool_call",
     "validate_scope",
 ]

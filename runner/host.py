@@ -36,7 +36,13 @@ from bridge.types import (
 )
 from bridge.values import from_python, to_python
 from runner import steps
-from runner.bindings import Bindings, Notification
+from runner.bindings import (
+    Bindings,
+    Notification,
+    ToolCall,
+    bind_tool_call,
+    unbind_tool_call,
+)
 from runner.errors import FatalToolError
 from runner.scopedb import ScopeDatabases, SqlOutcome
 from runner.scopes import split_run_key
@@ -169,7 +175,12 @@ class DriveHost:
         if not isinstance(started, _ToolCall):
             return started
         attempt, call = started.attempt, started.seq
-        value, failure, duration_ms = await self._call_tool(op)
+        scope, run_id = split_run_key(self.run_id)
+        token = bind_tool_call(ToolCall(scope, run_id, key, attempt, op.address))
+        try:
+            value, failure, duration_ms = await self._call_tool(op)
+        finally:
+            unbind_tool_call(token)
         finished = self.now()
 
         def end(tx: JournalTransaction) -> Answered:

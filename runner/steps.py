@@ -46,6 +46,11 @@ __all__ = [
 ]
 
 Answered = tuple[Result, int | None]  # the result, and the time of the journal event it reflects
+_OUTCOME_UNKNOWN = StepFailure(
+    "ToolOutcomeUnknown",
+    "the worker stopped during this call, before its result was recorded: the tool may or may"
+    " not have acted; the call is made again as the next attempt",
+)
 
 
 def failure_to_json(failure: StepFailure) -> str:
@@ -126,7 +131,10 @@ def begin_attempt(
     if answer is not None:
         return answer
     if row.status == "running":
-        # The attempt was in flight when its driver stopped: it counts as failed.
+        # The attempt was in flight when its driver stopped: it counts as failed, and a tool
+        # call it made may or may not have happened: the audit says so.
+        if kind == "tool":
+            tx.mark_tool_calls_unknown(run_id, key, row.attempt, failure_to_json(_OUTCOME_UNKNOWN))
         interrupted = StepFailure(
             "StepInterruptedError",
             f"attempt {row.attempt} of step {row.name!r} was interrupted (its driver stopped)",

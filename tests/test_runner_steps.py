@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import pytest
@@ -13,7 +14,9 @@ from runner import (
     Runner,
     SnapshotNotFound,
     StartRunInput,
+    ToolCall,
     UnknownWorkflow,
+    current_tool_call,
 )
 from runner.scopes import run_key
 from tests.conftest import FakeClock, start_source
@@ -274,3 +277,45 @@ async def test_console_and_notify_happen_once(clocked_runner: Runner, clock: Fak
         ("warn", "after the pause"),
     ]
     assert sent == ["started"]
+
+
+async def test_a_tool_call_whose_outcome_is_unknown_is_audited_and_keyed(
+    clocked_runner: Runner, clock: FakeClock
+) -> None:
+    """At least once: a call whose driver stopped mid-call is made again as the next attempt;
+    the audit marks the first as unknown and the tool can tell the two apart by key."""
+    seen: list[ToolCall | None] = []
+    first_call = asyncio.Event()
+
+    async def charge(args: Any) -> str:
+        seen.append(current_tool_call())
+        if len(seen) == 1:
+            first_call.set()
+            await asyncio.Event().wait()  # the driver dies while this call is out
+        return "charged"
+
+    source = """
+    export default async (event, step) =>
+      step.tool("charge", "pay.charge", { amount: 5 }, { retries: { limit: 2, delay: 0 } });
+    """
+    bindings = Bindings(tools={"pay.charge": charge})
+    drive = asyncio.create_task(
+        start_source(clocked_runner, source, run_id="pay", bindings=bindings)
+    )
+    await asyncio.wait_for(first_call.wait(), 30)
+    drive.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await drive
+    run = await clocked_runner.resume("pay", bindings, scope="acme")
+    assert (run.status, run.output) == ("completed", "charged")
+    first, second = seen
+    assert first is not None
+    assert second is not None
+    assert (first.scope, first.run_id, first.step_key) == ("acme", "pay", "tool:1:charge")
+    assert first.call_key == second.call_key
+    assert (first.attempt, second.attempt) == (1, 2)
+    assert first.idempotency_key != second.idempotency_key
+    audit = await clocked_runner.list_tool_calls("pay", scope="acme")
+    assert [(c.attempt, c.result) for c in audit] == [(1, None), (2, "charged")]
+    assert audit[0].error is not None
+    assert audit[0].error.startswith("ToolOutcomeUnknown:")

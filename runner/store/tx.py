@@ -324,6 +324,14 @@ class JournalTransaction:
             (result, error, duration_ms, seq),
         )
 
+    def mark_tool_calls_unknown(self, run_id: str, step_key: str, attempt: int, error: str) -> None:
+        """Audit rows of an attempt that never reported: their outcome is unknown."""
+        self._db.execute(
+            "UPDATE tool_calls SET error = ? WHERE run_id = ? AND step_key = ? AND attempt = ?"
+            " AND result IS NULL AND error IS NULL",
+            (error, run_id, step_key, attempt),
+        )
+
     def insert_log(
         self, run_id: str, source: str, level: str, text: str, at: int, *, max_lines: int
     ) -> bool:
