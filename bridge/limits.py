@@ -28,6 +28,19 @@ class Limits:
     log_bytes_per_drive: int = 256 * 1024
     log_lines_per_drive: int = 1_000  # every console call counts, an empty one too
     log_lines_per_run: int = 10_000
+    # Every recorded result of a run travels into the executor on each replay: bounded so a
+    # run that worked once can always be replayed within `memory_bytes`. 0 means a quarter
+    # of `memory_bytes` (16 MiB by default), which is also the most it may be.
+    journal_bytes_per_run: int = 0
+
+    def __post_init__(self) -> None:
+        if self.journal_bytes_per_run == 0:
+            object.__setattr__(self, "journal_bytes_per_run", self.memory_bytes // 4)
+        if self.journal_bytes_per_run * 4 > self.memory_bytes:
+            raise ValueError(
+                "journal_bytes_per_run must be at most a quarter of memory_bytes: a replay "
+                "holds the whole journal in the executor's memory"
+            )
 
     def to_wire(self) -> dict[str, Any]:
         return asdict(self)

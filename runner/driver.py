@@ -155,9 +155,11 @@ class RunDriver:
         lease: Lease,
         bindings: Bindings,
     ) -> tuple[DriveOutcome, DriveHost]:
+        recorded = sum(len(e.value or "") for e in journal)
         host = DriveHost(
-            self.store, lease, bindings, self.config.limits, self.now_ms, scopes=self.scopes
-        )
+            self.store, lease, bindings, self.config.limits, self.now_ms, scopes=self.scopes,
+            journal_bytes=recorded,
+        )  # fmt: skip
         try:
             bundle = await self._bundle(run)
         except StoredCodeDamaged as damaged:  # never run code that is not what was published

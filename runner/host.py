@@ -81,8 +81,10 @@ class DriveHost:
         clock_ms: Callable[[], int],
         *,
         scopes: ScopeDatabases,
+        journal_bytes: int = 0,
     ) -> None:
         self.scopes = scopes
+        self.journal_bytes = journal_bytes  # of the run's recorded results, kept up to date
         self.store = store
         self.lease = lease
         self.run_id = lease.run_id
@@ -146,12 +148,31 @@ class DriveHost:
             case StepCheck():
                 return Answer(envelope.id, *steps.check(tx, self.run_id, op, now))
             case StepRecord():
+                if op.value is not None:
+                    refused = self._over_journal_limit(op.step, op.value)
+                    if refused is not None:
+                        op = StepRecord(op.step, op.count, op.attempt, None, refused)
                 return Answer(envelope.id, *steps.record(tx, self.run_id, op, now))
             case StepSleep():
                 return Answer(envelope.id, *steps.sleep(tx, self.run_id, op, now))
             case StepWaitForEvent():
                 return Answer(envelope.id, *steps.wait_for_event(tx, self.run_id, op, now))
         raise AssertionError(f"not a journal op: {type(op).__name__}")
+
+    def _over_journal_limit(self, step: str, value: str) -> StepFailure | None:
+        """A result that would take the run's journal past its limit fails its step (not
+        retried), naming the step: refused when recorded, never on a later replay."""
+        size = len(value)
+        limit = self.limits.journal_bytes_per_run
+        if self.journal_bytes + size <= limit:
+            self.journal_bytes += size
+            return None
+        return StepFailure(
+            "LimitError",
+            f"the result of step {step!r} ({size} bytes) would take the run's journal past its"
+            f" limit of {limit} bytes ({self.journal_bytes} bytes recorded)",
+            retryable=False,
+        )
 
     # -- tools ---------------------------------------------------------------------------------
 
@@ -181,6 +202,10 @@ class DriveHost:
             value, failure, duration_ms = await self._call_tool(op)
         finally:
             unbind_tool_call(token)
+        if value is not None:
+            refused = self._over_journal_limit(op.step, value)
+            if refused is not None:
+                value, failure = None, refused
         finished = self.now()
 
         def end(tx: JournalTransaction) -> Answered:
@@ -297,13 +322,18 @@ class DriveHost:
             answer = steps.settled(row)
             if answer is not None:
                 return answer
-            if outcome.result is not None:
+            refused = (
+                None
+                if outcome.result is None
+                else self._over_journal_limit(op.step, outcome.result)
+            )
+            if outcome.result is not None and refused is None:
                 tx.settle_step(
                     row, status="completed", output=outcome.result, error=None, at=finished,
                     event_type="sql_completed",
                 )  # fmt: skip
                 return Value(outcome.result), finished
-            failure = StepFailure(
+            failure = refused or StepFailure(
                 "SqlError", outcome.message or "the statement failed", False, code=outcome.code
             )
             tx.settle_step(

@@ -179,7 +179,10 @@ class Drive:
             return f"memory limit of {self.limits['memory_bytes']} bytes exceeded"
         if "stack" in text:
             return f"stack limit of {self.limits['stack_bytes']} bytes exceeded"
-        return f"the engine stopped the drive: {text}"
+        # Anything else is the sandbox's own failure, not the author's: its text (a prelude
+        # TypeError, say) goes to the operator's log, never into the run's error.
+        print(f"qjsflow executor: internal error: {text}", file=sys.stderr, flush=True)
+        return "the sandbox stopped the drive on an internal error (details in the worker's log)"
 
 
 def _outcome(text: str) -> bytes:

@@ -211,3 +211,36 @@ async def test_console_lines_are_bounded_per_drive_and_per_run(
         assert len(logs) == 250
         assert "limit of 250 lines was reached" in logs[-1].text
         assert [log.count for log in logs] == list(range(1, 251))
+
+
+BIG_RESULTS = """
+export default async (event, step) => {
+  for (let i = 0; i < event.payload.steps; i++) {
+    await step.do("big " + i, async () => "x".repeat(900 * 1024));
+  }
+  await step.sleep("then replay", 1000);
+  return "replayed";
+};
+"""
+
+
+async def test_a_run_that_ran_once_can_always_be_replayed(
+    clocked_runner: Runner, clock: FakeClock
+) -> None:
+    """The journal's size is bounded when a result is recorded, not discovered on replay."""
+    over = await start_source(clocked_runner, BIG_RESULTS, {"steps": 60}, run_id="over")
+    assert over.status == "failed"
+    assert over.error is not None
+    assert "LimitError: the result of step 'big 18'" in over.error
+    assert "limit of 16777216 bytes" in over.error
+    under = await start_source(clocked_runner, BIG_RESULTS, {"steps": 15}, run_id="under")
+    assert under.status == "sleeping", under.error
+    clock.advance(2)
+    done = await clocked_runner.resume("under", scope="acme")
+    assert (done.status, done.output) == ("completed", "replayed")
+
+
+def test_limits_keep_the_journal_within_replay_memory() -> None:
+    with pytest.raises(ValueError, match="a quarter of memory_bytes"):
+        Limits(memory_bytes=32 * 1024 * 1024, journal_bytes_per_run=16 * 1024 * 1024)
+    assert Limits(memory_bytes=32 * 1024 * 1024).journal_bytes_per_run == 8 * 1024 * 1024

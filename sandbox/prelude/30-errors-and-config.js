@@ -27,13 +27,16 @@ function describe(thrown) {
   }
 }
 // Engine errors that mean a limit was hit are reported by the limit's name.
+// (`limits` is null until boot has read the request: a request too big to read is itself a
+// memory limit.)
 function limitMessage(error) {
   const { name, message } = describe(error);
   if (name === "InternalError" && (message === "out of memory" || message === "string too long")) {
-    return `memory limit of ${limits.memory_bytes} bytes exceeded (${message})`;
+    const bytes = limits === null ? "the run's" : `${limits.memory_bytes} bytes`;
+    return `memory limit of ${bytes} exceeded (${message})`;
   }
   if (name === "RangeError" && message === "Maximum call stack size exceeded") {
-    return `stack limit of ${limits.stack_bytes} bytes exceeded`;
+    return limits === null ? "stack limit exceeded" : `stack limit of ${limits.stack_bytes} bytes exceeded`;
   }
   return null;
 }
