@@ -65,7 +65,7 @@ function request(kind, name, op, onAnswer, begin) {
   return new P((resolve, reject) => {
     const entry = journal.get(key);
     if (entry !== undefined) {
-      append(hits, { entry, key, resolve, reject, scope });
+      pushHit({ entry, key, resolve, reject, scope });
       return;
     }
     if (begin !== undefined && !unsettled.has(key)) {

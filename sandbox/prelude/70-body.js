@@ -87,14 +87,44 @@ function start() {
   });
 }
 
+// The waiting replayed entries as a binary min-heap on journal order: a fan-out of n steps
+// settles in O(n log n), not O(n^2).
+function pushHit(hit) {
+  let i = hits.length;
+  append(hits, hit);
+  while (i > 0) {
+    const parent = (i - 1) >> 1;
+    if (hits[parent].entry.seq <= hit.entry.seq) break;
+    hits[i] = hits[parent];
+    i = parent;
+  }
+  hits[i] = hit;
+}
+function popHit() {
+  const top = hits[0];
+  const last = hits[hits.length - 1];
+  hits.length -= 1;
+  const n = hits.length;
+  if (n > 0) {
+    let i = 0;
+    for (;;) {
+      const left = 2 * i + 1;
+      if (left >= n) break;
+      const right = left + 1;
+      const child = right < n && hits[right].entry.seq < hits[left].entry.seq ? right : left;
+      if (hits[child].entry.seq >= last.entry.seq) break;
+      hits[i] = hits[child];
+      i = child;
+    }
+    hits[i] = last;
+  }
+  return top;
+}
+
 // Settle the replayed entry that comes first in the journal, if one is waiting.
 function nextHit() {
   if (hits.length === 0) return false;
-  let best = 0;
-  for (let i = 1; i < hits.length; i++) if (hits[i].entry.seq < hits[best].entry.seq) best = i;
-  const hit = hits[best];
-  hits[best] = hits[hits.length - 1];
-  hits.length -= 1;
+  const hit = popHit();
   settleHit(hit);
   return true;
 }
