@@ -102,9 +102,18 @@ async function bundle(entry) {
 
 const outputs = [];
 const errors = [];
+// The bundles are bounded as they are made, not after all of them are in memory.
+let outputBytes = 0;
 for (const entry of request.entries) {
   try {
-    outputs.push(await bundle(entry));
+    const output = await bundle(entry);
+    outputBytes += output.code.length;
+    if (outputBytes > request.maxOutputBytes) {
+      errors.push({ text: `the bundles are larger than ${request.maxOutputBytes} bytes in all (at ${entry})`,
+                    file: null, line: null, column: null });
+      break;
+    }
+    outputs.push(output);
   } catch (failure) {
     const messages = failure && Array.isArray(failure.errors) ? failure.errors : null;
     if (!messages) throw failure;

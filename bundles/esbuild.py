@@ -109,22 +109,28 @@ def install() -> Path:
 async def run_driver(request: dict[str, Any], limits: BuildLimits) -> Any:
     """Run driver.mjs on `request` and return its decoded answer; bounded in time and memory."""
     toolchain = find_toolchain()
-    payload = dumps({**request, "esbuild": str(toolchain.esbuild_package)})
+    payload = dumps(
+        {
+            **request,
+            "esbuild": str(toolchain.esbuild_package),
+            "maxOutputBytes": limits.max_output_bytes,
+        }
+    )
     process = await asyncio.create_subprocess_exec(
         toolchain.node,
         "--max-old-space-size=512",
         str(_DRIVER),
         stdin=asyncio.subprocess.PIPE,
         stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.DEVNULL,  # never shown: it could echo what the bundler read
         cwd=request["root"],
         env={},
         start_new_session=True,
         preexec_fn=lambda: _limit_memory(limits.address_space_bytes),
     )
     try:
-        stdout, stderr = await asyncio.wait_for(
-            process.communicate(payload), timeout=limits.timeout_s
+        stdout = await asyncio.wait_for(
+            _bounded_output(process, payload, limits.max_output_bytes), timeout=limits.timeout_s
         )
     except TimeoutError:
         _kill_group(process.pid)
@@ -132,11 +138,41 @@ async def run_driver(request: dict[str, Any], limits: BuildLimits) -> Any:
         return {"errors": [{"text": f"bundling took longer than {limits.timeout_s:g} s"}]}
     finally:
         _kill_group(process.pid)  # esbuild's own service process must not outlive the build
+    if stdout is None:
+        await process.wait()
+        text = f"the bundles are larger than {limits.max_output_bytes} bytes in all"
+        return {"errors": [{"text": text}]}
     if process.returncode != 0:
         # stderr is not shown: it could echo text the bundler read while it failed.
-        del stderr
         return {"errors": [{"text": f"the bundler stopped with exit status {process.returncode}"}]}
-    return loads(stdout, max_bytes=limits.max_output_bytes)
+    return loads(stdout, max_bytes=limits.max_output_bytes + _ENVELOPE_BYTES)
+
+
+# The JSON around the bundles: entry names, quotes and escapes (the code is ASCII already).
+_ENVELOPE_BYTES = 1024 * 1024
+
+
+async def _bounded_output(
+    process: asyncio.subprocess.Process, payload: bytes, max_bytes: int
+) -> bytes | None:
+    """The driver's answer, read as it comes and never more than the cap: None (and the
+    driver killed) once the output passes it."""
+    assert process.stdin is not None
+    assert process.stdout is not None
+    process.stdin.write(payload)
+    with contextlib.suppress(ConnectionError):
+        await process.stdin.drain()
+    process.stdin.close()
+    chunks: list[bytes] = []
+    size = 0
+    while chunk := await process.stdout.read(256 * 1024):
+        size += len(chunk)
+        if size > max_bytes + _ENVELOPE_BYTES:
+            _kill_group(process.pid)
+            return None
+        chunks.append(chunk)
+    await process.wait()
+    return b"".join(chunks)
 
 
 def _limit_memory(limit_bytes: int) -> None:

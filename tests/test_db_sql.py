@@ -211,3 +211,78 @@ async def test_an_insert_applied_before_a_crash_is_not_applied_twice(tmp_path: P
         assert (run.status, run.output) == ("completed", 1)
     with sqlite3.connect(scope_file) as connection:
         assert connection.execute("SELECT count(*) FROM orders").fetchone() == (1,)
+
+
+HOSTILE_PARAMS = """
+import { db } from "qjsflow";
+export default async () => {
+  const outcomes = [];
+  const calls: Array<[string, unknown[]]> = [
+    ["SELECT ?", [new Date(8.64e15)]],
+    ["SELECT ?", [2n ** 70n]],
+    ["SELECT ?", ["x\\ud800"]],
+    ["SELECT CAST(x'ff80' AS TEXT)", []],
+    ["SELECT instr(replace(hex(zeroblob(500000)), '0', 'aa'), replace(hex(zeroblob(250000)), '0', 'aa') || 'b')", []],
+    ["SELECT 42 AS answer", []],
+  ];
+  for (const [sql, params] of calls) {
+    try {
+      outcomes.push({ ok: (await db.sql(sql, params)).rows });
+    } catch (error) {
+      outcomes.push({ code: error.code, message: error.message });
+    }
+  }
+  return outcomes;
+};
+"""
+
+
+async def test_hostile_parameters_and_results_are_coded_errors(
+    sql_runner: Runner, capfd: pytest.CaptureFixture[str]
+) -> None:
+    run = await start_source(sql_runner, HOSTILE_PARAMS)
+    assert run.status == "completed", run.error
+    codes = [outcome.get("code") for outcome in run.output]
+    assert codes == ["bad_params", "bad_params", "bad_params", "bad_text", "too_big", None]
+    assert run.output[-1] == {"ok": [{"answer": 42}]}
+    assert "Date" in run.output[0]["message"]
+    captured = capfd.readouterr()
+    assert "Traceback" not in captured.err + captured.out
+
+
+SLOW = """
+import { db } from "qjsflow";
+export default async () => {
+  try {
+    await db.sql("WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c) SELECT count(*) FROM c");
+  } catch (error) {
+    return error.code;
+  }
+  return "finished";
+};
+"""
+QUICK = """
+import { db } from "qjsflow";
+export default async () => (await db.sql("SELECT 42 AS answer")).rows[0].answer;
+"""
+
+
+async def test_one_scopes_statement_never_blocks_another_scope(
+    tmp_path: Path, clock: FakeClock
+) -> None:
+    config = RunnerConfig(clock=clock, pool=PoolConfig(size=2))
+    async with Runner.open(tmp_path / "journal.db", config) as runner:
+        await _probe(runner, "quick", ["SELECT 1"])  # both scopes' processes are warm
+        await _probe(runner, "slow", ["SELECT 1"])
+        finished: list[str] = []
+
+        async def run(scope: str, source: str) -> object:
+            view = await start_source(runner, source, scope=scope)
+            finished.append(scope)
+            return view.output
+
+        slow = asyncio.create_task(run("slow", SLOW))
+        await asyncio.sleep(0.3)  # the slow statement is running in its scope's process
+        assert await run("quick", QUICK) == 42
+        assert await slow == "interrupted"
+        assert finished == ["quick", "slow"]

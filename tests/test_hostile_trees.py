@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from bundles import PublishError, SourceTreeError, TreeLimits
+from bundles import BuildLimits, PublishError, SourceTreeError, TreeLimits
 from runner import Runner, RunnerConfig
 
 ENTRY = "workflows/evil.ts"
@@ -198,3 +198,19 @@ async def test_runner_keeps_working_after_refusals(runner: Runner, tmp_path: Pat
         await runner.publish("acme", bad)
     good = await runner.publish("acme", {ENTRY: "export default async () => 1;\n"})
     assert good.created
+
+
+async def test_bundles_over_the_output_cap_stop_the_build_early(tmp_path: Path) -> None:
+    """150 workflows importing one 200 KB module: about 30 MB of bundles. The build stops at
+    the cap instead of holding every bundle in memory first."""
+    shared = "export const big = " + repr("x" * 200_000).replace("'", '"') + ";\n"
+    files = {"lib/big.ts": shared}
+    for n in range(150):
+        files[f"workflows/w{n}.ts"] = (
+            'import { big } from "../lib/big";\nexport default async () => big.length;\n'
+        )
+    config = RunnerConfig(build_limits=BuildLimits(max_output_bytes=2 * 1024 * 1024))
+    async with Runner.open(tmp_path / "j.db", config) as runner:
+        with pytest.raises(PublishError, match="larger than 2097152 bytes"):
+            await runner.publish("acme", files)
+        assert (await runner.store.table_counts())["snapshots"] == 0

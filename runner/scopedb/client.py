@@ -1,9 +1,9 @@
 """`ScopeDatabases`: the host's handle on the scope-database process.
 
-Author SQL never runs in the journal's process: one server process (runner/scopedb/server.py)
-owns the scope files and is spawned on first use. Requests are answered one at a time; a
-request that outlives its deadline by far kills the server, which is started again on the next
-call (SQLite's own journal keeps each scope file consistent).
+Author SQL never runs in the journal's process: server processes (runner/scopedb/server.py),
+one per active scope, are spawned on first use. Each answers its scope's requests one at a
+time; a request that outlives its deadline by `kill_grace_s` kills its server, which is
+started again on the next call (SQLite's own journal keeps each scope file consistent).
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import sys
+from collections import OrderedDict
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -22,8 +23,6 @@ from sandbox.frames import FrameError, frame, read_frame_async
 
 __all__ = ["ScopeDatabases", "SqlOutcome"]
 
-_GRACE_S = 10.0
-
 
 @dataclass(frozen=True, slots=True)
 class SqlOutcome:
@@ -33,12 +32,29 @@ class SqlOutcome:
     elapsed_s: float
 
 
+class _ScopeProcess:
+    """One server process serving one scope, one request at a time."""
+
+    def __init__(self) -> None:
+        self.process: asyncio.subprocess.Process | None = None
+        self.lock = asyncio.Lock()
+
+    async def stop(self) -> None:
+        process, self.process = self.process, None
+        if process is not None:
+            with contextlib.suppress(ProcessLookupError):
+                process.kill()
+            await process.wait()
+
+
 class ScopeDatabases:
+    """Author SQL, each scope in a server process of its own: a statement of one scope never
+    waits for another scope's (a runaway native function call included)."""
+
     def __init__(self, root: Path, limits: SqlLimits | None = None) -> None:
         self.root = root
         self.limits = limits or SqlLimits()
-        self._process: asyncio.subprocess.Process | None = None
-        self._lock = asyncio.Lock()
+        self._scopes: OrderedDict[str, _ScopeProcess] = OrderedDict()
 
     def path_of(self, scope: str) -> Path:
         return self.root / f"{validate_scope(scope)}.sqlite"
@@ -54,33 +70,54 @@ class ScopeDatabases:
                 "deadlineS": deadline_s, "limits": asdict(self.limits),
             }
         )  # fmt: skip
-        async with self._lock:
-            process = await self._server()
+        slot = self._slot(scope)
+        async with slot.lock:
             try:
+                process = await self._server(slot)
                 assert process.stdin is not None
                 assert process.stdout is not None
                 process.stdin.write(frame(request))
                 await process.stdin.drain()
+                waited = deadline_s + self.limits.kill_grace_s
                 reply = orjson.loads(
-                    await asyncio.wait_for(read_frame_async(process.stdout), deadline_s + _GRACE_S)
+                    await asyncio.wait_for(read_frame_async(process.stdout), waited)
                 )
             except (TimeoutError, FrameError, ConnectionError) as error:
-                await self._stop()
+                await slot.stop()
                 stopped = "stopped answering" if isinstance(error, TimeoutError) else "died"
                 return SqlOutcome(None, "interrupted", f"the SQL process {stopped}", deadline_s)
+        await self._evict()
         if "ok" in reply:
             return SqlOutcome(reply["ok"]["result"], None, None, reply["ok"]["elapsedS"])
         failure = reply["error"]
         return SqlOutcome(None, failure["code"], failure["message"], failure["elapsedS"])
 
-    async def _server(self) -> asyncio.subprocess.Process:
-        if self._process is not None and self._process.returncode is None:
-            return self._process
+    def _slot(self, scope: str) -> _ScopeProcess:
+        slot = self._scopes.get(scope)
+        if slot is None:
+            slot = self._scopes[scope] = _ScopeProcess()
+        self._scopes.move_to_end(scope)
+        return slot
+
+    async def _evict(self) -> None:
+        """Keep at most `max_processes`: stop the least recently used idle ones."""
+        for scope in list(self._scopes):
+            if len(self._scopes) <= self.limits.max_processes:
+                return
+            slot = self._scopes[scope]
+            if not slot.lock.locked():
+                del self._scopes[scope]
+                await slot.stop()
+
+    async def _server(self, slot: _ScopeProcess) -> asyncio.subprocess.Process:
+        if slot.process is not None and slot.process.returncode is None:
+            return slot.process
         self.root.mkdir(mode=0o700, parents=True, exist_ok=True)
         process = await asyncio.create_subprocess_exec(
             sys.executable, "-I", "-m", "runner.scopedb.server", str(self.root),
-            stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, cwd=self.root,
-            env={}, limit=2**20,
+            stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.DEVNULL,  # a crash's traceback names host paths
+            cwd=self.root, env={}, limit=2**20,
         )  # fmt: skip
         assert process.stdout is not None
         try:
@@ -91,20 +128,16 @@ class ScopeDatabases:
             raise RuntimeError("the scope-database process failed to start") from None
         if orjson.loads(ready) != {"ready": True}:
             raise RuntimeError("the scope-database process started with a bad greeting")
-        self._process = process
+        slot.process = process
         return process
 
-    async def _stop(self) -> None:
-        process, self._process = self._process, None
-        if process is not None:
-            with contextlib.suppress(ProcessLookupError):
-                process.kill()
-            await process.wait()
-
     async def aclose(self) -> None:
-        async with self._lock:
-            process, self._process = self._process, None
-            if process is not None and process.stdin is not None:
+        scopes, self._scopes = list(self._scopes.values()), OrderedDict()
+        for slot in scopes:
+            async with slot.lock:
+                process, slot.process = slot.process, None
+                if process is None or process.stdin is None:
+                    continue
                 process.stdin.close()
                 try:
                     await asyncio.wait_for(process.wait(), 5)

@@ -21,7 +21,9 @@ class SqlLimits:
     max_rows: int = 1000
     max_result_bytes: int = 1024 * 1024
     max_pages: int = 16_384  # the scope's quota: 64 MiB at 4 KiB pages
-    max_length: int = 1024 * 1024  # SQLITE_LIMIT_LENGTH: any string or blob
+    # SQLITE_LIMIT_LENGTH: any string or blob. Small, because one native function call is
+    # never interrupted: instr() over two strings of this length compares up to its square.
+    max_length: int = 64 * 1024
     max_sql_length: int = 100_000
     max_expr_depth: int = 100
     max_compound_select: int = 50
@@ -30,3 +32,7 @@ class SqlLimits:
     max_like_pattern: int = 1000
     max_trigger_depth: int = 10
     cached_connections: int = 16
+    # Scopes run in processes of their own, so that one scope's statement never waits on
+    # another's; at most this many stay alive (the least recently used idle one goes first).
+    max_processes: int = 8
+    kill_grace_s: float = 1.0  # past its deadline, a statement's process is killed

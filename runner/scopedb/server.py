@@ -25,7 +25,7 @@ from typing import Any
 import apsw
 import orjson
 
-from bridge.values import from_python, to_python
+from bridge.values import JsValue, from_python, to_python
 from runner.scopedb.policy import MIN_SQLITE_VERSION, SqlLimits
 from sandbox.frames import frame, read_frame_fd
 
@@ -120,8 +120,16 @@ class ScopeServer:
             result = _apply(connection, request, limits, started)
             return {"ok": {"result": result, "elapsedS": time.monotonic() - started}}
         except SqlFailure as failure:
-            return {"error": {"code": failure.code, "message": failure.message,
-                              "elapsedS": time.monotonic() - started}}  # fmt: skip
+            code, message = failure.code, failure.message
+        except UnicodeDecodeError:
+            code = "bad_text"
+            message = "a result holds text that is not valid UTF-8: CAST it to BLOB"
+        except (OverflowError, ValueError, TypeError, MemoryError) as error:
+            # Whatever else hostile SQL or parameters provoke is the call's error, coded,
+            # never this process's crash (and never a traceback on anyone's terminal).
+            code, message = "error", f"the statement failed ({type(error).__name__})"
+        return {"error": {"code": code, "message": message,
+                          "elapsedS": time.monotonic() - started}}  # fmt: skip
 
 
 def _harden(connection: apsw.Connection, limits: SqlLimits) -> None:
@@ -246,8 +254,18 @@ def _params(encoded: str) -> list[Any]:
     bound: list[Any] = []
     for index, value in enumerate(values):
         plain = int(value) if isinstance(value, bool) else value
+        if isinstance(plain, int) and not -(2**63) <= plain < 2**63:
+            raise SqlFailure("bad_params", f"params[{index}] is an integer beyond 64 bits")
+        if isinstance(plain, str):
+            try:
+                plain.encode("utf-8")
+            except UnicodeEncodeError:
+                raise SqlFailure(
+                    "bad_params", f"params[{index}] is a string with a lone surrogate"
+                ) from None
         if plain is not None and not isinstance(plain, int | float | str | bytes):
-            raise SqlFailure("bad_params", f"params[{index}] is a {type(plain).__name__}; "
+            kind = plain.tag if isinstance(plain, JsValue) else type(plain).__name__
+            raise SqlFailure("bad_params", f"params[{index}] is a {kind}; "
                              "use null, a number, a string or a Uint8Array")  # fmt: skip
         bound.append(plain)
     return bound
