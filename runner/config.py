@@ -32,3 +32,9 @@ class RunnerConfig:
     lease_ttl_s: float = 30.0
     sql_limits: SqlLimits = field(default_factory=SqlLimits)
     scope_root: Path | None = None  # scope databases; default: "<journal>.scopes" beside it
+    # A run whose executor process dies is parked and driven again later (back-off from 30 s
+    # to an hour); it fails only when its executors have died this many times.
+    executor_deaths_per_run: int = 5
+    # How long a transient journal write failure (locked, disk full, a lost server) is
+    # retried before the operation gives up with JournalUnavailable.
+    journal_retry_s: float = 60.0

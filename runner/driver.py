@@ -20,10 +20,11 @@ import socket
 from collections.abc import AsyncIterator
 from functools import partial
 
+from bridge import dumps_text
 from bridge.types import Completed, DriveOutcome, DriveRequest, Failed, JournalEntry, Suspended
 from runner.bindings import Bindings
 from runner.config import RunnerConfig
-from runner.errors import RunNotFound, StoredCodeDamaged
+from runner.errors import JournalUnavailable, RunNotFound, StoredCodeDamaged
 from runner.host import DriveHost
 from runner.scopedb import ScopeDatabases
 from runner.scopes import split_run_key
@@ -113,7 +114,11 @@ class RunDriver:
     ) -> None:
         while True:
             await asyncio.sleep(self.config.lease_ttl_s / 3)
-            if not await self.store.renew_lease(lease, self.now_ms(), self._ttl_ms):
+            try:
+                renewed = await self.store.renew_lease(lease, self.now_ms(), self._ttl_ms)
+            except JournalUnavailable:
+                renewed = False  # stop writing: another driver may take the run over
+            if not renewed:
                 lost.set()
                 if drive is not None:
                     drive.cancel()  # stops the executor; nothing more is written
@@ -132,12 +137,24 @@ class RunDriver:
                 return begun  # finished, or cancelled just now
             run, journal, unsettled = begun
             outcome, host = await self._drive_once(run, journal, unsettled, lease, bindings)
-            if isinstance(outcome, Failed) and outcome.retryable and crashes < _CRASH_RETRIES:
+            if isinstance(outcome, Failed) and outcome.retryable:
+                # The executor process died: the OOM killer, an operator, or the run's own
+                # code. Try again at once a few times, then park the run and come back later;
+                # only a run whose executors keep dying is failed (executor_deaths_per_run).
                 crashes += 1
-                await self.store.transact(
-                    partial(_charge, lease=lease, outcome=outcome, host=host), lease
-                )
-                continue
+                if crashes <= _CRASH_RETRIES:
+                    await self.store.transact(
+                        partial(_charge, lease=lease, outcome=outcome, host=host), lease
+                    )
+                    continue
+                now = self.now_ms()
+                return await self.store.transact(
+                    partial(
+                        _park, lease=lease, outcome=outcome, host=host, now=now,
+                        limit=self.config.executor_deaths_per_run,
+                    ),
+                    lease,
+                )  # fmt: skip
             now = self.now_ms()
             ended = await self.store.transact(
                 partial(_finish, lease=lease, outcome=outcome, host=host, now=now), lease
@@ -206,7 +223,8 @@ def _begin_drive(
             _cancel(tx, run.run_id, now, {"updated_at": now})
         return _release(tx, lease)
     tx.delete_timer(run.run_id, SIGNAL_TIMER)
-    tx.update_run(run.run_id, status="running", updated_at=now)
+    tx.delete_timer(run.run_id, EXECUTOR_TIMER)
+    tx.update_run(run.run_id, status="running", error=None, updated_at=now)
     tx.append_event(run.run_id, "drive_started", now, f'{{"worker":"{lease.worker_id}"}}')
     journal = tuple(
         JournalEntry(
@@ -228,6 +246,48 @@ def _charge(tx: JournalTransaction, lease: Lease, outcome: DriveOutcome, host: D
         cpu_used_s=current.cpu_used_s + outcome.cpu_s,
         logs_count=max(current.logs_count, host.logs_count),
     )
+
+
+EXECUTOR_TIMER = "executor"  # the timer that wakes a run parked after its executor died
+_PARK_FIRST_MS = 30_000
+_PARK_LAST_MS = 3_600_000
+
+
+def _park(
+    tx: JournalTransaction, *, lease: Lease, outcome: Failed, host: DriveHost, now: int, limit: int
+) -> RunRecord:
+    """Count an executor death against the run; park the run for a later drive, or fail it
+    once its executors have died `limit` times."""
+    run_id = lease.run_id
+    current = tx.get_run(run_id)
+    assert current is not None
+    deaths = current.executor_deaths + 1
+    common: dict[str, object] = {
+        "cpu_used_s": current.cpu_used_s + outcome.cpu_s,
+        "logs_count": max(current.logs_count, host.logs_count),
+        "updated_at": now,
+        "executor_deaths": deaths,
+    }
+    if deaths >= limit:
+        message = (
+            f"the run's executor process died {deaths} times, its limit (killed from outside,"
+            " or crashed by the run's own code)"
+        )
+        tx.delete_timers(run_id)
+        tx.update_run(
+            run_id, status="failed", error=message, wake_at=None, waiting_for=None, **common
+        )
+        tx.append_event(run_id, "run_failed", now, dumps_text({"reason": message}))
+        return _release(tx, lease)
+    wake_at = now + min(_PARK_LAST_MS, _PARK_FIRST_MS * 2 ** (deaths - 1))
+    reason = (
+        f"parked: the executor process died ({outcome.message}); driven again at"
+        f" {wake_at} ms, death {deaths} of at most {limit}"
+    )
+    tx.set_timer(run_id, EXECUTOR_TIMER, "retry", wake_at)
+    tx.update_run(run_id, status="sleeping", error=reason, wake_at=wake_at, **common)
+    tx.append_event(run_id, "run_parked", now, dumps_text({"reason": reason}))
+    return _release(tx, lease)
 
 
 def _release(tx: JournalTransaction, lease: Lease) -> RunRecord:

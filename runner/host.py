@@ -120,6 +120,8 @@ class DriveHost:
         if not group:
             return []
         now = self.now()
+        # Counted once, before the transaction (which may run again after a transient fault).
+        group = [self._bounded(envelope) for envelope in group]
         # Starting attempts and console lines are not fsynced (see JournalStore): only a
         # batch that settles something is.
         durable = any(isinstance(e.op, StepRecord | StepSleep | StepWaitForEvent) for e in group)
@@ -148,16 +150,21 @@ class DriveHost:
             case StepCheck():
                 return Answer(envelope.id, *steps.check(tx, self.run_id, op, now))
             case StepRecord():
-                if op.value is not None:
-                    refused = self._over_journal_limit(op.step, op.value)
-                    if refused is not None:
-                        op = StepRecord(op.step, op.count, op.attempt, None, refused)
                 return Answer(envelope.id, *steps.record(tx, self.run_id, op, now))
             case StepSleep():
                 return Answer(envelope.id, *steps.sleep(tx, self.run_id, op, now))
             case StepWaitForEvent():
                 return Answer(envelope.id, *steps.wait_for_event(tx, self.run_id, op, now))
         raise AssertionError(f"not a journal op: {type(op).__name__}")
+
+    def _bounded(self, envelope: OpEnvelope) -> OpEnvelope:
+        op = envelope.op
+        if not isinstance(op, StepRecord) or op.value is None:
+            return envelope
+        refused = self._over_journal_limit(op.step, op.value)
+        if refused is None:
+            return envelope
+        return OpEnvelope(envelope.id, StepRecord(op.step, op.count, op.attempt, None, refused))
 
     def _over_journal_limit(self, step: str, value: str) -> StepFailure | None:
         """A result that would take the run's journal past its limit fails its step (not

@@ -85,6 +85,7 @@ class Runner:
 
     def __init__(self, store: JournalStore, config: RunnerConfig) -> None:
         self._store = store
+        store.retry_s = config.journal_retry_s
         self.config = config
         self._pool = ExecutorPool(config.pool)
         scope_root = config.scope_root or _default_scope_root(store)

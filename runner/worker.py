@@ -18,12 +18,43 @@ from typing import Any
 
 from runner.bindings import Bindings
 from runner.driver import RunDriver
+from runner.errors import JournalUnavailable
 from runner.store import JournalStore
 
 __all__ = ["Worker", "worker_command"]
 
 _log = logging.getLogger("qjsflow.worker")
 IDLE_HORIZON_MS = 1000
+
+
+class _Backoff:
+    """Exponential back-off while the journal cannot be written, capped, logged once a wait."""
+
+    first_s = 0.5
+    cap_s = 30.0
+
+    def __init__(self) -> None:
+        self.delay_s = 0.0
+        self.pending: JournalUnavailable | None = None
+        self.waits = 0  # for tests and operators: how many times the worker backed off
+
+    def failed(self, error: JournalUnavailable) -> None:
+        self.pending = error
+
+    def succeeded(self) -> None:
+        self.delay_s = 0.0
+        self.pending = None
+
+    def take(self) -> float:
+        """The wait before trying again, if a failure is pending; 0 otherwise."""
+        if self.pending is None:
+            return 0.0
+        self.delay_s = min(self.cap_s, max(self.first_s, self.delay_s * 2))
+        _log.warning("journal writes are failing (%s); retrying in %.1f s", self.pending,
+                     self.delay_s)  # fmt: skip
+        self.pending = None
+        self.waits += 1
+        return self.delay_s
 
 
 class Worker:
@@ -44,6 +75,7 @@ class Worker:
         self.poll_interval_s = poll_interval_s
         self.shutdown_grace_s = shutdown_grace_s
         self.drives = 0
+        self.backoff = _Backoff()
 
     async def serve(self, *, until_idle: bool = False, stop: asyncio.Event | None = None) -> None:
         """Run until `stop` is set (then finish or release what is held), or, with
@@ -52,15 +84,30 @@ class Worker:
         tasks: dict[str, asyncio.Task[None]] = {}
         try:
             while not stop.is_set():
-                now = self.driver.now_ms()
-                claimable = await self._claim(tasks, now)
-                if until_idle and not tasks and not claimable:
-                    due = await self.store.next_due()
-                    if due is None or due > now + IDLE_HORIZON_MS:
-                        return
-                await self._pause(tasks, stop)
+                try:
+                    now = self.driver.now_ms()
+                    claimable = await self._claim(tasks, now)
+                    if until_idle and not tasks and not claimable:
+                        due = await self.store.next_due()
+                        if due is None or due > now + IDLE_HORIZON_MS:
+                            return
+                    await self._pause(tasks, stop)
+                except JournalUnavailable as error:
+                    await self._back_off(error, stop)
+                if self.backoff.pending is not None:
+                    await self._back_off(None, stop)
         finally:
             await self._shut_down(tasks)
+
+    async def _back_off(self, error: JournalUnavailable | None, stop: asyncio.Event) -> None:
+        """The journal cannot be written (a full disk, a lost server): wait, longer each time
+        up to a cap, and say so once per wait rather than once per failed drive."""
+        if error is not None:
+            self.backoff.failed(error)
+        delay = self.backoff.take()
+        if delay:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), delay)
 
     async def _claim(self, tasks: dict[str, asyncio.Task[None]], now: int) -> list[str]:
         free = self.concurrency - len(tasks)
@@ -79,8 +126,11 @@ class Worker:
         try:
             await self.driver.drive(run_id, self.bindings)
             self.drives += 1
+            self.backoff.succeeded()
         except asyncio.CancelledError:
             raise
+        except JournalUnavailable as error:
+            self.backoff.failed(error)
         except Exception:  # one run's host failure must not stop the worker
             _log.exception("driving run %s failed", run_id)
 

@@ -30,6 +30,13 @@ class PostgresServer:
     def admin_url(self) -> str:
         return f"postgresql://postgres@127.0.0.1:{self.port}/postgres"
 
+    def restart(self) -> None:
+        """Restart the server (every connection is dropped), as a failover or upgrade would."""
+        data = os.path.join(self.folder, "data")
+        options = f"-h 127.0.0.1 -p {self.port} -k {self.folder} -c max_connections=200"
+        _as_postgres(f"{self.bin_dir}/pg_ctl", "-D", data, "-o", options, "-l",
+                     f"{self.folder}/log", "-m", "fast", "-w", "restart")  # fmt: skip
+
     def new_database(self) -> str:
         name = f"qjsflow_{uuid.uuid4().hex[:12]}"
         with psycopg.connect(self.admin_url, autocommit=True) as connection:

@@ -90,8 +90,7 @@ async def test_a_dropped_postgresql_connection_is_replaced(
                 "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s",
                 (database,),
             )
-        with pytest.raises(psycopg.OperationalError):
-            await runner.store.find_snapshot("acme", published.snapshot_id)
+        # The read that meets the dropped connection is retried on a new one.
         assert await runner.store.find_snapshot("acme", published.snapshot_id) is not None
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import sqlite3
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
@@ -62,6 +63,8 @@ class Connection(Protocol):
 class Backend(Protocol):
     dialect: Dialect
 
+    def is_transient(self, error: BaseException) -> bool: ...
+
     async def run(self, work: Callable[[Any], T]) -> T: ...
     async def all(self, sql: str, args: tuple[Any, ...] = ()) -> list[Any]: ...
     def begin(self, connection: Any, full: bool) -> None: ...
@@ -82,8 +85,23 @@ async def open_backend(location: str | Path, *, create: bool = True) -> Backend:
     return await SqliteBackend.open(path, create=create)
 
 
+# What a SQLite write can meet that goes away by itself: another process holding the write
+# lock past the busy timeout, a full disk, an I/O error of the moment.
+_SQLITE_TRANSIENT = (
+    "database is locked", "database table is locked", "disk i/o error",
+    "database or disk is full", "unable to open database file",
+)  # fmt: skip
+
+
 class SqliteBackend:
     dialect = SQLITE
+
+    @staticmethod
+    def is_transient(error: BaseException) -> bool:
+        text = str(error).lower()
+        return isinstance(error, sqlite3.OperationalError) and any(
+            fault in text for fault in _SQLITE_TRANSIENT
+        )
 
     def __init__(self, connection: aiosqlite.Connection) -> None:
         self._db = connection
@@ -140,6 +158,11 @@ class _PgConnection:
 
 class PostgresBackend:
     dialect = POSTGRES
+
+    @staticmethod
+    def is_transient(error: BaseException) -> bool:
+        """A dropped connection or a server that is restarting or shutting down."""
+        return isinstance(error, psycopg.OperationalError)
 
     def __init__(self, url: str, connection: _PgConnection) -> None:
         self._url = url

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-from collections.abc import Callable
+import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -21,7 +22,7 @@ from typing import Any, TypeVar
 
 from bridge import dumps_text
 from bundles import Snapshot
-from runner.errors import StoredCodeDamaged
+from runner.errors import JournalUnavailable, StoredCodeDamaged
 from runner.store.backends import Backend, is_postgres_url, open_backend
 from runner.store.records import (
     EventRecord,
@@ -37,6 +38,9 @@ __all__ = ["BundleRecord", "JournalStore", "SnapshotRecord", "WorkflowRecord"]
 
 T = TypeVar("T")
 _MAX_BATCH = 256
+DEFAULT_RETRY_S = 60.0
+_FIRST_RETRY_S = 0.05
+_LAST_RETRY_S = 2.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,6 +124,7 @@ class JournalStore:
         )
         self._queue: list[_Job] = []
         self._committer: asyncio.Task[None] | None = None
+        self.retry_s = DEFAULT_RETRY_S  # how long a transient write failure is retried
 
     @classmethod
     async def open(cls, location: str | Path, *, create: bool = True) -> JournalStore:
@@ -148,7 +153,35 @@ class JournalStore:
         With a `fence`, the lease's epoch is checked first and `LeaseLost` raised (nothing
         written) if another driver has taken the run over. `durable=False` is for writes that
         nothing outside the journal depends on (see `_run_batch`).
+
+        A transient failure (the database locked past its busy timeout, a full disk, a dropped
+        server connection) rolls the transaction back and runs it again, with back-off, for
+        up to `retry_s`: a tool's result, say, is kept and written once the fault clears,
+        never lost and the tool run again. Past that, `JournalUnavailable` says why.
         """
+        return await self._retrying(lambda: self._transact_once(work, fence, durable))
+
+    async def _retrying(self, attempt: Callable[[], Awaitable[T]]) -> T:
+        started = time.monotonic()
+        delay = _FIRST_RETRY_S
+        while True:
+            try:
+                return await attempt()
+            except Exception as error:
+                if not self._backend.is_transient(error):
+                    raise
+                waited = time.monotonic() - started
+                if waited + delay > self.retry_s:
+                    raise JournalUnavailable(
+                        self.location if self.path is not None else "the given database URL",
+                        f"could not be written for {waited:.0f} s: {str(error)[:200]}",
+                    ) from error
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, _LAST_RETRY_S)
+
+    async def _transact_once(
+        self, work: Callable[[JournalTransaction], T], fence: Lease | None, durable: bool
+    ) -> T:
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Any] = loop.create_future()
         self._queue.append(_Job(work, fence, durable, future))
@@ -180,7 +213,7 @@ class JournalStore:
                     job.future.set_exception(value)
 
     async def _all(self, sql: str, args: tuple[Any, ...] = ()) -> list[Any]:
-        return await self._backend.all(sql, args)
+        return await self._retrying(lambda: self._backend.all(sql, args))
 
     # -- leases --------------------------------------------------------------------------------
 

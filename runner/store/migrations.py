@@ -201,6 +201,7 @@ MIGRATIONS: tuple[tuple[int, str, str], ...] = (
             || '/' || run_id WHERE instr(run_id, '/') = 0;
         DELETE FROM runs WHERE instr(run_id, '/') = 0;
         ALTER TABLE inbox ADD COLUMN event_id TEXT;
+        ALTER TABLE runs ADD COLUMN executor_deaths INTEGER NOT NULL DEFAULT 0;
         ALTER TABLE logs ADD COLUMN source TEXT;
         CREATE UNIQUE INDEX logs_by_source ON logs (run_id, source) WHERE source IS NOT NULL;
         CREATE UNIQUE INDEX inbox_event_ids ON inbox (run_id, event_id)

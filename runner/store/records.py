@@ -38,6 +38,7 @@ class RunRecord:
     logs_count: int
     cancel_requested: bool
     sql_used_s: float = 0.0
+    executor_deaths: int = 0  # drives whose executor process died (see RunDriver)
 
 
 @dataclass(frozen=True, slots=True)

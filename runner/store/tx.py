@@ -21,7 +21,7 @@ __all__ = ["RUN_COLUMNS", "STEP_COLUMNS", "JournalTransaction", "Lease", "LeaseL
 RUN_COLUMNS = (
     "run_id, scope, workflow, snapshot_id, entry_path, status, input, persisted_bindings,"
     " output, error, created_at, updated_at, wake_at, waiting_for, cpu_used_s, logs_count,"
-    " cancel_requested, sql_used_s"
+    " cancel_requested, sql_used_s, executor_deaths"
 )
 STEP_COLUMNS = (
     "run_id, kind, name, count, status, attempt, config, detail, output, error, started_at,"
@@ -29,7 +29,7 @@ STEP_COLUMNS = (
 )
 _RUN_UPDATABLE = {
     "status", "output", "error", "updated_at", "wake_at", "waiting_for", "cpu_used_s",
-    "logs_count", "cancel_requested", "sql_used_s",
+    "logs_count", "cancel_requested", "sql_used_s", "executor_deaths",
 }  # fmt: skip
 _STEP_UPDATABLE = {"status", "attempt", "config", "detail", "output", "error", "started_at"}
 
@@ -144,7 +144,7 @@ class JournalTransaction:
             run.run_id, run.scope, run.workflow, run.snapshot_id, run.entry_path, run.status,
             run.input, run.persisted_bindings, run.output, run.error, run.created_at,
             run.updated_at, run.wake_at, run.waiting_for, run.cpu_used_s, run.logs_count,
-            int(run.cancel_requested), run.sql_used_s,
+            int(run.cancel_requested), run.sql_used_s, run.executor_deaths,
         )  # fmt: skip
         placeholders = ", ".join("?" for _ in values)
         row = self._one(
