@@ -26,6 +26,9 @@ class RunnerConfig:
     tree_limits: TreeLimits = field(default_factory=TreeLimits)
     build_limits: BuildLimits = field(default_factory=BuildLimits)
     clock: Callable[[], float] = system_clock
+    # Durations within one process (an attempt's timeout) are measured on this clock, which
+    # never jumps; the wall clock (`clock`) stamps the journal and schedules timers.
+    monotonic: Callable[[], float] = time.monotonic
     limits: Limits = field(default_factory=Limits)
     pool: PoolConfig = field(default_factory=PoolConfig)
     bindings: Bindings = field(default_factory=Bindings)  # used when a call passes none

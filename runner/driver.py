@@ -175,7 +175,7 @@ class RunDriver:
         recorded = sum(len(e.value or "") for e in journal)
         host = DriveHost(
             self.store, lease, bindings, self.config.limits, self.now_ms, scopes=self.scopes,
-            journal_bytes=recorded,
+            journal_bytes=recorded, monotonic=self.config.monotonic,
         )  # fmt: skip
         try:
             bundle = await self._bundle(run)

@@ -82,7 +82,9 @@ class DriveHost:
         *,
         scopes: ScopeDatabases,
         journal_bytes: int = 0,
+        monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
+        self.monotonic = monotonic
         self.scopes = scopes
         self.journal_bytes = journal_bytes  # of the run's recorded results, kept up to date
         self.store = store
@@ -92,6 +94,9 @@ class DriveHost:
         self.limits = limits
         self.now = clock_ms
         self.logs_count = 0
+        # When each attempt this drive started began, on the monotonic clock: its timeout is
+        # judged by how long it really took, whatever the wall clock does meanwhile.
+        self._attempts: dict[tuple[str, int, int], float] = {}
 
     async def __call__(self, ops: Sequence[OpEnvelope]) -> list[Answer]:
         """Answers in op order. Ops that only touch the journal are serviced together in one
@@ -146,11 +151,18 @@ class DriveHost:
                 return None
             case StepBegin():
                 steps.begin(tx, self.run_id, op, now)
+                self._attempts[(op.step, op.count, 1)] = self.monotonic()
                 return None
             case StepCheck():
-                return Answer(envelope.id, *steps.check(tx, self.run_id, op, now))
+                result, at = steps.check(tx, self.run_id, op, now)
+                started = result.value if isinstance(result, Value) else None
+                if isinstance(started, dict) and started.get("hit") is False:
+                    self._attempts[(op.step, op.count, started["attempt"])] = self.monotonic()
+                return Answer(envelope.id, result, at)
             case StepRecord():
-                return Answer(envelope.id, *steps.record(tx, self.run_id, op, now))
+                began = self._attempts.get((op.step, op.count, op.attempt))
+                elapsed = None if began is None else int((self.monotonic() - began) * 1000)
+                return Answer(envelope.id, *steps.record(tx, self.run_id, op, now, elapsed))
             case StepSleep():
                 return Answer(envelope.id, *steps.sleep(tx, self.run_id, op, now))
             case StepWaitForEvent():
@@ -221,14 +233,15 @@ class DriveHost:
             row = tx.get_step(self.run_id, "tool", op.step, op.count)
             assert row is not None
             return steps.settle_call(
-                tx, row, attempt=attempt, value=value, failure=failure, now=finished
-            )
+                tx, row, attempt=attempt, value=value, failure=failure, now=finished,
+                elapsed_ms=duration_ms,
+            )  # fmt: skip
 
         return await self.store.transact(end, self.lease)
 
     async def _call_tool(self, op: StepTool) -> tuple[str | None, StepFailure | None, int]:
         tool = self.bindings.tool(op.address)
-        started = time.monotonic()
+        started = self.monotonic()
         if tool is None:
             failure = StepFailure(
                 "ToolNotFoundError", f"no tool is bound at address {op.address!r}", False
@@ -237,15 +250,18 @@ class DriveHost:
         try:
             result = await asyncio.wait_for(tool(to_python(op.args)), op.config.timeout_ms / 1000)
             value = from_python(result, max_bytes=self.limits.value_bytes, what="the tool result")
-            return value, None, _elapsed_ms(started)
+            return value, None, self._elapsed_ms(started)
         except TimeoutError:
             message = f"tool {op.address!r} exceeded its timeout of {op.config.timeout_ms} ms"
-            return None, StepFailure("StepTimeoutError", message), _elapsed_ms(started)
+            return None, StepFailure("StepTimeoutError", message), self._elapsed_ms(started)
         except FatalToolError as error:
-            return None, StepFailure("FatalError", str(error), False), _elapsed_ms(started)
+            return None, StepFailure("FatalError", str(error), False), self._elapsed_ms(started)
         except Exception as error:  # a tool's failure is the step's, never the host's
             name = type(error).__name__
-            return None, StepFailure(name, str(error)[:4000]), _elapsed_ms(started)
+            return None, StepFailure(name, str(error)[:4000]), self._elapsed_ms(started)
+
+    def _elapsed_ms(self, started: float) -> int:
+        return int((self.monotonic() - started) * 1000)
 
     # -- notifications, logs -------------------------------------------------------------------
 
@@ -351,6 +367,3 @@ class DriveHost:
 
         return await self.store.transact(end, self.lease)
 
-
-def _elapsed_ms(started: float) -> int:
-    return int((time.monotonic() - started) * 1000)

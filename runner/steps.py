@@ -205,11 +205,16 @@ def fail_attempt(
     return final, now
 
 
-def record(tx: JournalTransaction, run_id: str, op: StepRecord, now: int) -> Answered:
+def record(
+    tx: JournalTransaction, run_id: str, op: StepRecord, now: int, elapsed_ms: int | None = None
+) -> Answered:
     row = tx.get_step(run_id, "do", op.step, op.count)
     if row is None:
         raise ProtocolError(f"step {op.step!r} #{op.count} was recorded without a check")
-    return settle_call(tx, row, attempt=op.attempt, value=op.value, failure=op.error, now=now)
+    return settle_call(
+        tx, row, attempt=op.attempt, value=op.value, failure=op.error, now=now,
+        elapsed_ms=elapsed_ms,
+    )  # fmt: skip
 
 
 def settle_call(
@@ -220,17 +225,21 @@ def settle_call(
     value: str | None,
     failure: StepFailure | None,
     now: int,
+    elapsed_ms: int | None = None,
 ) -> Answered:
     """The end of an attempt of a step.do or step.tool: its value, or a failure that the retry
     policy turns into a retry or the step's final error. An attempt that reports after its
-    timeout has failed."""
+    timeout has failed. `elapsed_ms` is the attempt's duration on a monotonic clock when the
+    process that started it measured it (a wall-clock jump then changes nothing); otherwise
+    the journal's times are compared."""
     answer = settled(row)
     if answer is not None:  # another writer settled it first: its value wins
         return answer
     if row.status != "running" or row.attempt != attempt:
         return Suspend("retry"), None
     timeout_ms = _policy_from_json(row.config).timeout_ms
-    if now - row.started_at > timeout_ms:
+    elapsed = now - row.started_at if elapsed_ms is None else elapsed_ms
+    if elapsed > timeout_ms:
         failure = StepFailure(
             "StepTimeoutError",
             f"attempt {attempt} of step {row.name!r} exceeded its timeout of {timeout_ms} ms",

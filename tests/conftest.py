@@ -77,7 +77,9 @@ def journal(request: pytest.FixtureRequest, tmp_path: Path) -> str:
 
 @pytest.fixture
 async def clocked_runner(journal: str, tmp_path: Path, clock: FakeClock) -> AsyncIterator[Runner]:
-    config = RunnerConfig(clock=clock, pool=PoolConfig(size=2), scope_root=tmp_path / "scopes")
+    config = RunnerConfig(
+        clock=clock, monotonic=clock, pool=PoolConfig(size=2), scope_root=tmp_path / "scopes"
+    )
     async with Runner.open(journal, config) as opened:
         yield opened
 

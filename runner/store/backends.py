@@ -37,6 +37,9 @@ class Dialect:
     begin: str  # a write transaction that takes the database's write lock at once
     lock_run: str  # appended to the fence's read of a run row
     list_tables: str
+    # The clock that judges leases: None for the caller's (SQLite: one machine, one clock);
+    # SQL for the database's own (PostgreSQL: workers on many machines whose clocks differ).
+    lease_clock: str | None = None
 
 
 SQLITE = Dialect(
@@ -50,6 +53,7 @@ POSTGRES = Dialect(
     begin="BEGIN",
     lock_run=" FOR UPDATE",  # fencing: a lease takeover waits for (or fails) this drive's write
     list_tables="SELECT tablename FROM pg_tables WHERE schemaname = current_schema()",
+    lease_clock="(extract(epoch FROM clock_timestamp()) * 1000)::bigint",
 )
 
 

@@ -32,7 +32,14 @@ from runner.store.records import (
     StepRow,
     ToolCallRecord,
 )
-from runner.store.tx import RUN_COLUMNS, STEP_COLUMNS, JournalTransaction, Lease, run_record
+from runner.store.tx import (
+    RUN_COLUMNS,
+    STEP_COLUMNS,
+    JournalTransaction,
+    Lease,
+    lease_now,
+    run_record,
+)
 
 __all__ = ["BundleRecord", "JournalStore", "SnapshotRecord", "WorkflowRecord"]
 
@@ -90,7 +97,9 @@ def _run_batch(connection: Any, batch: list[_Job], backend: Backend) -> list[tup
             if not alone:
                 connection.execute("SAVEPOINT job")
             try:
-                tx = JournalTransaction(connection, job.fence, backend.dialect.lock_run)
+                tx = JournalTransaction(
+                    connection, job.fence, backend.dialect.lock_run, backend.dialect.lease_clock
+                )
                 if job.fence is not None:
                     tx.check_fence(job.fence)
                 outcomes.append((True, job.work(tx)))
@@ -225,6 +234,14 @@ class JournalStore:
             lambda tx: tx.acquire_lease(run_id, worker_id, now, ttl_ms), durable=False
         )
 
+    async def force_lease(self, run_id: str, worker_id: str, now: int, ttl_ms: int) -> Lease | None:
+        """Take a live run from whatever driver holds it: that driver can write nothing more
+        (its epoch is stale). For operators, and for tests of fencing."""
+        return await self.transact(
+            lambda tx: tx.acquire_lease(run_id, worker_id, now, ttl_ms, force=True),
+            durable=False,
+        )
+
     async def renew_lease(self, lease: Lease, now: int, ttl_ms: int) -> bool:
         return await self.transact(lambda tx: tx.renew_lease(lease, now, ttl_ms), durable=False)
 
@@ -234,14 +251,15 @@ class JournalStore:
     async def claimable_runs(self, now: int, limit: int) -> list[str]:
         """Runs a worker should drive now: a timer is due, a cancel is pending, or the run is
         `running` with no live lease (its driver died, or it was started without a drive)."""
+        clock, at = lease_now(self._backend.dialect.lease_clock, now)
         rows = await self._all(
             "SELECT run_id FROM runs r"
             " WHERE status NOT IN ('completed', 'failed', 'cancelled')"
-            " AND (worker_id IS NULL OR lease_expires_at IS NULL OR lease_expires_at <= ?)"
+            f" AND (worker_id IS NULL OR lease_expires_at IS NULL OR lease_expires_at <= {clock})"
             " AND (status = 'running' OR cancel_requested = 1 OR EXISTS"
             "  (SELECT 1 FROM timers t WHERE t.run_id = r.run_id AND t.due_at <= ?))"
             " ORDER BY updated_at LIMIT ?",
-            (now, now, limit),
+            (*at, now, limit),
         )
         return [str(row[0]) for row in rows]
 

@@ -16,7 +16,15 @@ from typing import Any
 from bridge import QjsflowError, dumps_text
 from runner.store.records import InboxRecord, JournalRow, RunRecord, StepRow
 
-__all__ = ["RUN_COLUMNS", "STEP_COLUMNS", "JournalTransaction", "Lease", "LeaseLost", "run_record"]
+__all__ = [
+    "RUN_COLUMNS",
+    "STEP_COLUMNS",
+    "JournalTransaction",
+    "Lease",
+    "LeaseLost",
+    "lease_now",
+    "run_record",
+]
 
 RUN_COLUMNS = (
     "run_id, scope, workflow, snapshot_id, entry_path, status, input, persisted_bindings,"
@@ -51,6 +59,13 @@ class LeaseLost(QjsflowError):
         super().__init__(f"the lease on run {lease.run_id!r} (epoch {lease.epoch}) was taken over")
 
 
+def lease_now(lease_clock: str | None, now: int) -> tuple[str, tuple[int, ...]]:
+    """SQL and arguments for the time leases are judged and written by: the caller's `now`,
+    or on a database with a clock of its own, that clock (a worker's skewed clock then
+    cannot take over a live lease, nor write one that has already lapsed)."""
+    return ("?", (now,)) if lease_clock is None else (lease_clock, ())
+
+
 def run_record(row: Iterable[Any]) -> RunRecord:
     values = list(row)
     values[16] = bool(values[16])  # cancel_requested
@@ -58,10 +73,20 @@ def run_record(row: Iterable[Any]) -> RunRecord:
 
 
 class JournalTransaction:
-    def __init__(self, connection: Any, fence: Lease | None = None, lock_run: str = "") -> None:
+    def __init__(
+        self,
+        connection: Any,
+        fence: Lease | None = None,
+        lock_run: str = "",
+        lease_clock: str | None = None,
+    ) -> None:
         self._db = connection  # a DB-API connection taking `?` placeholders
         self._epoch = None if fence is None else fence.epoch
         self._lock_run = lock_run
+        self._lease_clock = lease_clock
+
+    def _lease_now(self, now: int) -> tuple[str, tuple[int, ...]]:
+        return lease_now(self._lease_clock, now)
 
     def check_fence(self, lease: Lease) -> None:
         row = self._one(
@@ -75,29 +100,34 @@ class JournalTransaction:
 
     # -- leases and snapshots ----------------------------------------------------------------
 
-    def acquire_lease(self, run_id: str, worker_id: str, now: int, ttl_ms: int) -> Lease | None:
-        free = (
-            "run_id = ? AND status NOT IN ('completed', 'failed', 'cancelled')"
-            " AND (worker_id IS NULL OR lease_expires_at IS NULL OR lease_expires_at <= ?)"
-        )
-        if (
-            self._lock_run
-        ):  # PostgreSQL: a run another claimer has locked is skipped, not waited for
+    def acquire_lease(
+        self, run_id: str, worker_id: str, now: int, ttl_ms: int, *, force: bool = False
+    ) -> Lease | None:
+        """Take the run if no live lease holds it (with `force`, whatever holds it: an
+        operator fencing a stuck driver out)."""
+        clock, at = self._lease_now(now)
+        lapsed = (
+            "" if force else
+            f" AND (worker_id IS NULL OR lease_expires_at IS NULL OR lease_expires_at <= {clock})"
+        )  # fmt: skip
+        free = f"run_id = ? AND status NOT IN ('completed', 'failed', 'cancelled'){lapsed}"
+        if self._lock_run:  # PostgreSQL: a run another claimer has locked is skipped
             where = f"run_id = (SELECT run_id FROM runs WHERE {free} FOR UPDATE SKIP LOCKED)"
         else:  # SQLite: BEGIN IMMEDIATE has serialized the writers already
             where = free
         row = self._one(
-            "UPDATE runs SET worker_id = ?, lease_expires_at = ?, epoch = epoch + 1"
+            f"UPDATE runs SET worker_id = ?, lease_expires_at = {clock} + ?, epoch = epoch + 1"
             f" WHERE {where} RETURNING epoch",
-            (worker_id, now + ttl_ms, run_id, now),
+            (worker_id, *at, ttl_ms, run_id, *(() if force else at)),
         )
         return None if row is None else Lease(run_id, worker_id, int(row[0]))
 
     def renew_lease(self, lease: Lease, now: int, ttl_ms: int) -> bool:
+        clock, at = self._lease_now(now)
         row = self._one(
-            "UPDATE runs SET lease_expires_at = ? WHERE run_id = ? AND epoch = ?"
+            f"UPDATE runs SET lease_expires_at = {clock} + ? WHERE run_id = ? AND epoch = ?"
             " AND worker_id = ? RETURNING 1",
-            (now + ttl_ms, lease.run_id, lease.epoch, lease.worker_id),
+            (*at, ttl_ms, lease.run_id, lease.epoch, lease.worker_id),
         )
         return row is not None
 
