@@ -366,4 +366,3 @@ class DriveHost:
             return failure, finished
 
         return await self.store.transact(end, self.lease)
-

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from runner import Bindings, Runner, RunnerConfig, StartRunInput
+from runner import Bindings, Runner, RunnerConfig, StartRunInput, ToolFn
 from runner.store import connection
 from sandbox import PoolConfig
 from tests.conftest import FakeClock, executor_pids, start_source
@@ -32,6 +32,20 @@ export default async (event, step) =>
 """
 
 
+async def _pay_once(journal: str, charge: ToolFn, calls: list[Any]) -> None:
+    """The tool ran once and its result was recorded once, whatever the journal went through."""
+    async with Runner.open(journal, RunnerConfig(pool=PoolConfig(size=1))) as runner:
+        run = await start_source(
+            runner, PAY, run_id="pay", bindings=Bindings(tools={"pay.charge": charge})
+        )
+        assert (run.status, run.output) == ("completed", "charged")
+        assert len(calls) == 1
+        audit = await runner.list_tool_calls("pay", scope="acme")
+        assert [(c.attempt, c.result) for c in audit] == [(1, "charged")]
+        steps = await runner.list_steps("pay", scope="acme")
+        assert [(s.status, s.attempt) for s in steps] == [("completed", 1)]
+
+
 async def test_a_tool_result_is_written_once_the_journal_is_unlocked(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -47,14 +61,7 @@ async def test_a_tool_result_is_written_once_the_journal_is_unlocked(
         asyncio.get_running_loop().call_later(1.5, _release, locker)
         return "charged"
 
-    async with Runner.open(db, RunnerConfig(pool=PoolConfig(size=1))) as runner:
-        run = await start_source(
-            runner, PAY, run_id="pay", bindings=Bindings(tools={"pay.charge": charge})
-        )
-        assert (run.status, run.output) == ("completed", "charged")
-        assert len(calls) == 1
-        audit = await runner.list_tool_calls("pay", scope="acme")
-        assert [(c.attempt, c.result) for c in audit] == [(1, "charged")]
+    await _pay_once(str(db), charge, calls)
 
 
 async def test_a_worker_backs_off_while_the_journal_cannot_be_written(
@@ -140,11 +147,4 @@ async def test_a_postgresql_restart_mid_drive_runs_the_tool_once() -> None:
             await asyncio.to_thread(server.restart)
             return "charged"
 
-        async with Runner.open(url, RunnerConfig(pool=PoolConfig(size=1))) as runner:
-            run = await start_source(
-                runner, PAY, run_id="pay", bindings=Bindings(tools={"pay.charge": charge})
-            )
-            assert (run.status, run.output) == ("completed", "charged")
-            assert len(calls) == 1
-            steps = await runner.list_steps("pay", scope="acme")
-            assert [(s.status, s.attempt) for s in steps] == [("completed", 1)]
+        await _pay_once(url, charge, calls)

@@ -12,7 +12,39 @@ import aiosqlite
 
 from runner.errors import JournalUnavailable
 
-__all__ = ["MIGRATIONS", "current_version", "migrate"]
+__all__ = ["MIGRATIONS", "current_version", "migrate", "scoped_run_keys"]
+
+_RUN_TABLES = ("steps", "events", "inbox", "timers", "tool_calls", "logs")
+_RUN_COLUMNS_V6 = (
+    "scope, workflow, snapshot_id, entry_path, status, input, persisted_bindings, output, error,"
+    " created_at, updated_at, wake_at, waiting_for, cpu_used_s, logs_count, cancel_requested,"
+    " worker_id, lease_expires_at, epoch, sql_used_s"
+)
+
+
+def scoped_run_keys(unkeyed: str) -> str:
+    """Migration 7 (PostgreSQL's 2): every run's id becomes the key `scope/run-id`, in every
+    table, new rows first so that foreign keys hold at each statement; then the columns of
+    signal idempotency keys, executor deaths and console line sources. `unkeyed` is the
+    dialect's test for a run id without a '/'."""
+    moves = "".join(
+        f"UPDATE {table} SET run_id = (SELECT r.scope FROM runs r WHERE r.run_id = {table}.run_id)"
+        f" || '/' || run_id WHERE {unkeyed};\n"
+        for table in _RUN_TABLES
+    )
+    return (
+        f"INSERT INTO runs (run_id, {_RUN_COLUMNS_V6})"
+        f" SELECT scope || '/' || run_id, {_RUN_COLUMNS_V6} FROM runs WHERE {unkeyed};\n"
+        f"{moves}"
+        f"DELETE FROM runs WHERE {unkeyed};\n"
+        "ALTER TABLE inbox ADD COLUMN event_id TEXT;\n"
+        "ALTER TABLE runs ADD COLUMN executor_deaths INTEGER NOT NULL DEFAULT 0;\n"
+        "ALTER TABLE logs ADD COLUMN source TEXT;\n"
+        "CREATE UNIQUE INDEX logs_by_source ON logs (run_id, source) WHERE source IS NOT NULL;\n"
+        "CREATE UNIQUE INDEX inbox_event_ids ON inbox (run_id, event_id)"
+        " WHERE event_id IS NOT NULL;\n"
+    )
+
 
 MIGRATIONS: tuple[tuple[int, str, str], ...] = (
     (
@@ -176,37 +208,7 @@ MIGRATIONS: tuple[tuple[int, str, str], ...] = (
     (
         7,
         "runs keyed by (scope, run id); idempotency keys for signals",
-        """
-        INSERT INTO runs (run_id, scope, workflow, snapshot_id, entry_path, status, input,
-            persisted_bindings, output, error, created_at, updated_at, wake_at, waiting_for,
-            cpu_used_s, logs_count, cancel_requested, worker_id, lease_expires_at, epoch,
-            sql_used_s)
-            SELECT scope || '/' || run_id, scope, workflow, snapshot_id, entry_path, status, input,
-            persisted_bindings, output, error, created_at, updated_at, wake_at, waiting_for,
-            cpu_used_s, logs_count, cancel_requested, worker_id, lease_expires_at, epoch,
-            sql_used_s
-            FROM runs WHERE instr(run_id, '/') = 0;
-        UPDATE steps SET run_id = (SELECT r.scope FROM runs r WHERE r.run_id = steps.run_id)
-            || '/' || run_id WHERE instr(run_id, '/') = 0;
-        UPDATE events SET run_id = (SELECT r.scope FROM runs r WHERE r.run_id = events.run_id)
-            || '/' || run_id WHERE instr(run_id, '/') = 0;
-        UPDATE inbox SET run_id = (SELECT r.scope FROM runs r WHERE r.run_id = inbox.run_id)
-            || '/' || run_id WHERE instr(run_id, '/') = 0;
-        UPDATE timers SET run_id = (SELECT r.scope FROM runs r WHERE r.run_id = timers.run_id)
-            || '/' || run_id WHERE instr(run_id, '/') = 0;
-        UPDATE tool_calls SET run_id =
-            (SELECT r.scope FROM runs r WHERE r.run_id = tool_calls.run_id)
-            || '/' || run_id WHERE instr(run_id, '/') = 0;
-        UPDATE logs SET run_id = (SELECT r.scope FROM runs r WHERE r.run_id = logs.run_id)
-            || '/' || run_id WHERE instr(run_id, '/') = 0;
-        DELETE FROM runs WHERE instr(run_id, '/') = 0;
-        ALTER TABLE inbox ADD COLUMN event_id TEXT;
-        ALTER TABLE runs ADD COLUMN executor_deaths INTEGER NOT NULL DEFAULT 0;
-        ALTER TABLE logs ADD COLUMN source TEXT;
-        CREATE UNIQUE INDEX logs_by_source ON logs (run_id, source) WHERE source IS NOT NULL;
-        CREATE UNIQUE INDEX inbox_event_ids ON inbox (run_id, event_id)
-            WHERE event_id IS NOT NULL;
-        """,
+        scoped_run_keys("instr(run_id, '/') = 0"),
     ),
 )
 

@@ -10,6 +10,7 @@ import time
 from typing import Any
 
 from runner.errors import JournalUnavailable
+from runner.store.migrations import scoped_run_keys
 
 __all__ = ["PG_MIGRATIONS", "migrate_postgres"]
 
@@ -83,37 +84,7 @@ PG_MIGRATIONS: tuple[tuple[int, str, str], ...] = (
     (
         2,
         "runs keyed by (scope, run id); idempotency keys for signals (SQLite migration 7)",
-        """
-        INSERT INTO runs (run_id, scope, workflow, snapshot_id, entry_path, status, input,
-            persisted_bindings, output, error, created_at, updated_at, wake_at, waiting_for,
-            cpu_used_s, logs_count, cancel_requested, worker_id, lease_expires_at, epoch,
-            sql_used_s)
-            SELECT scope || '/' || run_id, scope, workflow, snapshot_id, entry_path, status, input,
-            persisted_bindings, output, error, created_at, updated_at, wake_at, waiting_for,
-            cpu_used_s, logs_count, cancel_requested, worker_id, lease_expires_at, epoch,
-            sql_used_s
-            FROM runs WHERE strpos(run_id, '/') = 0;
-        UPDATE steps SET run_id = (SELECT r.scope FROM runs r WHERE r.run_id = steps.run_id)
-            || '/' || run_id WHERE strpos(run_id, '/') = 0;
-        UPDATE events SET run_id = (SELECT r.scope FROM runs r WHERE r.run_id = events.run_id)
-            || '/' || run_id WHERE strpos(run_id, '/') = 0;
-        UPDATE inbox SET run_id = (SELECT r.scope FROM runs r WHERE r.run_id = inbox.run_id)
-            || '/' || run_id WHERE strpos(run_id, '/') = 0;
-        UPDATE timers SET run_id = (SELECT r.scope FROM runs r WHERE r.run_id = timers.run_id)
-            || '/' || run_id WHERE strpos(run_id, '/') = 0;
-        UPDATE tool_calls SET run_id =
-            (SELECT r.scope FROM runs r WHERE r.run_id = tool_calls.run_id)
-            || '/' || run_id WHERE strpos(run_id, '/') = 0;
-        UPDATE logs SET run_id = (SELECT r.scope FROM runs r WHERE r.run_id = logs.run_id)
-            || '/' || run_id WHERE strpos(run_id, '/') = 0;
-        DELETE FROM runs WHERE strpos(run_id, '/') = 0;
-        ALTER TABLE inbox ADD COLUMN event_id TEXT;
-        ALTER TABLE runs ADD COLUMN executor_deaths INTEGER NOT NULL DEFAULT 0;
-        ALTER TABLE logs ADD COLUMN source TEXT;
-        CREATE UNIQUE INDEX logs_by_source ON logs (run_id, source) WHERE source IS NOT NULL;
-        CREATE UNIQUE INDEX inbox_event_ids ON inbox (run_id, event_id)
-            WHERE event_id IS NOT NULL
-        """,
+        scoped_run_keys("strpos(run_id, '/') = 0"),
     ),
 )
 
