@@ -220,5 +220,9 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except Exception as error:  # one line for the operator: a traceback would show host paths
+        print(f"qjsflow executor: stopped: {type(error).__name__}", file=sys.stderr, flush=True)
+        sys.exit(1)
     sys.exit(0)
