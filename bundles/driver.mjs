@@ -87,6 +87,11 @@ async function bundle(entry) {
     format: "iife",
     globalName: "__qjsflow_module",
     target: "es2022",
+    // Async functions and generators are compiled to generators driven through
+    // Promise.prototype.then, which the sandbox makes carry the step scope across each await
+    // (QuickJS's native await would bypass it): a call after any await inside a step body is
+    // still named after that step.
+    supported: { "async-await": false, "async-generator": false, "for-await": false },
     charset: "ascii",
     legalComments: "none",
     logLevel: "silent",

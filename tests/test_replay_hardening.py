@@ -244,3 +244,43 @@ def test_limits_keep_the_journal_within_replay_memory() -> None:
     with pytest.raises(ValueError, match="a quarter of memory_bytes"):
         Limits(memory_bytes=32 * 1024 * 1024, journal_bytes_per_run=16 * 1024 * 1024)
     assert Limits(memory_bytes=32 * 1024 * 1024).journal_bytes_per_run == 8 * 1024 * 1024
+
+
+AWAIT_IN_BODY = """
+async function compute() { return 1; }
+async function* numbers() { yield 1; yield 2; }
+export default async (event, step) => {
+  const [nested, root] = await Promise.all([
+    step.do("a", async () => {
+      await compute();
+      await null;
+      let sum = 0;
+      for await (const n of numbers()) sum += n;
+      return step.tool("t", "count", { who: "nested", sum });
+    }),
+    step.tool("t", "count", { who: "root" }),
+  ]);
+  await step.sleep("replay", 1000);
+  const later = await step.tool("t", "count", { who: "later" });
+  return [nested, root, later];
+};
+"""
+
+
+async def test_a_call_after_any_await_in_a_body_stays_in_that_body(
+    clocked_runner: Runner, clock: FakeClock
+) -> None:
+    """Awaiting something that is not a step inside a body must not move the body's later
+    calls to the workflow's scope, where a replay would answer another call with them."""
+    counter = Counter()
+    bindings = Bindings(tools={"count": counter})
+    run = await start_source(clocked_runner, AWAIT_IN_BODY, run_id="aw", bindings=bindings)
+    assert run.status == "sleeping", run.error
+    clock.advance(2)
+    done = await clocked_runner.resume("aw", bindings, scope="acme")
+    assert done.status == "completed", done.error
+    assert [c["who"] for c in counter.calls] == ["root", "nested", "later"]
+    assert counter.calls[1]["sum"] == 3
+    assert done.output == ["call 2", "call 1", "call 3"]
+    names = {(s.kind, s.name) for s in await clocked_runner.list_steps("aw", scope="acme")}
+    assert ("tool", "do:1:a/t") in names

@@ -45,7 +45,27 @@ function harden(roots) {
     }
   }
 }
+// The step scope follows awaits: a callback registered with then() (which is what every
+// compiled await uses, see bundles/driver.mjs) runs in the scope that registered it, so code
+// in a step body stays in that body after awaiting anything at all.
+function then(onFulfilled, onRejected) {
+  const scope = currentScope;
+  return call(promiseThen, this, inScope(scope, onFulfilled), inScope(scope, onRejected));
+}
+function inScope(scope, callback) {
+  if (typeof callback !== "function") return callback;
+  return (value) => {
+    const saved = currentScope;
+    currentScope = scope;
+    try {
+      return callback(value);
+    } finally {
+      currentScope = saved;
+    }
+  };
+}
 function lockdown(runtime) {
+  defineProperty(P.prototype, "then", { value: then, writable: true, configurable: true, enumerable: false });
   for (const name of ["WeakRef", "FinalizationRegistry", "performance", "SharedArrayBuffer", "Atomics"]) {
     delete G[name];
   }
