@@ -135,6 +135,11 @@ class DriveHost:
             self.lease,
             durable=durable,
         )
+        waits = {e.id for e in group if isinstance(e.op, StepWaitForEvent)}
+        for answer in answers:  # an event a wait consumed is part of the journal now
+            consumed = answer.result.value if isinstance(answer.result, Value) else None
+            if answer.id in waits and isinstance(consumed, str):
+                self.journal_bytes += len(consumed)
         # The workflow body's lines stored so far: the next drive skips as many.
         counts = [e.op.count for e in group if isinstance(e.op, Log) and e.op.source == ""]
         self.logs_count = max([self.logs_count, *counts])
@@ -166,7 +171,8 @@ class DriveHost:
             case StepSleep():
                 return Answer(envelope.id, *steps.sleep(tx, self.run_id, op, now))
             case StepWaitForEvent():
-                return Answer(envelope.id, *steps.wait_for_event(tx, self.run_id, op, now))
+                room = self.limits.journal_bytes_per_run - self.journal_bytes
+                return Answer(envelope.id, *steps.wait_for_event(tx, self.run_id, op, now, room))
         raise AssertionError(f"not a journal op: {type(op).__name__}")
 
     def _bounded(self, envelope: OpEnvelope) -> OpEnvelope:

@@ -282,7 +282,16 @@ def sleep(tx: JournalTransaction, run_id: str, op: StepSleep, now: int) -> Answe
     return Value(None), now
 
 
-def wait_for_event(tx: JournalTransaction, run_id: str, op: StepWaitForEvent, now: int) -> Answered:
+def wait_for_event(
+    tx: JournalTransaction,
+    run_id: str,
+    op: StepWaitForEvent,
+    now: int,
+    room_bytes: int | None = None,
+) -> Answered:
+    """The next event of the wait's type, its timeout, or a suspension. An event larger than
+    `room_bytes` (what the run's journal limit has left) fails the wait, naming it, rather
+    than make every later replay overflow."""
     row = tx.get_step(run_id, "waitForEvent", op.step, op.count)
     if row is None:
         tx.insert_step(
@@ -303,6 +312,18 @@ def wait_for_event(tx: JournalTransaction, run_id: str, op: StepWaitForEvent, no
         tx.consume(delivered.seq, row.key)
         tx.delete_timer(run_id, row.key)
         value = event_value(detail["type"], delivered.payload, delivered.received_at)
+        if room_bytes is not None and len(value) > room_bytes:
+            failure = StepFailure(
+                "LimitError",
+                f"the event consumed by step.waitForEvent({op.step!r}) ({len(value)} bytes) would"
+                " take the run's journal past its limit",
+                retryable=False,
+            )
+            tx.settle_step(
+                row, status="failed", output=None, error=failure_to_json(failure), at=now,
+                event_type="event_refused",
+            )  # fmt: skip
+            return failure, now
         tx.settle_step(
             row, status="completed", output=value, error=None, at=now,
             event_type="event_consumed",

@@ -284,3 +284,40 @@ async def test_a_call_after_any_await_in_a_body_stays_in_that_body(
     assert done.output == ["call 2", "call 1", "call 3"]
     names = {(s.kind, s.name) for s in await clocked_runner.list_steps("aw", scope="acme")}
     assert ("tool", "do:1:a/t") in names
+
+
+EVENTS = """
+export default async (event, step) => {
+  const sizes = [];
+  for (let i = 0; i < 6; i++) {
+    try {
+      const got = await step.waitForEvent("w" + i, { type: "blob" });
+      sizes.push(got.payload.length);
+    } catch (error) {
+      sizes.push(error.name + ": " + error.message);
+    }
+  }
+  await step.sleep("then replay", 1000);
+  return sizes;
+};
+"""
+
+
+async def test_events_count_against_the_journal_limit_when_consumed(
+    tmp_path: Path, clock: FakeClock
+) -> None:
+    """A caller cannot grow a run's journal past what a replay can load by sending events."""
+    limits = Limits(memory_bytes=16 * 1024 * 1024)  # a journal limit of 4 MiB
+    config = RunnerConfig(clock=clock, limits=limits, scope_root=tmp_path / "scopes")
+    async with Runner.open(tmp_path / "journal.db", config) as runner:
+        run = await start_source(runner, EVENTS, run_id="ev")
+        for _ in range(6):
+            await runner.signal("ev", "blob", "x" * 1_000_000, scope="acme")
+        run = await runner.get("ev", scope="acme")
+        assert run.status == "sleeping", run.error
+        clock.advance(2)
+        done = await runner.resume("ev", scope="acme")
+        assert done.status == "completed", done.error
+        sizes = done.output
+        assert sizes[:4] == [1_000_000] * 4
+        assert all(str(size).startswith("LimitError: the event consumed by") for size in sizes[4:])
