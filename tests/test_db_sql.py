@@ -270,7 +270,9 @@ export default async () => (await db.sql("SELECT 42 AS answer")).rows[0].answer;
 async def test_one_scopes_statement_never_blocks_another_scope(
     tmp_path: Path, clock: FakeClock
 ) -> None:
-    config = RunnerConfig(clock=clock, pool=PoolConfig(size=2))
+    # The slow statement runs for its whole 5 s deadline: the quick scope must not wait for it.
+    sql_limits = SqlLimits(deadline_s=5.0, run_budget_s=20.0)
+    config = RunnerConfig(clock=clock, pool=PoolConfig(size=2), sql_limits=sql_limits)
     async with Runner.open(tmp_path / "journal.db", config) as runner:
         await _probe(runner, "quick", ["SELECT 1"])  # both scopes' processes are warm
         await _probe(runner, "slow", ["SELECT 1"])
