@@ -1,5 +1,5 @@
 # The two commands of the README. Each installs what it needs first (scripts/setup.sh).
-.PHONY: setup demo test lint bench
+.PHONY: setup demo test lint bench check-wheel
 
 setup:
 	@scripts/setup.sh
@@ -14,6 +14,11 @@ lint: setup
 
 test: lint
 	.venv/bin/pytest
+	scripts/check-wheel.sh
+
+# The wheel as a user installs it, outside the checkout (part of `make test`).
+check-wheel: setup
+	scripts/check-wheel.sh
 
 bench: setup
 	.venv/bin/python -m pip install -q --disable-pip-version-check -e '.[bench]'

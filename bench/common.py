@@ -9,8 +9,8 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
 
-from runner import Runner, RunnerConfig, StartRunInput
-from sandbox import PoolConfig
+from qjsflow.runner import Runner, RunnerConfig, StartRunInput
+from qjsflow.sandbox import PoolConfig
 
 TEN_STEPS = """
 export default async (event, step) => {

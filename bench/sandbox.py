@@ -16,8 +16,8 @@ from pathlib import Path
 import orjson
 import quickjs
 
-from bundles import build_snapshot, tree_from_mapping
-from sandbox import ExecutorPool, PoolConfig
+from qjsflow.bundles import build_snapshot, tree_from_mapping
+from qjsflow.sandbox import ExecutorPool, PoolConfig
 from tests.memory_host import MemoryHost
 
 STEPS = 200

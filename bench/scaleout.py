@@ -12,9 +12,9 @@ from pathlib import Path
 import orjson
 
 from bench.common import TEN_STEPS
-from runner import Runner, RunnerConfig, StartRunInput
-from runner.worker import worker_command
-from sandbox import PoolConfig
+from qjsflow.runner import Runner, RunnerConfig, StartRunInput
+from qjsflow.runner.worker import worker_command
+from qjsflow.sandbox import PoolConfig
 from tests.postgres import postgres_server
 
 RUNS = 400

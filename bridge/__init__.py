@@ -3,8 +3,8 @@
 `bridge` imports no other qjsflow package; everything else may import it.
 """
 
-from bridge.codec import dumps, dumps_text, loads
-from bridge.errors import CodecError, InvalidInput, QjsflowError, ToolchainError
+from qjsflow.bridge.codec import dumps, dumps_text, loads
+from qjsflow.bridge.errors import CodecError, InvalidInput, QjsflowError, ToolchainError
 
 __all__ = [
     "CodecError",

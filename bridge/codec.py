@@ -10,7 +10,7 @@ from typing import Any
 
 import orjson
 
-from bridge.errors import CodecError
+from qjsflow.bridge.errors import CodecError
 
 __all__ = ["DEFAULT_MAX_DEPTH", "dumps", "dumps_text", "loads"]
 

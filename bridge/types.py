@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from bridge.limits import Limits
+from qjsflow.bridge.limits import Limits
 
 __all__ = [
     "Answer",

@@ -36,8 +36,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from bridge.codec import dumps_text, loads
-from bridge.errors import InvalidInput
+from qjsflow.bridge.codec import dumps_text, loads
+from qjsflow.bridge.errors import InvalidInput
 
 __all__ = ["JsValue", "from_python", "to_json_form", "to_python"]
 

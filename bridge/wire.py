@@ -12,10 +12,10 @@ from collections.abc import Callable
 from dataclasses import asdict
 from typing import Any, Literal, cast
 
-from bridge.codec import loads
-from bridge.errors import CodecError, QjsflowError
-from bridge.limits import Limits
-from bridge.types import (
+from qjsflow.bridge.codec import loads
+from qjsflow.bridge.errors import CodecError, QjsflowError
+from qjsflow.bridge.limits import Limits
+from qjsflow.bridge.types import (
     Answer,
     Completed,
     DbSql,

@@ -1,16 +1,17 @@
 """Publishing: a hostile source tree becomes an immutable, content-addressed snapshot whose
 workflow entries are bundled once by the pinned esbuild, confined to the tree (DESIGN §7)."""
 
-from bundles.errors import BundleError, PublishError, SourceTreeError
-from bundles.esbuild import ESBUILD_VERSION, BuildLimits
-from bundles.snapshot import (
+from qjsflow.bundles.errors import BundleError, PublishError, SourceTreeError
+from qjsflow.bundles.esbuild import BuildLimits
+from qjsflow.bundles.snapshot import (
     Snapshot,
     WorkflowBundle,
     build_snapshot,
     select_entries,
     snapshot_id_of,
 )
-from bundles.tree import SourceFile, SourceTree, TreeLimits, read_tree, tree_from_mapping
+from qjsflow.bundles.toolchain import ESBUILD_VERSION, find_toolchain, setup_tools
+from qjsflow.bundles.tree import SourceFile, SourceTree, TreeLimits, read_tree, tree_from_mapping
 
 __all__ = [
     "ESBUILD_VERSION",
@@ -24,8 +25,10 @@ __all__ = [
     "TreeLimits",
     "WorkflowBundle",
     "build_snapshot",
+    "find_toolchain",
     "read_tree",
     "select_entries",
+    "setup_tools",
     "snapshot_id_of",
     "tree_from_mapping",
 ]

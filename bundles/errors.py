@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from bridge.errors import InvalidInput
+from qjsflow.bridge.errors import InvalidInput
 
 __all__ = ["BundleError", "PublishError", "SourceTreeError"]
 

@@ -1,10 +1,6 @@
-"""The pinned esbuild: where it lives, how it is installed, and how a build is run.
-
-esbuild comes from the npm registry into `<project>/.jstools` (or `$QJSFLOW_JSTOOLS_DIR`),
-installed by `python -m bundles install-esbuild`, which the project's set-up calls, together
-with the pinned TypeScript compiler the tests use to type-check `bundles/types/`. A build runs
-`driver.mjs` under node in a fresh session, with an empty environment, a wall-clock timeout and
-an address-space limit, so a hostile tree can neither hang the publisher nor exhaust its memory.
+"""How a build runs: `driver.mjs` under node in a fresh session, with an empty environment,
+a wall-clock timeout and an address-space limit, so a hostile tree can neither hang the
+publisher nor exhaust its memory. Where node and esbuild come from: bundles/toolchain.py.
 """
 
 from __future__ import annotations
@@ -13,21 +9,17 @@ import asyncio
 import contextlib
 import os
 import resource
-import shutil
 import signal
-import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bridge import ToolchainError, dumps, loads
+from qjsflow.bridge import dumps, loads
+from qjsflow.bundles.toolchain import find_toolchain
 
-__all__ = ["ESBUILD_VERSION", "BuildLimits", "Toolchain", "find_toolchain", "install", "run_driver"]
+__all__ = ["BuildLimits", "run_driver"]
 
-ESBUILD_VERSION = "0.28.2"
-TYPESCRIPT_VERSION = "5.9.3"  # for the tests only: publishing never type-checks
 _DRIVER = Path(__file__).with_name("driver.mjs")
-_INSTALL_HINT = "run `make setup` (or `python -m bundles install-esbuild`) to install it"
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,73 +29,6 @@ class BuildLimits:
     timeout_s: float = 30.0
     address_space_bytes: int = 2 * 1024 * 1024 * 1024
     max_output_bytes: int = 32 * 1024 * 1024
-
-
-@dataclass(frozen=True, slots=True)
-class Toolchain:
-    node: str
-    esbuild_package: Path  # the esbuild npm package folder (holds lib/main.js)
-
-
-def install_dir() -> Path:
-    override = os.environ.get("QJSFLOW_JSTOOLS_DIR")
-    return Path(override) if override else Path(__file__).resolve().parent.parent / ".jstools"
-
-
-def tsc_path() -> Path:
-    """The pinned TypeScript compiler's entry script (run it with node)."""
-    return install_dir() / "node_modules" / "typescript" / "bin" / "tsc"
-
-
-def _installed_version(package: str) -> str | None:
-    try:
-        manifest = loads((install_dir() / "node_modules" / package / "package.json").read_bytes())
-    except (OSError, ValueError):
-        return None
-    version = manifest.get("version") if isinstance(manifest, dict) else None
-    return version if isinstance(version, str) else None
-
-
-def find_toolchain() -> Toolchain:
-    """node and the pinned esbuild package, or a ToolchainError saying how to get them."""
-    node = shutil.which("node")
-    if node is None:
-        raise ToolchainError(f"node is not installed; {_INSTALL_HINT}")
-    package = install_dir() / "node_modules" / "esbuild"
-    try:
-        manifest = loads((package / "package.json").read_bytes())
-    except OSError:
-        raise ToolchainError(
-            f"esbuild {ESBUILD_VERSION} is not installed; {_INSTALL_HINT}"
-        ) from None
-    version = manifest.get("version") if isinstance(manifest, dict) else None
-    if version != ESBUILD_VERSION:
-        raise ToolchainError(
-            f"esbuild {version} is installed but qjsflow pins {ESBUILD_VERSION}; {_INSTALL_HINT}"
-        )
-    return Toolchain(node=node, esbuild_package=package)
-
-
-def install() -> Path:
-    """Install the pinned esbuild and TypeScript from the npm registry, unless present."""
-    wanted = {"esbuild": ESBUILD_VERSION, "typescript": TYPESCRIPT_VERSION}
-    missing = [f"{name}@{v}" for name, v in wanted.items() if _installed_version(name) != v]
-    if not missing:
-        return install_dir()
-    target = install_dir()
-    target.mkdir(parents=True, exist_ok=True)
-    npm = shutil.which("npm")
-    if npm is None:
-        raise ToolchainError("npm is not installed; install Node.js and npm first")
-    subprocess.run(
-        [
-            npm, "install", "--no-save", "--no-package-lock", "--no-audit", "--no-fund",
-            "--loglevel=error", "--prefix", str(target), *missing,
-        ],
-        check=True,
-    )  # fmt: skip
-    find_toolchain()
-    return target
 
 
 async def run_driver(request: dict[str, Any], limits: BuildLimits) -> Any:

@@ -16,10 +16,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from bridge import dumps
-from bundles.errors import BundleError, SourceTreeError
-from bundles.esbuild import BuildLimits, run_driver
-from bundles.tree import SourceTree
+from qjsflow.bridge import dumps
+from qjsflow.bundles.errors import BundleError, SourceTreeError
+from qjsflow.bundles.esbuild import BuildLimits, run_driver
+from qjsflow.bundles.tree import SourceTree
 
 __all__ = [
     "ENTRY_SUFFIXES",

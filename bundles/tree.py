@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from bundles.errors import SourceTreeError
+from qjsflow.bundles.errors import SourceTreeError
 
 __all__ = ["SourceFile", "SourceTree", "TreeLimits", "read_tree", "tree_from_mapping"]
 

@@ -1,8 +1,8 @@
 """The host: the journal, the run lifecycle, the servicing of bridge ops, the CLI."""
 
-from runner.bindings import Bindings, Notification, ToolCall, ToolFn, current_tool_call
-from runner.config import RunnerConfig
-from runner.errors import (
+from qjsflow.runner.bindings import Bindings, Notification, ToolCall, ToolFn, current_tool_call
+from qjsflow.runner.config import RunnerConfig
+from qjsflow.runner.errors import (
     FatalToolError,
     InvalidEvent,
     InvalidRunId,
@@ -12,9 +12,9 @@ from runner.errors import (
     SnapshotNotFound,
     UnknownWorkflow,
 )
-from runner.runner import PublishedWorkflow, PublishResult, Runner
-from runner.scopes import ALL_SCOPES, AllScopes, InvalidScope, validate_scope
-from runner.views import PersistedRun, RunView, StartRunInput, StepView, ToolCallView
+from qjsflow.runner.runner import PublishedWorkflow, PublishResult, Runner
+from qjsflow.runner.scopes import ALL_SCOPES, AllScopes, InvalidScope, validate_scope
+from qjsflow.runner.views import PersistedRun, RunView, StartRunInput, StepView, ToolCallView
 
 __all__ = [
     "ALL_SCOPES",

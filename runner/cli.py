@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import importlib
+import importlib.metadata
 import math
 import signal
 import sys
@@ -21,9 +22,10 @@ from typing import Any
 
 import orjson
 
-from bridge import InvalidInput, QjsflowError
-from runner.bindings import Bindings, ToolFn
-from runner.cli_output import (
+from qjsflow.bridge import InvalidInput, QjsflowError
+from qjsflow.bundles import ESBUILD_VERSION, find_toolchain, setup_tools
+from qjsflow.runner.bindings import Bindings, ToolFn
+from qjsflow.runner.cli_output import (
     printable,
     render_json,
     render_publish,
@@ -31,13 +33,13 @@ from runner.cli_output import (
     render_runs,
     render_steps,
 )
-from runner.config import RunnerConfig
-from runner.demo import run_demo
-from runner.errors import RunNotFound
-from runner.runner import PublishResult, Runner
-from runner.scopes import ALL_SCOPES
-from runner.store.backends import is_postgres_url
-from runner.views import RunView, StartRunInput, StepView
+from qjsflow.runner.config import RunnerConfig
+from qjsflow.runner.demo import run_demo
+from qjsflow.runner.errors import RunNotFound
+from qjsflow.runner.runner import PublishResult, Runner
+from qjsflow.runner.scopes import ALL_SCOPES
+from qjsflow.runner.store.backends import is_postgres_url
+from qjsflow.runner.views import RunView, StartRunInput, StepView
 
 __all__ = ["main"]
 
@@ -60,6 +62,7 @@ def _parser() -> argparse.ArgumentParser:
         default="./qjsflow.db",
         help="the journal: a SQLite path or sqlite:///path (./qjsflow.db), or postgresql://…",
     )
+    parser.add_argument("--version", action="version", version=f"qjsflow {_version()}")
     parser.add_argument("--json", action="store_true", help="print one JSON document on stdout")
     parser.add_argument("--debug", action="store_true", help="show tracebacks of failures")
     parser.add_argument(
@@ -115,7 +118,18 @@ def _parser() -> argparse.ArgumentParser:
     )
     worker.add_argument("--concurrency", type=int, default=8, help="drives at once (8)")
     commands.add_parser("demo", help="the whole story on a fresh database, with a timeline")
+    commands.add_parser(
+        "setup-tools",
+        help=f"fetch esbuild {ESBUILD_VERSION} (checksum-verified) into the per-user cache",
+    )
     return parser  # fmt: skip
+
+
+def _version() -> str:
+    try:
+        return importlib.metadata.version("qjsflow")
+    except importlib.metadata.PackageNotFoundError:
+        return "0+unknown"
 
 
 def load_tools(spec: str) -> Mapping[str, ToolFn]:
@@ -229,6 +243,13 @@ def _run(args: argparse.Namespace) -> str:
     command = args.command
     if command == "demo":
         return run_demo(as_json=args.json)
+    if command == "setup-tools":
+        where = setup_tools()
+        toolchain = find_toolchain()
+        if args.json:
+            return render_json({"esbuild": ESBUILD_VERSION, "folder": str(where),
+                                "node": toolchain.node})  # fmt: skip
+        return f"esbuild {ESBUILD_VERSION} is ready in {where} (node: {toolchain.node})"
     if command == "publish":
         publish: _Command = lambda a, r: r.publish(a.scope, a.dir)  # noqa: E731
         result: PublishResult = asyncio.run(_with_runner(args, publish, create=True))

@@ -10,9 +10,9 @@ from typing import Any
 
 import orjson
 
-from bridge.values import JsValue, to_json_form
-from runner.runner import PublishResult
-from runner.views import RunView, StepView
+from qjsflow.bridge.values import JsValue, to_json_form
+from qjsflow.runner.runner import PublishResult
+from qjsflow.runner.views import RunView, StepView
 
 __all__ = [
     "printable",

@@ -7,11 +7,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bridge.limits import Limits
-from bundles import BuildLimits, TreeLimits
-from runner.bindings import Bindings
-from runner.scopedb.policy import SqlLimits
-from sandbox import PoolConfig
+from qjsflow.bridge.limits import Limits
+from qjsflow.bundles import BuildLimits, TreeLimits
+from qjsflow.runner.bindings import Bindings
+from qjsflow.runner.scopedb.policy import SqlLimits
+from qjsflow.sandbox import PoolConfig
 
 __all__ = ["RunnerConfig", "system_clock"]
 

@@ -17,14 +17,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from runner.bindings import Bindings
-from runner.cli_output import render_json, table
-from runner.config import RunnerConfig
-from runner.runner import Runner
-from runner.scopes import run_key
-from runner.store import EventRecord
-from runner.views import RunView, StartRunInput
-from runner.worker import worker_command
+from qjsflow.runner.bindings import Bindings
+from qjsflow.runner.cli_output import render_json, table
+from qjsflow.runner.config import RunnerConfig
+from qjsflow.runner.runner import Runner
+from qjsflow.runner.scopes import run_key
+from qjsflow.runner.store import EventRecord
+from qjsflow.runner.views import RunView, StartRunInput
+from qjsflow.runner.worker import worker_command
 
 __all__ = ["DEMO_TOOLS", "run_demo"]
 
@@ -72,7 +72,9 @@ class _Story:
     def worker(self) -> subprocess.Popen[bytes]:
         log = (self.workdir / f"worker-{len(self.workers)}.log").open("wb")
         process = subprocess.Popen(
-            worker_command(str(self.db), tools="runner.demo:DEMO_TOOLS", lease_ttl_s=LEASE_TTL_S),
+            worker_command(
+                str(self.db), tools="qjsflow.runner.demo:DEMO_TOOLS", lease_ttl_s=LEASE_TTL_S
+            ),
             cwd=FIXTURES.parent,
             stdout=log,
             stderr=subprocess.STDOUT,

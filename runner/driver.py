@@ -20,18 +20,25 @@ import socket
 from collections.abc import AsyncIterator
 from functools import partial
 
-from bridge import dumps_text
-from bridge.types import Completed, DriveOutcome, DriveRequest, Failed, JournalEntry, Suspended
-from runner.bindings import Bindings
-from runner.config import RunnerConfig
-from runner.errors import JournalUnavailable, RunNotFound, StoredCodeDamaged
-from runner.host import DriveHost
-from runner.scopedb import ScopeDatabases
-from runner.scopes import split_run_key
-from runner.steps import failure_from_json
-from runner.store import JournalStore, JournalTransaction, Lease, LeaseLost, RunRecord
-from runner.views import TERMINAL
-from sandbox import ExecutorPool
+from qjsflow.bridge import dumps_text
+from qjsflow.bridge.types import (
+    Completed,
+    DriveOutcome,
+    DriveRequest,
+    Failed,
+    JournalEntry,
+    Suspended,
+)
+from qjsflow.runner.bindings import Bindings
+from qjsflow.runner.config import RunnerConfig
+from qjsflow.runner.errors import JournalUnavailable, RunNotFound, StoredCodeDamaged
+from qjsflow.runner.host import DriveHost
+from qjsflow.runner.scopedb import ScopeDatabases
+from qjsflow.runner.scopes import split_run_key
+from qjsflow.runner.steps import failure_from_json
+from qjsflow.runner.store import JournalStore, JournalTransaction, Lease, LeaseLost, RunRecord
+from qjsflow.runner.views import TERMINAL
+from qjsflow.sandbox import ExecutorPool
 
 __all__ = ["SIGNAL_TIMER", "RunDriver"]
 

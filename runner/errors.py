@@ -16,7 +16,7 @@
 
 from __future__ import annotations
 
-from bridge import InvalidInput, QjsflowError
+from qjsflow.bridge import InvalidInput, QjsflowError
 
 __all__ = [
     "FatalToolError",

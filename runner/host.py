@@ -17,9 +17,9 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from bridge import dumps_text
-from bridge.limits import Limits
-from bridge.types import (
+from qjsflow.bridge import dumps_text
+from qjsflow.bridge.limits import Limits
+from qjsflow.bridge.types import (
     Answer,
     DbSql,
     Log,
@@ -34,20 +34,20 @@ from bridge.types import (
     StepWaitForEvent,
     Value,
 )
-from bridge.values import from_python, to_python
-from runner import steps
-from runner.bindings import (
+from qjsflow.bridge.values import from_python, to_python
+from qjsflow.runner import steps
+from qjsflow.runner.bindings import (
     Bindings,
     Notification,
     ToolCall,
     bind_tool_call,
     unbind_tool_call,
 )
-from runner.errors import FatalToolError
-from runner.scopedb import ScopeDatabases, SqlOutcome
-from runner.scopes import split_run_key
-from runner.steps import Answered, failure_to_json
-from runner.store import JournalStore, JournalTransaction, Lease
+from qjsflow.runner.errors import FatalToolError
+from qjsflow.runner.scopedb import ScopeDatabases, SqlOutcome
+from qjsflow.runner.scopes import split_run_key
+from qjsflow.runner.steps import Answered, failure_to_json
+from qjsflow.runner.store import JournalStore, JournalTransaction, Lease
 
 __all__ = ["CRASH_AFTER_SQL", "DriveHost"]
 

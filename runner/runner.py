@@ -13,9 +13,9 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from bridge import dumps_text
-from bridge.values import from_python, to_python
-from bundles import (
+from qjsflow.bridge import dumps_text
+from qjsflow.bridge.values import from_python, to_python
+from qjsflow.bundles import (
     SourceTree,
     build_snapshot,
     read_tree,
@@ -23,10 +23,10 @@ from bundles import (
     snapshot_id_of,
     tree_from_mapping,
 )
-from runner.bindings import Bindings
-from runner.config import RunnerConfig
-from runner.driver import SIGNAL_TIMER, RunDriver
-from runner.errors import (
+from qjsflow.runner.bindings import Bindings
+from qjsflow.runner.config import RunnerConfig
+from qjsflow.runner.driver import SIGNAL_TIMER, RunDriver
+from qjsflow.runner.errors import (
     InvalidEvent,
     InvalidRunId,
     RunClosed,
@@ -35,8 +35,8 @@ from runner.errors import (
     SnapshotNotFound,
     UnknownWorkflow,
 )
-from runner.scopedb import ScopeDatabases
-from runner.scopes import (
+from qjsflow.runner.scopedb import ScopeDatabases
+from qjsflow.runner.scopes import (
     ALL_SCOPES,
     AllScopes,
     InvalidScope,
@@ -44,8 +44,14 @@ from runner.scopes import (
     split_run_key,
     validate_scope,
 )
-from runner.store import JournalStore, JournalTransaction, LogRecord, RunRecord, SnapshotRecord
-from runner.views import (
+from qjsflow.runner.store import (
+    JournalStore,
+    JournalTransaction,
+    LogRecord,
+    RunRecord,
+    SnapshotRecord,
+)
+from qjsflow.runner.views import (
     TERMINAL,
     PersistedRun,
     RunView,
@@ -56,8 +62,8 @@ from runner.views import (
     step_view,
     tool_call_view,
 )
-from runner.worker import Worker
-from sandbox import ExecutorPool, remove_stale_workdirs
+from qjsflow.runner.worker import Worker
+from qjsflow.sandbox import ExecutorPool, remove_stale_workdirs
 
 __all__ = ["PublishResult", "PublishedWorkflow", "Runner", "Source"]
 

@@ -6,7 +6,7 @@ import enum
 import re
 from typing import Final
 
-from bridge import InvalidInput
+from qjsflow.bridge import InvalidInput
 
 __all__ = ["ALL_SCOPES", "AllScopes", "InvalidScope", "run_key", "split_run_key", "validate_scope"]
 

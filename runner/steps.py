@@ -12,8 +12,8 @@ from dataclasses import dataclass
 
 import orjson
 
-from bridge import dumps_text
-from bridge.types import (
+from qjsflow.bridge import dumps_text
+from qjsflow.bridge.types import (
     Result,
     RetryPolicy,
     StepBegin,
@@ -25,8 +25,8 @@ from bridge.types import (
     Suspend,
     Value,
 )
-from bridge.wire import ProtocolError
-from runner.store import JournalTransaction, StepRow
+from qjsflow.bridge.wire import ProtocolError
+from qjsflow.runner.store import JournalTransaction, StepRow
 
 __all__ = [
     "Answered",

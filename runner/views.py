@@ -8,10 +8,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from bridge.values import to_python
-from runner.scopes import split_run_key
-from runner.steps import failure_from_json
-from runner.store import RunRecord, StepRow, ToolCallRecord
+from qjsflow.bridge.values import to_python
+from qjsflow.runner.scopes import split_run_key
+from qjsflow.runner.steps import failure_from_json
+from qjsflow.runner.store import RunRecord, StepRow, ToolCallRecord
 
 __all__ = [
     "PersistedRun",

@@ -16,10 +16,10 @@ import logging
 import sys
 from typing import Any
 
-from runner.bindings import Bindings
-from runner.driver import RunDriver
-from runner.errors import JournalUnavailable
-from runner.store import JournalStore
+from qjsflow.runner.bindings import Bindings
+from qjsflow.runner.driver import RunDriver
+from qjsflow.runner.errors import JournalUnavailable
+from qjsflow.runner.store import JournalStore
 
 __all__ = ["Worker", "worker_command"]
 
@@ -173,7 +173,7 @@ def worker_command(
 ) -> list[str]:
     """The argv of a `qjsflow worker` process on this interpreter (for the demo, the crash
     tests and the benchmarks, which run workers as real processes)."""
-    command = [sys.executable, "-m", "runner.cli", "--db", db]
+    command = [sys.executable, "-m", "qjsflow.runner.cli", "--db", db]
     if tools is not None:
         command += ["--tools", tools]
     if lease_ttl_s is not None:

@@ -3,6 +3,6 @@
 The sandbox knows nothing of SQLite; it imports only `bridge`. See `docs/ARCHITECTURE.md`.
 """
 
-from sandbox.pool import ExecutorPool, Host, PoolConfig, remove_stale_workdirs
+from qjsflow.sandbox.pool import ExecutorPool, Host, PoolConfig, remove_stale_workdirs
 
 __all__ = ["ExecutorPool", "Host", "PoolConfig", "remove_stale_workdirs"]

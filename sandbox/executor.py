@@ -1,8 +1,9 @@
 """The executor process: runs author code in QuickJS, one fresh context per drive.
 
-Started by the pool as `python -I -m sandbox.executor` with an empty environment, a private empty
-working folder and rlimits. It reads frames on fd 0 and writes frames on a private copy of fd 1
-(fd 1 itself is pointed at stderr, so nothing can corrupt the frame stream). It never opens a
+Started by the pool as `python -I -m qjsflow.sandbox.executor` with an empty environment, a
+private empty working folder and rlimits. It reads frames on fd 0 and writes frames on a
+private copy of fd 1 (fd 1 itself is pointed at stderr, so nothing can corrupt the frame
+stream). It never opens a
 file, socket or database: once started it lowers RLIMIT_NOFILE to the descriptors it holds.
 
 Per drive: take the context prepared while idle (prelude evaluated, which yields `dispatch`,
@@ -25,7 +26,7 @@ from typing import Any
 import orjson
 import quickjs
 
-from sandbox.frames import frame, read_frame_fd
+from qjsflow.sandbox.frames import frame, read_frame_fd
 
 
 def load_prelude() -> str:

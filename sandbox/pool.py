@@ -25,11 +25,24 @@ from typing import Any
 
 import orjson
 
-from bridge import CodecError, QjsflowError
-from bridge.codec import loads
-from bridge.types import Answer, DriveOutcome, DriveRequest, Failed, OpEnvelope, needs_answer
-from bridge.wire import ProtocolError, answer_to_wire, parse_op, parse_outcome, request_to_wire
-from sandbox.frames import FrameError, frame, read_frame_async
+from qjsflow.bridge import CodecError, QjsflowError
+from qjsflow.bridge.codec import loads
+from qjsflow.bridge.types import (
+    Answer,
+    DriveOutcome,
+    DriveRequest,
+    Failed,
+    OpEnvelope,
+    needs_answer,
+)
+from qjsflow.bridge.wire import (
+    ProtocolError,
+    answer_to_wire,
+    parse_op,
+    parse_outcome,
+    request_to_wire,
+)
+from qjsflow.sandbox.frames import FrameError, frame, read_frame_async
 
 __all__ = ["ExecutorPool", "Host", "PoolConfig", "remove_stale_workdirs"]
 
@@ -100,7 +113,7 @@ class _Executor:
             sys.executable,
             "-I",
             "-m",
-            "sandbox.executor",
+            "qjsflow.sandbox.executor",
             stdin=asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.PIPE,
             cwd=workdir,

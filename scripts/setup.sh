@@ -26,12 +26,12 @@ if [ ! -x .venv/bin/python ]; then
   "$python" -m venv .venv
 fi
 
-# Reinstall only when pyproject.toml changed since the last install.
+# Reinstall only when pyproject.toml or the dev tools' lock changed since the last install.
 stamp=.venv/.qjsflow-installed
-if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
+if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ requirements-dev.txt -nt "$stamp" ]; then
   echo "setup: installing qjsflow and its dev tools into .venv"
-  .venv/bin/python -m pip install -q --disable-pip-version-check -e '.[dev]'
+  .venv/bin/python -m pip install -q --disable-pip-version-check -c requirements-dev.txt -e '.[dev]'
   touch "$stamp"
 fi
 
-.venv/bin/python -m bundles install-esbuild >/dev/null
+.venv/bin/python -m qjsflow.bundles install-esbuild >/dev/null

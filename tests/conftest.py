@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from bundles import build_snapshot, tree_from_mapping
-from runner import Bindings, Runner, RunnerConfig, RunView, StartRunInput
-from sandbox import ExecutorPool, PoolConfig
+from qjsflow.bundles import build_snapshot, tree_from_mapping
+from qjsflow.runner import Bindings, Runner, RunnerConfig, RunView, StartRunInput
+from qjsflow.sandbox import ExecutorPool, PoolConfig
 from tests.postgres import PostgresServer, postgres_server
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent

@@ -9,8 +9,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from bridge.limits import Limits
-from bridge.types import (
+from qjsflow.bridge.limits import Limits
+from qjsflow.bridge.types import (
     Answer,
     DbSql,
     DriveRequest,
@@ -30,7 +30,7 @@ from bridge.types import (
     Suspend,
     Value,
 )
-from runner.steps import event_value
+from qjsflow.runner.steps import event_value
 
 
 @dataclass

@@ -38,7 +38,7 @@ class Cli:
 
     def argv(self, *args: str) -> list[str]:
         return [
-            sys.executable, "-m", "runner.cli", "--db", str(self.db),
+            sys.executable, "-m", "qjsflow.runner.cli", "--db", str(self.db),
             "--tools", "tests.crash_tools:TOOLS", "--lease-ttl", "1", *args,
         ]  # fmt: skip
 
@@ -197,7 +197,7 @@ def test_the_cli_speaks_postgresql_urls(tmp_path: Path, postgres: PostgresServer
 
     def ok(*args: str) -> Any:
         done = subprocess.run(
-            [sys.executable, "-m", "runner.cli", "--db", url, "--json", *args],
+            [sys.executable, "-m", "qjsflow.runner.cli", "--db", url, "--json", *args],
             cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=120, check=False,
         )  # fmt: skip
         assert done.returncode == 0, done.stderr
@@ -266,7 +266,7 @@ def test_human_output_escapes_what_authors_control(cli: Cli, tmp_path: Path) -> 
 def test_bad_arguments_exit_2(cli: Cli, args: tuple[str, ...], message: str) -> None:
     cli.ok("publish", str(_tree(cli.db.parent)), "--scope", "acme")
     done = subprocess.run(
-        [sys.executable, "-m", "runner.cli", "--db", str(cli.db), *args],
+        [sys.executable, "-m", "qjsflow.runner.cli", "--db", str(cli.db), *args],
         cwd=PROJECT_ROOT, capture_output=True, timeout=60, check=False,
     )  # fmt: skip
     assert done.returncode == 2, done.stderr

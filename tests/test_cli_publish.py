@@ -13,7 +13,7 @@ from tests.conftest import FIXTURES
 
 def _qjsflow(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "runner.cli", *args],
+        [sys.executable, "-m", "qjsflow.runner.cli", *args],
         capture_output=True,
         text=True,
         timeout=60,

@@ -7,9 +7,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from runner import Bindings, Runner, RunnerConfig, StartRunInput
-from runner.scopes import run_key
-from sandbox import PoolConfig
+from qjsflow.runner import Bindings, Runner, RunnerConfig, StartRunInput
+from qjsflow.runner.scopes import run_key
+from qjsflow.sandbox import PoolConfig
 from tests.conftest import FakeClock, start_source
 from tests.postgres import PostgresServer
 

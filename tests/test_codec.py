@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from bridge import CodecError, dumps, loads
+from qjsflow.bridge import CodecError, dumps, loads
 
 
 def test_round_trip() -> None:

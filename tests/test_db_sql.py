@@ -13,11 +13,11 @@ from pathlib import Path
 import apsw
 import pytest
 
-from runner import InvalidScope, Runner, RunnerConfig, StartRunInput
-from runner.host import CRASH_AFTER_SQL
-from runner.scopedb import MIN_SQLITE_VERSION, ScopeDatabases, SqlLimits
-from runner.worker import worker_command
-from sandbox import PoolConfig
+from qjsflow.runner import InvalidScope, Runner, RunnerConfig, StartRunInput
+from qjsflow.runner.host import CRASH_AFTER_SQL
+from qjsflow.runner.scopedb import MIN_SQLITE_VERSION, ScopeDatabases, SqlLimits
+from qjsflow.runner.worker import worker_command
+from qjsflow.sandbox import PoolConfig
 from tests.conftest import PROJECT_ROOT, FakeClock, start_source
 
 PROBE = """

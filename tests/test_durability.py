@@ -17,10 +17,10 @@ from typing import Any
 import psycopg
 import pytest
 
-from runner import Runner, RunnerConfig, StartRunInput
-from runner.scopes import run_key
-from runner.worker import worker_command
-from sandbox import PoolConfig
+from qjsflow.runner import Runner, RunnerConfig, StartRunInput
+from qjsflow.runner.scopes import run_key
+from qjsflow.runner.worker import worker_command
+from qjsflow.sandbox import PoolConfig
 from tests.conftest import PROJECT_ROOT
 
 STEPS = 20

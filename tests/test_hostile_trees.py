@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from bundles import BuildLimits, PublishError, SourceTreeError, TreeLimits
-from runner import Runner, RunnerConfig
+from qjsflow.bundles import BuildLimits, PublishError, SourceTreeError, TreeLimits
+from qjsflow.runner import Runner, RunnerConfig
 
 ENTRY = "workflows/evil.ts"
 

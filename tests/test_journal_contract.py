@@ -9,10 +9,10 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from runner import Bindings, Runner, RunnerConfig
-from runner.scopes import run_key
-from runner.store import LeaseLost
-from sandbox import PoolConfig
+from qjsflow.runner import Bindings, Runner, RunnerConfig
+from qjsflow.runner.scopes import run_key
+from qjsflow.runner.store import LeaseLost
+from qjsflow.sandbox import PoolConfig
 from tests.conftest import FakeClock, start_source
 from tests.postgres import PostgresServer
 

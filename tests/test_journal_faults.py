@@ -14,9 +14,9 @@ from typing import Any
 
 import pytest
 
-from runner import Bindings, Runner, RunnerConfig, StartRunInput, ToolFn
-from runner.store import connection
-from sandbox import PoolConfig
+from qjsflow.runner import Bindings, Runner, RunnerConfig, StartRunInput, ToolFn
+from qjsflow.runner.store import connection
+from qjsflow.sandbox import PoolConfig
 from tests.conftest import FakeClock, executor_pids, start_source
 from tests.postgres import postgres_server
 

@@ -27,17 +27,20 @@ def _modules(package: str) -> list[Path]:
     return sorted((PROJECT_ROOT / package).rglob("*.py"))
 
 
-def _project_imports(path: Path) -> set[str]:
-    found: set[str] = set()
+def _imported_names(path: Path) -> list[str]:
+    names: list[str] = []
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
         if isinstance(node, ast.Import):
-            names = [alias.name for alias in node.names]
+            names += [alias.name for alias in node.names]
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            names = [node.module]
-        else:
-            continue
-        found.update(name.split(".")[0] for name in names if name.split(".")[0] in PACKAGES)
-    return found
+            names.append(node.module)
+    return names
+
+
+def _project_imports(path: Path) -> set[str]:
+    """The project packages a module imports (as `qjsflow.<package>`)."""
+    parts = [name.split(".") for name in _imported_names(path)]
+    return {p[1] for p in parts if len(p) > 1 and p[0] == "qjsflow" and p[1] in PACKAGES}
 
 
 @pytest.mark.parametrize("package", PACKAGES)
@@ -50,13 +53,24 @@ def test_imports_flow_one_way(package: str) -> None:
 
 def test_the_import_check_sees_a_reverse_import(tmp_path: Path) -> None:
     reverse = tmp_path / "reverse.py"
-    reverse.write_text("from runner.store import JournalStore\nimport bundles.tree\n")
+    reverse.write_text(
+        "from qjsflow.runner.store import JournalStore\nimport qjsflow.bundles.tree\n"
+    )
     assert _project_imports(reverse) == {"runner", "bundles"}
+
+
+@pytest.mark.parametrize("folder", [*PACKAGES, "tests", "bench"])
+def test_nothing_imports_the_packages_by_their_folder_names(folder: str) -> None:
+    """Installed, the packages exist only as qjsflow.<name>; an import of a bare `runner` would
+    work in a checkout and fail for everyone else (and load a module twice)."""
+    for path in sorted((PROJECT_ROOT / folder).rglob("*.py")):
+        bare = [n for n in _imported_names(path) if n.split(".")[0] in PACKAGES]
+        assert not bare, f"{path.relative_to(PROJECT_ROOT)} imports {bare}"
 
 
 @pytest.mark.parametrize("package", PACKAGES)
 def test_public_names_exist(package: str) -> None:
-    module = importlib.import_module(package)
+    module = importlib.import_module(f"qjsflow.{package}")
     for name in module.__all__:
         assert hasattr(module, name), f"{package}.__all__ names missing {name}"
 
@@ -74,3 +88,9 @@ def test_sql_lives_only_in_the_store_and_the_scope_database_server() -> None:
     assert offenders == []
     for owner in owners:
         assert any(SQL.search(path.read_text()) for path in owner.rglob("*.py"))
+
+
+def test_the_facade_names_exist() -> None:
+    module = importlib.import_module("qjsflow")
+    for name in module.__all__:
+        assert hasattr(module, name), f"qjsflow.__all__ names missing {name}"

@@ -6,8 +6,8 @@ import sqlite3
 import time
 from pathlib import Path
 
-from runner import Runner
-from runner.store import MIGRATIONS
+from qjsflow.runner import Runner
+from qjsflow.runner.store import MIGRATIONS
 
 
 def _journal_at(path: Path, version: int) -> None:

@@ -8,9 +8,9 @@ import subprocess
 import psycopg
 import pytest
 
-from runner import Runner, RunnerConfig, StartRunInput
-from runner.worker import worker_command
-from sandbox import PoolConfig
+from qjsflow.runner import Runner, RunnerConfig, StartRunInput
+from qjsflow.runner.worker import worker_command
+from qjsflow.sandbox import PoolConfig
 from tests.conftest import PROJECT_ROOT
 from tests.postgres import PostgresServer
 

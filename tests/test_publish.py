@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 import quickjs
 
-from bundles import BundleError, SourceTreeError
-from runner import InvalidScope, Runner
+from qjsflow.bundles import BundleError, SourceTreeError
+from qjsflow.runner import InvalidScope, Runner
 from tests.conftest import FIXTURES
 
 FUNCTION_STYLE = """

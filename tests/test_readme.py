@@ -58,7 +58,7 @@ def test_the_authoring_example_type_checks(tmp_path: Path) -> None:
 @pytest.mark.timeout(180)
 def test_the_demo_runs_to_a_completed_run_with_a_timeline() -> None:
     done = subprocess.run(
-        [sys.executable, "-m", "runner.cli", "--json", "demo"],
+        [sys.executable, "-m", "qjsflow.runner.cli", "--json", "demo"],
         cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=170, check=False,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr

@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from bridge.limits import Limits
-from runner import Bindings, Runner, RunnerConfig
+from qjsflow.bridge.limits import Limits
+from qjsflow.runner import Bindings, Runner, RunnerConfig
 from tests.conftest import FakeClock, start_source
 
 RANDOM_STREAMS = """

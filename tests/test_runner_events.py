@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from bridge import InvalidInput
-from runner import (
+from qjsflow.bridge import InvalidInput
+from qjsflow.runner import (
     ALL_SCOPES,
     Bindings,
     InvalidEvent,
@@ -15,7 +15,7 @@ from runner import (
     RunNotFound,
     StartRunInput,
 )
-from runner.scopes import run_key
+from qjsflow.runner.scopes import run_key
 from tests.conftest import FakeClock, start_source
 
 BUFFERED = """

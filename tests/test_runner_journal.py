@@ -6,11 +6,11 @@ import os
 import signal
 from typing import Any
 
-from bridge.limits import Limits
-from bridge.types import OpEnvelope, RetryPolicy, StepCheck, StepRecord, Value
-from runner import Bindings, Runner, StartRunInput
-from runner.host import DriveHost
-from runner.scopes import run_key
+from qjsflow.bridge.limits import Limits
+from qjsflow.bridge.types import OpEnvelope, RetryPolicy, StepCheck, StepRecord, Value
+from qjsflow.runner import Bindings, Runner, StartRunInput
+from qjsflow.runner.host import DriveHost
+from qjsflow.runner.scopes import run_key
 from tests.conftest import FakeClock, executor_pids, start_source
 
 

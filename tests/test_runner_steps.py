@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from runner import (
+from qjsflow.runner import (
     Bindings,
     FatalToolError,
     RunConflict,
@@ -18,7 +18,7 @@ from runner import (
     UnknownWorkflow,
     current_tool_call,
 )
-from runner.scopes import run_key
+from qjsflow.runner.scopes import run_key
 from tests.conftest import FakeClock, start_source
 
 ALWAYS_FAILS = """

@@ -16,9 +16,9 @@ from pathlib import Path
 import orjson
 import pytest
 
-from bridge.limits import Limits
-from bridge.types import Answer, Completed, Failed, OpEnvelope, StepFailure
-from sandbox import ExecutorPool, PoolConfig
+from qjsflow.bridge.limits import Limits
+from qjsflow.bridge.types import Answer, Completed, Failed, OpEnvelope, StepFailure
+from qjsflow.sandbox import ExecutorPool, PoolConfig
 from tests.conftest import bundle_of, executor_pids
 from tests.memory_host import MemoryHost
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from bridge.types import (
+from qjsflow.bridge.types import (
     Completed,
     Failed,
     Log,
@@ -16,7 +16,7 @@ from bridge.types import (
     StepWaitForEvent,
     Suspended,
 )
-from sandbox import ExecutorPool
+from qjsflow.sandbox import ExecutorPool
 from tests.conftest import bundle_of
 from tests.memory_host import MemoryHost
 

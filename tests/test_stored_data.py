@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from runner import Runner
-from runner.errors import JournalUnavailable
+from qjsflow.runner import Runner
+from qjsflow.runner.errors import JournalUnavailable
 from tests.conftest import PROJECT_ROOT, start_source
 
 FLOW = """
@@ -42,7 +42,7 @@ async def test_a_bundle_changed_at_rest_is_refused(tmp_path: Path) -> None:
 
 def _cli(db: Path, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "runner.cli", "--db", str(db), *args],
+        [sys.executable, "-m", "qjsflow.runner.cli", "--db", str(db), *args],
         cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=60, check=False,
     )  # fmt: skip
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
-from bundles.esbuild import find_toolchain, tsc_path
+from qjsflow.bundles.toolchain import find_toolchain, tsc_path
 from tests.conftest import FIXTURES, PROJECT_ROOT
 
 TYPES = PROJECT_ROOT / "bundles" / "types"

@@ -10,9 +10,9 @@ from pathlib import Path
 import orjson
 import pytest
 
-from bridge.values import from_python, to_json_form, to_python
-from runner import Bindings, Runner
-from runner.scopes import run_key
+from qjsflow.bridge.values import from_python, to_json_form, to_python
+from qjsflow.runner import Bindings, Runner
+from qjsflow.runner.scopes import run_key
 from tests.conftest import PROJECT_ROOT, FakeClock, start_source
 from tests.value_vectors import VECTORS, Vector
 
@@ -80,7 +80,7 @@ def test_views_and_json_output_of_hostile_values(tmp_path: Path) -> None:
 
     def cli(*args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
-            [sys.executable, "-m", "runner.cli", "--db", str(db), *args],
+            [sys.executable, "-m", "qjsflow.runner.cli", "--db", str(db), *args],
             cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=120, check=False,
         )  # fmt: skip
 

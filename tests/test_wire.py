@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from bridge.limits import Limits
-from bridge.types import Completed, Failed, Log, StepCheck, StepRecord, Suspended
-from bridge.wire import ProtocolError, parse_op, parse_outcome
+from qjsflow.bridge.limits import Limits
+from qjsflow.bridge.types import Completed, Failed, Log, StepCheck, StepRecord, Suspended
+from qjsflow.bridge.wire import ProtocolError, parse_op, parse_outcome
 
 LIMITS = Limits()
 POLICY = {"limit": 1, "delayMs": 0, "backoff": "constant", "timeoutMs": 1000}

@@ -13,7 +13,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from bridge.values import JsValue
+from qjsflow.bridge.values import JsValue
 
 __all__ = ["VECTORS", "Vector"]
 

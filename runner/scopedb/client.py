@@ -17,9 +17,9 @@ from pathlib import Path
 
 import orjson
 
-from runner.scopedb.policy import SqlLimits
-from runner.scopes import validate_scope
-from sandbox.frames import FrameError, frame, read_frame_async
+from qjsflow.runner.scopedb.policy import SqlLimits
+from qjsflow.runner.scopes import validate_scope
+from qjsflow.sandbox.frames import FrameError, frame, read_frame_async
 
 __all__ = ["ScopeDatabases", "SqlOutcome"]
 
@@ -114,7 +114,7 @@ class ScopeDatabases:
             return slot.process
         self.root.mkdir(mode=0o700, parents=True, exist_ok=True)
         process = await asyncio.create_subprocess_exec(
-            sys.executable, "-I", "-m", "runner.scopedb.server", str(self.root),
+            sys.executable, "-I", "-m", "qjsflow.runner.scopedb.server", str(self.root),
             stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.DEVNULL,  # a crash's traceback names host paths
             cwd=self.root, env={}, limit=2**20,

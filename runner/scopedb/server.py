@@ -1,7 +1,7 @@
 """The scope-database process: runs author SQL through APSW's bundled SQLite, one statement per
 call, hardened, and records each applied call in the same transaction as its statement.
 
-Started by `ScopeDatabases` as `python -I -m runner.scopedb.server ROOT` with an empty
+Started by `ScopeDatabases` as `python -I -m qjsflow.runner.scopedb.server ROOT` with an empty
 environment. It speaks length-prefixed JSON frames on stdin/stdout: a request
 `{scope, runId, call, sql, params, deadlineS, limits}` gets `{ok: {result, elapsedS}}` or
 `{error: {code, message, elapsedS}}`. Each scope's file is `ROOT/<scope>.sqlite`; the scope id is
@@ -25,9 +25,9 @@ from typing import Any
 import apsw
 import orjson
 
-from bridge.values import JsValue, from_python, to_python
-from runner.scopedb.policy import MIN_SQLITE_VERSION, SqlLimits
-from sandbox.frames import frame, read_frame_fd
+from qjsflow.bridge.values import JsValue, from_python, to_python
+from qjsflow.runner.scopedb.policy import MIN_SQLITE_VERSION, SqlLimits
+from qjsflow.sandbox.frames import frame, read_frame_fd
 
 _SCOPE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,63}$")
 _PRIVATE = "_qjsflow"

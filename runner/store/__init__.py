@@ -1,8 +1,8 @@
 """The journal store: the only SQL in qjsflow (DESIGN §6)."""
 
-from runner.store.journal import BundleRecord, JournalStore, SnapshotRecord, WorkflowRecord
-from runner.store.migrations import MIGRATIONS
-from runner.store.records import (
+from qjsflow.runner.store.journal import BundleRecord, JournalStore, SnapshotRecord, WorkflowRecord
+from qjsflow.runner.store.migrations import MIGRATIONS
+from qjsflow.runner.store.records import (
     EventRecord,
     InboxRecord,
     JournalRow,
@@ -11,7 +11,7 @@ from runner.store.records import (
     StepRow,
     ToolCallRecord,
 )
-from runner.store.tx import JournalTransaction, Lease, LeaseLost
+from qjsflow.runner.store.tx import JournalTransaction, Lease, LeaseLost
 
 __all__ = [
     "MIGRATIONS",

@@ -11,20 +11,21 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import importlib
 import sqlite3
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
+from types import ModuleType
 from typing import Any, Protocol, TypeVar
 
 import aiosqlite
-import psycopg
 
-from runner.errors import JournalUnavailable
-from runner.store.connection import connect, run_in_thread
-from runner.store.migrations import migrate
-from runner.store.pg_schema import migrate_postgres
+from qjsflow.runner.errors import JournalUnavailable
+from qjsflow.runner.store.connection import connect, run_in_thread
+from qjsflow.runner.store.migrations import migrate
+from qjsflow.runner.store.pg_schema import migrate_postgres
 
 __all__ = ["Backend", "Dialect", "is_postgres_url", "open_backend"]
 
@@ -142,6 +143,17 @@ class SqliteBackend:
         await self._db.close()
 
 
+def _psycopg() -> ModuleType:
+    """psycopg, imported only when a postgresql:// journal is opened (`qjsflow[postgres]`)."""
+    try:
+        return importlib.import_module("psycopg")
+    except ImportError:
+        raise JournalUnavailable(
+            "the given database URL",
+            "needs PostgreSQL support: install it with `pip install 'qjsflow[postgres]'`",
+        ) from None
+
+
 class _PgConnection:
     """psycopg with `?` placeholders, so that both backends share every statement."""
 
@@ -157,7 +169,7 @@ class _PgConnection:
 
     @property
     def in_transaction(self) -> bool:
-        return bool(self.raw.info.transaction_status != psycopg.pq.TransactionStatus.IDLE)
+        return bool(self.raw.info.transaction_status != _psycopg().pq.TransactionStatus.IDLE)
 
 
 class PostgresBackend:
@@ -166,7 +178,7 @@ class PostgresBackend:
     @staticmethod
     def is_transient(error: BaseException) -> bool:
         """A dropped connection or a server that is restarting or shutting down."""
-        return isinstance(error, psycopg.OperationalError)
+        return isinstance(error, _psycopg().OperationalError)
 
     def __init__(self, url: str, connection: _PgConnection) -> None:
         self._url = url
@@ -175,6 +187,7 @@ class PostgresBackend:
 
     @classmethod
     async def open(cls, url: str, *, create: bool = True) -> PostgresBackend:
+        psycopg = _psycopg()
         raw = await asyncio.to_thread(lambda: psycopg.connect(url, autocommit=True))
         backend = cls(url, _PgConnection(raw))
         try:
@@ -192,7 +205,7 @@ class PostgresBackend:
         """On the backend's thread. A connection the server dropped (a restart, a failover) is
         replaced before the job: the job that met the drop failed and was rolled back."""
         if self._connection.raw.broken or self._connection.raw.closed:
-            self._connection = _PgConnection(psycopg.connect(self._url, autocommit=True))
+            self._connection = _PgConnection(_psycopg().connect(self._url, autocommit=True))
         return work(self._connection)
 
     async def all(self, sql: str, args: tuple[Any, ...] = ()) -> list[Any]:

@@ -20,11 +20,11 @@ from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
 
-from bridge import dumps_text
-from bundles import Snapshot
-from runner.errors import JournalUnavailable, StoredCodeDamaged
-from runner.store.backends import Backend, is_postgres_url, open_backend
-from runner.store.records import (
+from qjsflow.bridge import dumps_text
+from qjsflow.bundles import Snapshot
+from qjsflow.runner.errors import JournalUnavailable, StoredCodeDamaged
+from qjsflow.runner.store.backends import Backend, is_postgres_url, open_backend
+from qjsflow.runner.store.records import (
     EventRecord,
     JournalRow,
     LogRecord,
@@ -32,7 +32,7 @@ from runner.store.records import (
     StepRow,
     ToolCallRecord,
 )
-from runner.store.tx import (
+from qjsflow.runner.store.tx import (
     RUN_COLUMNS,
     STEP_COLUMNS,
     JournalTransaction,

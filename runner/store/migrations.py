@@ -10,7 +10,7 @@ import time
 
 import aiosqlite
 
-from runner.errors import JournalUnavailable
+from qjsflow.runner.errors import JournalUnavailable
 
 __all__ = ["MIGRATIONS", "current_version", "migrate", "scoped_run_keys"]
 

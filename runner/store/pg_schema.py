@@ -9,8 +9,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from runner.errors import JournalUnavailable
-from runner.store.migrations import scoped_run_keys
+from qjsflow.runner.errors import JournalUnavailable
+from qjsflow.runner.store.migrations import scoped_run_keys
 
 __all__ = ["PG_MIGRATIONS", "migrate_postgres"]
 

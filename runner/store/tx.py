@@ -13,8 +13,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from bridge import QjsflowError, dumps_text
-from runner.store.records import InboxRecord, JournalRow, RunRecord, StepRow
+from qjsflow.bridge import QjsflowError, dumps_text
+from qjsflow.runner.store.records import InboxRecord, JournalRow, RunRecord, StepRow
 
 __all__ = [
     "RUN_COLUMNS",
