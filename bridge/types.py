@@ -38,10 +38,17 @@ __all__ = [
     "Suspended",
     "Value",
     "needs_answer",
+    "step_key",
 ]
 
 Encoded = str
 SuspendKind = Literal["sleep", "event", "retry"]
+
+
+def step_key(kind: str, count: int, name: str) -> str:
+    """A step's identity in the journal and on the wire: `kind:count:name`, where `name` holds
+    the enclosing steps' keys for a call made inside a body (the prelude builds the same)."""
+    return f"{kind}:{count}:{name}"
 
 
 @dataclass(frozen=True, slots=True)

@@ -42,6 +42,7 @@ from qjsflow.bridge.types import (
 __all__ = [
     "ProtocolError",
     "answer_to_wire",
+    "failure_to_wire",
     "parse_op",
     "parse_outcome",
     "request_to_wire",
@@ -101,7 +102,7 @@ def answer_to_wire(answer: Answer) -> dict[str, Any]:
     elif isinstance(result, Suspend):
         wire = {"suspend": result.kind, "event": result.event}
     else:
-        wire = {"error": _failure_to_wire(result)}
+        wire = {"error": failure_to_wire(result)}
     return {"id": answer.id, "result": wire, "at": answer.at_ms}
 
 
@@ -116,7 +117,7 @@ def request_to_wire(request: DriveRequest) -> dict[str, Any]:
             {
                 "key": entry.key,
                 "value": entry.value,
-                "error": None if entry.error is None else _failure_to_wire(entry.error),
+                "error": None if entry.error is None else failure_to_wire(entry.error),
                 "at": entry.at_ms,
             }
             for entry in request.journal
@@ -128,7 +129,8 @@ def request_to_wire(request: DriveRequest) -> dict[str, Any]:
     }
 
 
-def _failure_to_wire(failure: StepFailure) -> dict[str, Any]:
+def failure_to_wire(failure: StepFailure) -> dict[str, Any]:
+    """A failure as JSON data: the one shape of it, on the wire and in the journal."""
     return {
         "name": failure.name,
         "message": failure.message,

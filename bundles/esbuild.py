@@ -51,8 +51,11 @@ async def run_driver(request: dict[str, Any], limits: BuildLimits) -> Any:
         cwd=request["root"],
         env={},
         start_new_session=True,
-        preexec_fn=lambda: _limit_memory(limits.address_space_bytes),
     )
+    # Set from here (no preexec_fn in a threaded process): the driver waits for its request
+    # on stdin, which is written only after this.
+    space = limits.address_space_bytes
+    resource.prlimit(process.pid, resource.RLIMIT_AS, (space, space))
     try:
         stdout = await asyncio.wait_for(
             _bounded_output(process, payload, limits.max_output_bytes), timeout=limits.timeout_s
@@ -98,10 +101,6 @@ async def _bounded_output(
         chunks.append(chunk)
     await process.wait()
     return b"".join(chunks)
-
-
-def _limit_memory(limit_bytes: int) -> None:
-    resource.setrlimit(resource.RLIMIT_AS, (limit_bytes, limit_bytes))
 
 
 def _kill_group(pid: int) -> None:

@@ -20,9 +20,8 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import orjson
-
-from qjsflow.bridge import InvalidInput, QjsflowError
+from qjsflow.bridge import CodecError, InvalidInput, QjsflowError
+from qjsflow.bridge.codec import loads
 from qjsflow.bundles import ESBUILD_VERSION, find_toolchain, setup_tools
 from qjsflow.runner.bindings import Bindings, ToolFn
 from qjsflow.runner.cli_output import (
@@ -148,8 +147,8 @@ def load_tools(spec: str) -> Mapping[str, ToolFn]:
 
 def _json_arg(text: str, option: str) -> Any:
     try:
-        return orjson.loads(text)
-    except orjson.JSONDecodeError as error:
+        return loads(text)
+    except CodecError as error:
         raise InvalidInput(f"{option} is not valid JSON: {error}") from None
 
 

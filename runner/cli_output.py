@@ -8,8 +8,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-import orjson
-
+from qjsflow.bridge.codec import dumps_text
 from qjsflow.bridge.values import JsValue, to_json_form
 from qjsflow.runner.runner import PublishResult
 from qjsflow.runner.views import RunView, StepView
@@ -55,7 +54,7 @@ def _escape(match: re.Match[str]) -> str:
 def render_json(value: Any) -> str:
     """Views (dataclasses, lists of them, dicts) as one JSON document; values that plain JSON
     cannot hold are written in the journal's tagged form (bridge.values)."""
-    return orjson.dumps(to_json_form(_plain(value))).decode()
+    return dumps_text(to_json_form(_plain(value)))
 
 
 def _plain(value: Any) -> Any:
@@ -176,5 +175,5 @@ def _visible(cell: str) -> int:
 
 def _short(value: Any, limit: int = 60) -> str:
     # JSON text escapes controls; `printable` catches what JSON leaves as is (C1, bidi).
-    text = printable(orjson.dumps(to_json_form(value)).decode())
+    text = printable(dumps_text(to_json_form(value)))
     return text if len(text) <= limit else text[: limit - 1] + "…"

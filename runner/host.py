@@ -33,6 +33,7 @@ from qjsflow.bridge.types import (
     StepTool,
     StepWaitForEvent,
     Value,
+    step_key,
 )
 from qjsflow.bridge.values import from_python, to_python
 from qjsflow.runner import steps
@@ -202,7 +203,7 @@ class DriveHost:
     # -- tools ---------------------------------------------------------------------------------
 
     async def _tool(self, op: StepTool) -> Answered:
-        key = f"tool:{op.count}:{op.step}"
+        key = step_key("tool", op.count, op.step)
         now = self.now()
 
         def begin(tx: JournalTransaction) -> Answered | _ToolCall:
@@ -306,7 +307,7 @@ class DriveHost:
         """Author SQL in the scope's database. The scope database records the call as applied
         in the statement's own transaction, so re-asking after a crash never applies it twice."""
         now = self.now()
-        key = f"sql:{op.count}:{op.step}"
+        key = step_key("sql", op.count, op.step)
 
         def begin(tx: JournalTransaction) -> Answered | _SqlCall:
             row = tx.get_step(self.run_id, "sql", op.step, op.count)

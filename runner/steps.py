@@ -10,9 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import orjson
-
-from qjsflow.bridge import dumps_text
+from qjsflow.bridge import dumps_text, loads
 from qjsflow.bridge.types import (
     Result,
     RetryPolicy,
@@ -24,8 +22,9 @@ from qjsflow.bridge.types import (
     StepWaitForEvent,
     Suspend,
     Value,
+    step_key,
 )
-from qjsflow.bridge.wire import ProtocolError
+from qjsflow.bridge.wire import ProtocolError, failure_to_wire
 from qjsflow.runner.store import JournalTransaction, StepRow
 
 __all__ = [
@@ -54,19 +53,11 @@ _OUTCOME_UNKNOWN = StepFailure(
 
 
 def failure_to_json(failure: StepFailure) -> str:
-    return dumps_text(
-        {
-            "name": failure.name,
-            "message": failure.message,
-            "retryable": failure.retryable,
-            "retryAfterMs": failure.retry_after_ms,
-            "code": failure.code,
-        }
-    )
+    return dumps_text(failure_to_wire(failure))
 
 
 def failure_from_json(text: str) -> StepFailure:
-    data = orjson.loads(text)
+    data = loads(text)
     return StepFailure(
         data["name"], data["message"], data["retryable"], data.get("retryAfterMs"), data.get("code")
     )
@@ -84,7 +75,7 @@ def policy_to_json(policy: RetryPolicy) -> str:
 
 
 def _policy_from_json(text: str | None) -> RetryPolicy:
-    data = orjson.loads(text or "{}")
+    data = loads(text or "{}")
     return RetryPolicy(data["limit"], data["delayMs"], data["backoff"], data["timeoutMs"])
 
 
@@ -119,7 +110,7 @@ def begin_attempt(
     """Start the step's next attempt and return its number, or answer for a step that is
     settled, waiting for its retry, or out of attempts."""
     row = tx.get_step(run_id, kind, name, count)
-    key = f"{kind}:{count}:{name}"
+    key = step_key(kind, count, name)
     if row is None:
         tx.insert_step(
             run_id, kind, name, count, status="running", attempt=1, started_at=now,
@@ -145,7 +136,7 @@ def begin_attempt(
         refreshed = tx.get_step(run_id, kind, name, count)
         assert refreshed is not None
         row = refreshed
-    due = int(orjson.loads(row.detail or "{}").get("retryAt", 0))
+    due = int(loads(row.detail or "{}").get("retryAt", 0))
     if due > now:
         return Suspend("retry", wake_at_ms=due), None
     attempt = row.attempt + 1
@@ -164,7 +155,7 @@ def begin(tx: JournalTransaction, run_id: str, op: StepBegin, now: int) -> None:
         run_id, "do", op.step, op.count, status="running", attempt=1, started_at=now,
         config=policy_to_json(op.config),
     )  # fmt: skip
-    event(tx, run_id, "step_started", now, f"do:{op.count}:{op.step}", attempt=1)
+    event(tx, run_id, "step_started", now, step_key("do", op.count, op.step), attempt=1)
 
 
 def check(tx: JournalTransaction, run_id: str, op: StepCheck, now: int) -> Answered:
@@ -271,7 +262,7 @@ def sleep(tx: JournalTransaction, run_id: str, op: StepSleep, now: int) -> Answe
     answer = settled(row)
     if answer is not None:
         return answer
-    due = int(orjson.loads(row.detail or "{}")["dueAt"])
+    due = int(loads(row.detail or "{}")["dueAt"])
     if due > now:
         tx.set_timer(run_id, row.key, "sleep", due)
         return Suspend("sleep", wake_at_ms=due), None
@@ -304,7 +295,7 @@ def wait_for_event(
     answer = settled(row)
     if answer is not None:
         return answer
-    detail = orjson.loads(row.detail or "{}")
+    detail = loads(row.detail or "{}")
     deadline = int(detail["deadline"])
     # Only an event received by the deadline may serve this wait; the oldest first.
     delivered = tx.oldest_unconsumed(run_id, detail["type"], deadline)

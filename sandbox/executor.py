@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 import resource
+import signal
 import sys
 import time
 from pathlib import Path
@@ -201,7 +202,19 @@ def _write_all(fd: int, data: bytes) -> None:
         view = view[os.write(fd, view) :]
 
 
+def limit_self(address_space_bytes: int, cpu_s: int) -> None:
+    """The executor's rlimits, set by itself before it reads anything (the pool passes them as
+    arguments): memory, CPU, no files written, no core dumps, few descriptors."""
+    resource.setrlimit(resource.RLIMIT_AS, (address_space_bytes, address_space_bytes))
+    resource.setrlimit(resource.RLIMIT_CPU, (cpu_s, cpu_s + 5))
+    resource.setrlimit(resource.RLIMIT_FSIZE, (0, 0))
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    resource.setrlimit(resource.RLIMIT_NOFILE, (64, 64))
+    signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+
+
 def main() -> None:
+    limit_self(int(sys.argv[1]), int(sys.argv[2]))
     frames_out = os.dup(1)
     os.dup2(2, 1)
     highest = max(frames_out, 2) + 1

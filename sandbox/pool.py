@@ -14,19 +14,15 @@ import asyncio
 import contextlib
 import dataclasses
 import os
-import resource
 import shutil
-import signal
 import sys
 import tempfile
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import orjson
-
 from qjsflow.bridge import CodecError, QjsflowError
-from qjsflow.bridge.codec import loads
+from qjsflow.bridge.codec import dumps, loads
 from qjsflow.bridge.types import (
     Answer,
     DriveOutcome,
@@ -114,12 +110,16 @@ class _Executor:
             "-I",
             "-m",
             "qjsflow.sandbox.executor",
+            str(config.address_space_bytes),
+            str(cpu_limit_s),
             stdin=asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.PIPE,
             cwd=workdir,
             env=_EXECUTOR_ENV,
             limit=2**20,
-            preexec_fn=lambda: _limit_process(config.address_space_bytes, cpu_limit_s),
+            # Its own session; its rlimits it sets itself, first thing (no preexec_fn: a
+            # fork that runs Python code in a threaded parent can deadlock).
+            start_new_session=True,
         )
         executor = cls(process, workdir)
         try:
@@ -232,7 +232,7 @@ class ExecutorPool:
     ) -> tuple[DriveOutcome, bool]:
         limits = request.limits
         message = {"type": "drive", "request": request_to_wire(request), "bundle": request.bundle}
-        await executor.send(orjson.dumps(message))
+        await executor.send(dumps(message))
         while True:
             reply = await executor.receive()
             kind = reply.get("type") if isinstance(reply, dict) else None
@@ -252,7 +252,7 @@ class ExecutorPool:
                 executor.kill("protocol")
                 return Failed(False, f"the sandbox broke the protocol: {error}", 0.0), False
             wire = {"type": "answers", "answers": [answer_to_wire(a) for a in answers]}
-            await executor.send(orjson.dumps(wire))
+            await executor.send(dumps(wire))
 
     async def _service(
         self, executor: _Executor, ops: list[OpEnvelope], host: Host
@@ -314,14 +314,3 @@ def _budget(request: DriveRequest) -> tuple[float, str]:
             f"compute limit per drive of {limits.compute_per_drive_s:g} s"
         )
     return max(0.0, run_left), f"compute limit per run of {limits.compute_per_run_s:g} s"
-
-
-def _limit_process(address_space_bytes: int, cpu_s: int) -> None:
-    """rlimits of an executor, set in the child before exec."""
-    os.setsid()
-    resource.setrlimit(resource.RLIMIT_AS, (address_space_bytes, address_space_bytes))
-    resource.setrlimit(resource.RLIMIT_CPU, (cpu_s, cpu_s + 5))
-    resource.setrlimit(resource.RLIMIT_FSIZE, (0, 0))
-    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-    resource.setrlimit(resource.RLIMIT_NOFILE, (64, 64))
-    signal.signal(signal.SIGPIPE, signal.SIG_DFL)

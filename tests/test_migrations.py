@@ -6,8 +6,11 @@ import sqlite3
 import time
 from pathlib import Path
 
+import psycopg
+
 from qjsflow.runner import Runner
 from qjsflow.runner.store import MIGRATIONS
+from tests.postgres import PostgresServer
 
 
 def _journal_at(path: Path, version: int) -> None:
@@ -53,3 +56,44 @@ async def test_runs_of_a_version_6_journal_are_keyed_by_scope(tmp_path: Path) ->
         keys = connection.execute("SELECT run_id FROM runs").fetchall()
         assert keys == [("acme/r1",)]
         assert connection.execute("PRAGMA foreign_key_check").fetchall() == []
+
+
+async def test_both_backends_build_the_same_schema(
+    tmp_path: Path, postgres: PostgresServer
+) -> None:
+    """The SQLite migrations and the PostgreSQL schema hold the same tables, columns and
+    indexes: the store's one set of statements runs on both."""
+    db = tmp_path / "journal.db"
+    async with Runner.open(db):
+        pass
+    with sqlite3.connect(db) as connection:
+        tables = [r[0] for r in connection.execute(
+            "SELECT name FROM sqlite_schema WHERE type = 'table' AND name NOT LIKE 'sqlite_%'"
+        )]  # fmt: skip
+        sqlite_columns = {
+            t: {r[1] for r in connection.execute(f'PRAGMA table_info("{t}")')} for t in tables
+        }
+        sqlite_indexes = {
+            r[0] for r in connection.execute(
+                "SELECT name FROM sqlite_schema WHERE type = 'index' AND sql IS NOT NULL"
+            )
+        }  # fmt: skip
+    url = postgres.new_database()
+    async with Runner.open(url):
+        pass
+    with psycopg.connect(url) as connection:
+        rows = connection.execute(
+            "SELECT table_name, column_name FROM information_schema.columns"
+            " WHERE table_schema = current_schema()"
+        ).fetchall()
+        pg_columns: dict[str, set[str]] = {}
+        for table, column in rows:
+            pg_columns.setdefault(table, set()).add(column)
+        pg_indexes = {
+            r[0] for r in connection.execute(
+                "SELECT indexname FROM pg_indexes WHERE schemaname = current_schema()"
+                " AND indexname NOT LIKE '%_pkey'"
+            ).fetchall()
+        }  # fmt: skip
+    assert pg_columns == sqlite_columns
+    assert pg_indexes == sqlite_indexes

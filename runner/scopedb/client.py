@@ -15,8 +15,7 @@ from collections import OrderedDict
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-import orjson
-
+from qjsflow.bridge.codec import dumps, loads
 from qjsflow.runner.scopedb.policy import SqlLimits
 from qjsflow.runner.scopes import validate_scope
 from qjsflow.sandbox.frames import FrameError, frame, read_frame_async
@@ -64,7 +63,7 @@ class ScopeDatabases:
     ) -> SqlOutcome:
         """Run one author statement in `scope`'s database, at most once per `call_key`."""
         validate_scope(scope)  # before any file is touched
-        request = orjson.dumps(
+        request = dumps(
             {
                 "scope": scope, "runId": run_id, "call": call_key, "sql": sql, "params": params,
                 "deadlineS": deadline_s, "limits": asdict(self.limits),
@@ -79,9 +78,7 @@ class ScopeDatabases:
                 process.stdin.write(frame(request))
                 await process.stdin.drain()
                 waited = deadline_s + self.limits.kill_grace_s
-                reply = orjson.loads(
-                    await asyncio.wait_for(read_frame_async(process.stdout), waited)
-                )
+                reply = loads(await asyncio.wait_for(read_frame_async(process.stdout), waited))
             except (TimeoutError, FrameError, ConnectionError) as error:
                 await slot.stop()
                 stopped = "stopped answering" if isinstance(error, TimeoutError) else "died"
@@ -126,7 +123,7 @@ class ScopeDatabases:
             process.kill()
             await process.wait()
             raise RuntimeError("the scope-database process failed to start") from None
-        if orjson.loads(ready) != {"ready": True}:
+        if loads(ready) != {"ready": True}:
             raise RuntimeError("the scope-database process started with a bad greeting")
         slot.process = process
         return process

@@ -23,8 +23,8 @@ from pathlib import Path
 from typing import Any
 
 import apsw
-import orjson
 
+from qjsflow.bridge.codec import dumps, loads
 from qjsflow.bridge.values import JsValue, from_python, to_python
 from qjsflow.runner.scopedb.policy import MIN_SQLITE_VERSION, SqlLimits
 from qjsflow.sandbox.frames import frame, read_frame_fd
@@ -310,7 +310,7 @@ def main() -> None:
         payload = read_frame_fd(0)
         if payload is None:
             return
-        reply = orjson.dumps(server.execute(orjson.loads(payload)))
+        reply = dumps(server.execute(loads(payload, max_depth=None)))
         view = memoryview(frame(reply))
         while view:
             view = view[os.write(out, view) :]

@@ -14,7 +14,6 @@ import concurrent.futures
 import importlib
 import sqlite3
 from collections.abc import Callable
-from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from types import ModuleType
@@ -24,38 +23,13 @@ import aiosqlite
 
 from qjsflow.runner.errors import JournalUnavailable
 from qjsflow.runner.store.connection import connect, run_in_thread
+from qjsflow.runner.store.dialect import POSTGRES, SQLITE, Dialect
 from qjsflow.runner.store.migrations import migrate
 from qjsflow.runner.store.pg_schema import migrate_postgres
 
 __all__ = ["Backend", "Dialect", "is_postgres_url", "open_backend"]
 
 T = TypeVar("T")
-
-
-@dataclass(frozen=True, slots=True)
-class Dialect:
-    name: str
-    begin: str  # a write transaction that takes the database's write lock at once
-    lock_run: str  # appended to the fence's read of a run row
-    list_tables: str
-    # The clock that judges leases: None for the caller's (SQLite: one machine, one clock);
-    # SQL for the database's own (PostgreSQL: workers on many machines whose clocks differ).
-    lease_clock: str | None = None
-
-
-SQLITE = Dialect(
-    name="sqlite",
-    begin="BEGIN IMMEDIATE",
-    lock_run="",
-    list_tables="SELECT name FROM sqlite_schema WHERE type = 'table' AND name NOT LIKE 'sqlite_%'",
-)
-POSTGRES = Dialect(
-    name="postgresql",
-    begin="BEGIN",
-    lock_run=" FOR UPDATE",  # fencing: a lease takeover waits for (or fails) this drive's write
-    list_tables="SELECT tablename FROM pg_tables WHERE schemaname = current_schema()",
-    lease_clock="(extract(epoch FROM clock_timestamp()) * 1000)::bigint",
-)
 
 
 class Connection(Protocol):

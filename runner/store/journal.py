@@ -26,7 +26,6 @@ from qjsflow.runner.errors import JournalUnavailable, StoredCodeDamaged
 from qjsflow.runner.store.backends import Backend, is_postgres_url, open_backend
 from qjsflow.runner.store.records import (
     EventRecord,
-    JournalRow,
     LogRecord,
     RunRecord,
     StepRow,
@@ -97,9 +96,7 @@ def _run_batch(connection: Any, batch: list[_Job], backend: Backend) -> list[tup
             if not alone:
                 connection.execute("SAVEPOINT job")
             try:
-                tx = JournalTransaction(
-                    connection, job.fence, backend.dialect.lock_run, backend.dialect.lease_clock
-                )
+                tx = JournalTransaction(connection, job.fence, backend.dialect)
                 if job.fence is not None:
                     tx.check_fence(job.fence)
                 outcomes.append((True, job.work(tx)))
@@ -356,15 +353,6 @@ class JournalStore:
             (*args, limit),
         )
         return [run_record(row) for row in rows]
-
-    async def load_journal(self, run_id: str) -> list[JournalRow]:
-        """Every settled step of a run in the order it was reached: one query per drive."""
-        rows = await self._all(
-            "SELECT kind, name, count, output, error, completed_at FROM steps"
-            " WHERE run_id = ? AND settled_seq IS NOT NULL ORDER BY settled_seq",
-            (run_id,),
-        )
-        return [JournalRow(f"{r[0]}:{r[2]}:{r[1]}", r[3], r[4], int(r[5])) for r in rows]
 
     async def list_steps(self, run_id: str) -> list[StepRow]:
         rows = await self._all(

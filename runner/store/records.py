@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from qjsflow.bridge.types import step_key
+
 __all__ = [
     "EventRecord",
     "InboxRecord",
@@ -59,7 +61,7 @@ class StepRow:
 
     @property
     def key(self) -> str:
-        return f"{self.kind}:{self.count}:{self.name}"
+        return step_key(self.kind, self.count, self.name)
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from qjsflow.bridge import QjsflowError, dumps_text
+from qjsflow.bridge.types import step_key
+from qjsflow.runner.store.dialect import SQLITE, Dialect
 from qjsflow.runner.store.records import InboxRecord, JournalRow, RunRecord, StepRow
 
 __all__ = [
@@ -77,20 +79,19 @@ class JournalTransaction:
         self,
         connection: Any,
         fence: Lease | None = None,
-        lock_run: str = "",
-        lease_clock: str | None = None,
+        dialect: Dialect = SQLITE,
     ) -> None:
         self._db = connection  # a DB-API connection taking `?` placeholders
         self._epoch = None if fence is None else fence.epoch
-        self._lock_run = lock_run
-        self._lease_clock = lease_clock
+        self._dialect = dialect
 
     def _lease_now(self, now: int) -> tuple[str, tuple[int, ...]]:
-        return lease_now(self._lease_clock, now)
+        return lease_now(self._dialect.lease_clock, now)
 
     def check_fence(self, lease: Lease) -> None:
         row = self._one(
-            f"SELECT epoch, worker_id FROM runs WHERE run_id = ?{self._lock_run}", (lease.run_id,)
+            f"SELECT epoch, worker_id FROM runs WHERE run_id = ?{self._dialect.lock_run}",
+            (lease.run_id,),
         )
         if row is None or row[0] != lease.epoch or row[1] != lease.worker_id:
             raise LeaseLost(lease)
@@ -111,7 +112,7 @@ class JournalTransaction:
             f" AND (worker_id IS NULL OR lease_expires_at IS NULL OR lease_expires_at <= {clock})"
         )  # fmt: skip
         free = f"run_id = ? AND status NOT IN ('completed', 'failed', 'cancelled'){lapsed}"
-        if self._lock_run:  # PostgreSQL: a run another claimer has locked is skipped
+        if self._dialect.skip_locked_claims:
             where = f"run_id = (SELECT run_id FROM runs WHERE {free} FOR UPDATE SKIP LOCKED)"
         else:  # SQLite: BEGIN IMMEDIATE has serialized the writers already
             where = free
@@ -261,14 +262,14 @@ class JournalTransaction:
             " WHERE run_id = ? AND settled_seq IS NOT NULL ORDER BY settled_seq",
             (run_id,),
         ).fetchall()
-        return [JournalRow(f"{r[0]}:{r[2]}:{r[1]}", r[3], r[4], int(r[5])) for r in rows]
+        return [JournalRow(step_key(r[0], r[2], r[1]), r[3], r[4], int(r[5])) for r in rows]
 
     def unsettled_keys(self, run_id: str) -> list[str]:
         rows = self._db.execute(
             "SELECT kind, name, count FROM steps WHERE run_id = ? AND settled_seq IS NULL",
             (run_id,),
         ).fetchall()
-        return [f"{kind}:{count}:{name}" for kind, name, count in rows]
+        return [step_key(kind, count, name) for kind, name, count in rows]
 
     # -- events, timers, inbox ---------------------------------------------------------------
 

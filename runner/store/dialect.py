@@ -1,0 +1,38 @@
+"""Where the journal's two SQL dialects differ: named here, chosen once by the backend."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["POSTGRES", "SQLITE", "Dialect"]
+
+
+@dataclass(frozen=True, slots=True)
+class Dialect:
+    name: str
+    begin: str  # a write transaction that takes the database's write lock at once
+    lock_run: str  # appended to the fence's read of a run row
+    list_tables: str
+    # Claims skip a run another claimer has locked (FOR UPDATE SKIP LOCKED) instead of
+    # waiting; SQLite needs none: BEGIN IMMEDIATE already serializes writers.
+    skip_locked_claims: bool
+    # The clock that judges leases: None for the caller's (SQLite: one machine, one clock);
+    # SQL for the database's own (PostgreSQL: workers on many machines whose clocks differ).
+    lease_clock: str | None = None
+
+
+SQLITE = Dialect(
+    name="sqlite",
+    begin="BEGIN IMMEDIATE",
+    lock_run="",
+    skip_locked_claims=False,
+    list_tables="SELECT name FROM sqlite_schema WHERE type = 'table' AND name NOT LIKE 'sqlite_%'",
+)
+POSTGRES = Dialect(
+    name="postgresql",
+    begin="BEGIN",
+    lock_run=" FOR UPDATE",  # fencing: a lease takeover waits for (or fails) this drive's write
+    skip_locked_claims=True,
+    list_tables="SELECT tablename FROM pg_tables WHERE schemaname = current_schema()",
+    lease_clock="(extract(epoch FROM clock_timestamp()) * 1000)::bigint",
+)
