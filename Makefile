@@ -1,5 +1,5 @@
 # The two commands of the README. Each installs what it needs first (scripts/setup.sh).
-.PHONY: setup demo test lint bench check-wheel
+.PHONY: setup demo test check lint bench check-wheel
 
 setup:
 	@scripts/setup.sh
@@ -15,6 +15,10 @@ lint: setup
 test: lint
 	.venv/bin/pytest
 	scripts/check-wheel.sh
+
+# The fast tier while you work (under a minute): everything but the tests marked slow.
+check: lint
+	.venv/bin/pytest -m "not slow" -q
 
 # The wheel as a user installs it, outside the checkout (part of `make test`).
 check-wheel: setup

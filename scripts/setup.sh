@@ -5,18 +5,28 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+# System packages are installed only where they are missing and this user may (root, as in
+# CI); anyone else is told exactly what to install.
+system_packages() {
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    echo "setup: installing $* from Debian's packages"
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@" >/dev/null
+  else
+    echo "setup: missing $*: install them (Debian: sudo apt-get install $*) and run this again" >&2
+    exit 1
+  fi
+}
+
 if ! command -v node >/dev/null || ! command -v npm >/dev/null; then
-  echo "setup: installing Node.js and npm from Debian's packages"
-  apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nodejs npm >/dev/null
+  system_packages nodejs npm
 fi
 
 # PostgreSQL's server binaries, for the tests of the PostgreSQL journal (a test starts its own
 # server in a temporary folder; nothing is started here).
-if ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; then
-  echo "setup: installing PostgreSQL from Debian's packages"
-  apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql >/dev/null
+# (Or point QJSFLOW_TEST_POSTGRES_URL at a server of your own and skip this.)
+if [ -z "${QJSFLOW_TEST_POSTGRES_URL:-}" ] && ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; then
+  system_packages postgresql
 fi
 
 python=${PYTHON:-python3.11}

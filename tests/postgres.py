@@ -1,5 +1,7 @@
 """A real PostgreSQL server for the tests: started once per session from the Debian packages
-the set-up installs, its data in a private temporary folder, listening on loopback only.
+the set-up installs, its data in a private temporary folder, listening on loopback only. As
+root (CI) the server runs as the `postgres` user; anyone else runs it as themselves. With
+QJSFLOW_TEST_POSTGRES_URL set (an administrator's URL), that server is used instead.
 
 Nothing is skipped when it is missing: the fixture fails, naming what to install.
 """
@@ -25,10 +27,11 @@ class PostgresServer:
     folder: str
     port: int
     bin_dir: str
+    url: str | None = None  # a server of the developer's own (QJSFLOW_TEST_POSTGRES_URL)
 
     @property
     def admin_url(self) -> str:
-        return f"postgresql://postgres@127.0.0.1:{self.port}/postgres"
+        return self.url or f"postgresql://postgres@127.0.0.1:{self.port}/postgres"
 
     def restart(self) -> None:
         """Restart the server (every connection is dropped), as a failover or upgrade would."""
@@ -41,14 +44,15 @@ class PostgresServer:
         name = f"qjsflow_{uuid.uuid4().hex[:12]}"
         with psycopg.connect(self.admin_url, autocommit=True) as connection:
             connection.execute(f'CREATE DATABASE "{name}"')
-        return f"postgresql://postgres@127.0.0.1:{self.port}/{name}"
+        return self.admin_url.rsplit("/", 1)[0] + f"/{name}"
 
 
 def _as_postgres(*command: str) -> subprocess.CompletedProcess[str]:
+    """PostgreSQL refuses to run as root: as root, run it as `postgres`; else as oneself."""
+    prefix = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
     return subprocess.run(
-        ["runuser", "-u", "postgres", "--", *command],
-        capture_output=True, text=True, timeout=120, check=True,
-    )  # fmt: skip
+        [*prefix, *command], capture_output=True, text=True, timeout=120, check=True
+    )
 
 
 def _free_port() -> int:
@@ -58,13 +62,20 @@ def _free_port() -> int:
 
 
 @contextlib.contextmanager
-def postgres_server() -> Iterator[PostgresServer]:
+def postgres_server(*, own: bool = False) -> Iterator[PostgresServer]:
+    """A server for the session (`own`: a fresh one, never the developer's, for tests that
+    restart it)."""
+    url = os.environ.get("QJSFLOW_TEST_POSTGRES_URL")
+    if url and not own:
+        yield PostgresServer("", 0, "", url)
+        return
     found = sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"))
     if not found:
         raise RuntimeError("PostgreSQL is not installed: run `make setup` (Debian's postgresql)")
     bin_dir = os.path.dirname(found[-1])
     folder = tempfile.mkdtemp(prefix="qjsflow-pg-")
-    shutil.chown(folder, "postgres")
+    if os.geteuid() == 0:
+        shutil.chown(folder, "postgres")
     server = PostgresServer(folder, _free_port(), bin_dir)
     data = os.path.join(folder, "data")
     _as_postgres(f"{bin_dir}/initdb", "-D", data, "-A", "trust", "-U", "postgres", "-E", "UTF8")
@@ -75,8 +86,6 @@ def postgres_server() -> Iterator[PostgresServer]:
     try:
         yield server
     finally:
-        subprocess.run(
-            ["runuser", "-u", "postgres", "--", f"{bin_dir}/pg_ctl", "-D", data, "-m", "immediate", "stop"],
-            capture_output=True, timeout=60, check=False,
-        )  # fmt: skip
+        with contextlib.suppress(subprocess.SubprocessError):
+            _as_postgres(f"{bin_dir}/pg_ctl", "-D", data, "-m", "immediate", "stop")
         shutil.rmtree(folder, ignore_errors=True)

@@ -17,6 +17,8 @@ import pytest
 from tests.conftest import PROJECT_ROOT
 from tests.postgres import PostgresServer
 
+pytestmark = pytest.mark.slow  # every test here runs the CLI as subprocesses
+
 FLOW = """
 import type { WorkflowEvent, WorkflowStep } from "qjsflow";
 import { greeting } from "../lib/text";

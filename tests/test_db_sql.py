@@ -176,6 +176,7 @@ export default async (event, step) => {
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.slow
 async def test_an_insert_applied_before_a_crash_is_not_applied_twice(tmp_path: Path) -> None:
     db = tmp_path / "journal.db"
     async with Runner.open(db, RunnerConfig(pool=PoolConfig(size=1))) as runner:
@@ -267,6 +268,7 @@ export default async () => (await db.sql("SELECT 42 AS answer")).rows[0].answer;
 """
 
 
+@pytest.mark.slow
 async def test_one_scopes_statement_never_blocks_another_scope(
     tmp_path: Path, clock: FakeClock
 ) -> None:

@@ -23,6 +23,8 @@ from qjsflow.runner.worker import worker_command
 from qjsflow.sandbox import PoolConfig
 from tests.conftest import PROJECT_ROOT
 
+pytestmark = pytest.mark.slow
+
 STEPS = 20
 CRASHY = """
 export default async (event, step) => {

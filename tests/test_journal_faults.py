@@ -20,6 +20,8 @@ from qjsflow.sandbox import PoolConfig
 from tests.conftest import FakeClock, executor_pids, start_source
 from tests.postgres import postgres_server
 
+pytestmark = pytest.mark.slow
+
 
 def _release(locker: sqlite3.Connection) -> None:
     locker.execute("ROLLBACK")
@@ -138,7 +140,7 @@ async def test_a_run_whose_executor_is_killed_is_parked_not_failed(
 
 
 async def test_a_postgresql_restart_mid_drive_runs_the_tool_once() -> None:
-    with postgres_server() as server:  # its own server: the restart drops every connection
+    with postgres_server(own=True) as server:  # its own: the restart drops every connection
         url = server.new_database()
         calls: list[Any] = []
 

@@ -14,6 +14,8 @@ from qjsflow.sandbox import PoolConfig
 from tests.conftest import PROJECT_ROOT
 from tests.postgres import PostgresServer
 
+pytestmark = pytest.mark.slow
+
 TEN_STEPS = """
 export default async (event, step) => {
   let total = 0;

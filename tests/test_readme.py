@@ -18,6 +18,8 @@ import pytest
 from tests.conftest import PROJECT_ROOT
 from tests.test_types import _tsc
 
+pytestmark = pytest.mark.slow
+
 README = (PROJECT_ROOT / "README.md").read_text()
 
 
