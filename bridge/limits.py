@@ -1,4 +1,5 @@
-"""The per-run limits of DESIGN §5, in one frozen dataclass shared by host and sandbox."""
+"""The per-run limits (docs/SANDBOX.md, Limits), in one frozen dataclass shared by host and
+sandbox."""
 
 from __future__ import annotations
 

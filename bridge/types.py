@@ -1,4 +1,4 @@
-"""Wire types of the bridge (DESIGN §4): ops out of the sandbox, answers into it, outcomes.
+"""Wire types of the bridge (docs/SANDBOX.md): ops out of the sandbox, answers into it, outcomes.
 
 Journal values travel as `Encoded` text: the tagged JSON produced by the prelude's encoder (ASCII
 only), stored and passed back verbatim. Python never re-encodes an author's value.
@@ -204,7 +204,7 @@ Result = Value | Suspend | StepFailure
 @dataclass(frozen=True, slots=True)
 class Answer:
     """The answer to op `id`. `at_ms` is the time of the journal event it reflects; the sandbox's
-    logical clock moves to it when the answer settles a step (DESIGN §5, determinism)."""
+    logical clock moves to it when the answer settles a step (docs/SANDBOX.md, The drive loop)."""
 
     id: int
     result: Result

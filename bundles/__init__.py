@@ -1,5 +1,6 @@
 """Publishing: a hostile source tree becomes an immutable, content-addressed snapshot whose
-workflow entries are bundled once by the pinned esbuild, confined to the tree (DESIGN §7)."""
+workflow entries are bundled once by the pinned esbuild, confined to the tree
+(docs/ARCHITECTURE.md, Publishing)."""
 
 from qjsflow.bundles.errors import BundleError, PublishError, SourceTreeError
 from qjsflow.bundles.esbuild import BuildLimits

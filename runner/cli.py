@@ -1,4 +1,4 @@
-"""The `qjsflow` command line (DESIGN §9).
+"""The `qjsflow` command line (README: The command line).
 
 Exit codes: 0 ok, 1 the operation failed, 2 bad usage or input (nothing is written then).
 `--json` prints exactly one JSON document on stdout; errors go to stderr as one line (with a

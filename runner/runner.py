@@ -1,4 +1,4 @@
-"""`Runner`: the Python API of qjsflow (DESIGN §9)."""
+"""`Runner`: the Python API of qjsflow (README: The command line)."""
 
 from __future__ import annotations
 

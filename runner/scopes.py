@@ -1,4 +1,4 @@
-"""Scope ids: the tenancy key of snapshots, runs and scope databases (DESIGN §6, §8)."""
+"""Scope ids: the tenancy key of snapshots, runs and scope databases (docs/ARCHITECTURE.md)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""db.sql: hostile SQL confined to the scope's own database, exactly once (DESIGN §8)."""
+"""db.sql: hostile SQL confined to the scope's own database, exactly once (docs/ARCHITECTURE.md, Scope databases)."""
 
 from __future__ import annotations
 

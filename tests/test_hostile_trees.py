@@ -1,4 +1,4 @@
-"""DESIGN §7: a source tree is hostile. Each refusal names the offending import or file,
+"""docs/ARCHITECTURE.md (Publishing): a source tree is hostile. Each refusal names the offending import or file,
 stores nothing, and carries no byte of any host file in its message."""
 
 from __future__ import annotations

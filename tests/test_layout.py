@@ -12,7 +12,7 @@ import pytest
 from tests.conftest import PROJECT_ROOT
 
 PACKAGES = ("bridge", "bundles", "sandbox", "runner")
-# DESIGN §2: runner -> sandbox -> bridge, runner -> bundles, runner -> bridge; bundles uses the
+# docs/ARCHITECTURE.md: runner -> sandbox -> bridge, runner -> bundles, runner -> bridge; bundles uses the
 # bridge's codec and error root; bridge imports no other project package.
 ALLOWED = {
     "bridge": set(),

@@ -1,4 +1,5 @@
-"""Scope databases: author SQL, hardened, in a process of its own (DESIGN §8)."""
+"""Scope databases: author SQL, hardened, in a process of its own per scope
+(docs/ARCHITECTURE.md, Scope databases)."""
 
 from qjsflow.runner.scopedb.client import ScopeDatabases, SqlOutcome
 from qjsflow.runner.scopedb.policy import MIN_SQLITE_VERSION, SqlLimits

@@ -1,4 +1,5 @@
-"""What author SQL may do in its scope database, and the limits it runs under (DESIGN §8).
+"""What author SQL may do in its scope database, and the limits it runs under
+(docs/ARCHITECTURE.md, Scope databases).
 
 Shared by the server process (which enforces it) and the host (which configures it).
 """

@@ -1,4 +1,4 @@
-"""The journal store: the only SQL in qjsflow (DESIGN §6)."""
+"""The journal store: the only SQL in qjsflow (docs/ARCHITECTURE.md, The journal)."""
 
 from qjsflow.runner.store.journal import BundleRecord, JournalStore, SnapshotRecord, WorkflowRecord
 from qjsflow.runner.store.migrations import MIGRATIONS
