@@ -5,32 +5,53 @@ The public API in one place; the parts live in `qjsflow.runner` (the journal, ru
 `qjsflow.bundles` (publishing with esbuild).
 """
 
+from importlib import import_module
 from importlib.metadata import PackageNotFoundError, version
+from typing import TYPE_CHECKING, Any
 
-from qjsflow.bridge import InvalidInput, QjsflowError
-from qjsflow.bridge.limits import Limits
-from qjsflow.bridge.values import JsValue
-from qjsflow.runner import (
-    ALL_SCOPES,
-    Bindings,
-    FatalToolError,
-    Notification,
-    PublishResult,
-    Runner,
-    RunnerConfig,
-    RunNotFound,
-    RunView,
-    StartRunInput,
-    StepView,
-    ToolCall,
-    ToolCallView,
-    current_tool_call,
-)
+if TYPE_CHECKING:
+    from qjsflow.bridge import InvalidInput, QjsflowError
+    from qjsflow.bridge.limits import Limits
+    from qjsflow.bridge.values import JsValue
+    from qjsflow.runner import (
+        ALL_SCOPES,
+        Bindings,
+        FatalToolError,
+        Notification,
+        PublishResult,
+        Runner,
+        RunnerConfig,
+        RunNotFound,
+        RunView,
+        StartRunInput,
+        StepView,
+        ToolCall,
+        ToolCallView,
+        current_tool_call,
+    )
 
 try:
     __version__ = version("qjsflow")
 except PackageNotFoundError:  # a checkout that was never installed
     __version__ = "0+unknown"
+
+# Imported when first used: `python -m qjsflow.sandbox.executor` (each executor process) must
+# not load the runner, asyncio and the journal's drivers just because it lives in qjsflow.
+_HOMES = {
+    "InvalidInput": "qjsflow.bridge",
+    "QjsflowError": "qjsflow.bridge",
+    "Limits": "qjsflow.bridge.limits",
+    "JsValue": "qjsflow.bridge.values",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name not in __all__ or name == "__version__":
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(import_module(_HOMES.get(name, "qjsflow.runner")), name)
+    globals()[name] = value
+    return value
+
 
 __all__ = [
     "ALL_SCOPES",

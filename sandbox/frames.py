@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
-import asyncio
 import os
 import struct
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # the executor reads frames synchronously and never loads asyncio
+    import asyncio
 
 __all__ = ["MAX_FRAME_BYTES", "FrameError", "frame", "read_frame_async", "read_frame_fd"]
 
@@ -57,5 +60,5 @@ async def read_frame_async(reader: asyncio.StreamReader, max_bytes: int = MAX_FR
         if size > max_bytes:
             raise FrameError(f"frame of {size} bytes exceeds {max_bytes}")
         return await reader.readexactly(size)
-    except asyncio.IncompleteReadError:
+    except EOFError:  # asyncio.IncompleteReadError is one
         raise FrameError("the executor closed its pipe") from None

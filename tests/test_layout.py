@@ -94,3 +94,20 @@ def test_the_facade_names_exist() -> None:
     module = importlib.import_module("qjsflow")
     for name in module.__all__:
         assert hasattr(module, name), f"qjsflow.__all__ names missing {name}"
+
+
+def test_an_executor_process_loads_neither_the_runner_nor_asyncio() -> None:
+    """Every executor spawn imports its module: the facade and the sandbox package import
+    their names lazily, so a spawn does not pay for the runner, asyncio or the journal."""
+    import subprocess
+    import sys
+
+    probe = (
+        "import sys, qjsflow.sandbox.executor; "
+        "print(sorted(m for m in ('asyncio', 'aiosqlite', 'qjsflow.runner', "
+        "'qjsflow.sandbox.pool') if m in sys.modules))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-I", "-c", probe], capture_output=True, text=True, check=True, timeout=60
+    )
+    assert done.stdout.strip() == "[]"
