@@ -5,6 +5,8 @@ from __future__ import annotations
 import ast
 import importlib
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -99,9 +101,6 @@ def test_the_facade_names_exist() -> None:
 def test_an_executor_process_loads_neither_the_runner_nor_asyncio() -> None:
     """Every executor spawn imports its module: the facade and the sandbox package import
     their names lazily, so a spawn does not pay for the runner, asyncio or the journal."""
-    import subprocess
-    import sys
-
     probe = (
         "import sys, qjsflow.sandbox.executor; "
         "print(sorted(m for m in ('asyncio', 'aiosqlite', 'qjsflow.runner', "
