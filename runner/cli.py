@@ -211,28 +211,21 @@ async def _list(args: argparse.Namespace, runner: Runner) -> list[RunView]:
     return await runner.list(scope=scope, workflow=args.workflow, status=args.status)
 
 
-async def _status(args: argparse.Namespace, runner: Runner) -> RunView:
-    return await runner.get(args.run, scope=await _scope_of(args, runner))
+def _on_run(method: str) -> _Command:
+    """A command on one run: `Runner.<method>(run, scope=…)`, the scope found if not given."""
 
+    async def command(args: argparse.Namespace, runner: Runner) -> Any:
+        return await getattr(runner, method)(args.run, scope=await _scope_of(args, runner))
 
-async def _resume(args: argparse.Namespace, runner: Runner) -> RunView:
-    return await runner.resume(args.run, scope=await _scope_of(args, runner))
-
-
-async def _cancel(args: argparse.Namespace, runner: Runner) -> RunView:
-    return await runner.cancel(args.run, scope=await _scope_of(args, runner))
-
-
-async def _steps(args: argparse.Namespace, runner: Runner) -> list[StepView]:
-    return await runner.list_steps(args.run, scope=await _scope_of(args, runner))
+    return command
 
 
 _RUN_COMMANDS: dict[str, _Command] = {
     "start": _start,
     "signal": _signal,
-    "status": _status,
-    "resume": _resume,
-    "cancel": _cancel,
+    "status": _on_run("get"),
+    "resume": _on_run("resume"),
+    "cancel": _on_run("cancel"),
 }
 
 
@@ -266,7 +259,7 @@ def _run(args: argparse.Namespace) -> str:
             else f"worker stopped after {drives} drives"
         )
     if command == "steps":
-        steps = asyncio.run(_with_runner(args, _steps))
+        steps: list[StepView] = asyncio.run(_with_runner(args, _on_run("list_steps")))
         return render_json(steps) if args.json else render_steps(steps)
     if command == "list":
         runs = asyncio.run(_with_runner(args, _list))

@@ -229,8 +229,7 @@ def _begin_drive(
         if run.status not in TERMINAL:
             _cancel(tx, run.run_id, now, {"updated_at": now})
         return _release(tx, lease)
-    tx.delete_timer(run.run_id, SIGNAL_TIMER)
-    tx.delete_timer(run.run_id, EXECUTOR_TIMER)
+    tx.delete_timers(run.run_id, (SIGNAL_TIMER, EXECUTOR_TIMER))  # the wake-ups this drive serves
     tx.update_run(run.run_id, status="running", error=None, updated_at=now)
     tx.append_event(run.run_id, "drive_started", now, f'{{"worker":"{lease.worker_id}"}}')
     journal = tuple(
@@ -245,14 +244,18 @@ def _begin_drive(
     return run, journal, tuple(tx.unsettled_keys(run.run_id))
 
 
+def _ledger(current: RunRecord, outcome: DriveOutcome, host: DriveHost) -> dict[str, object]:
+    """What every drive adds to its run, however it ended: compute, and console lines."""
+    return {
+        "cpu_used_s": current.cpu_used_s + outcome.cpu_s,
+        "logs_count": max(current.logs_count, host.logs_count),
+    }
+
+
 def _charge(tx: JournalTransaction, lease: Lease, outcome: DriveOutcome, host: DriveHost) -> None:
     current = tx.get_run(lease.run_id)
     assert current is not None
-    tx.update_run(
-        lease.run_id,
-        cpu_used_s=current.cpu_used_s + outcome.cpu_s,
-        logs_count=max(current.logs_count, host.logs_count),
-    )
+    tx.update_run(lease.run_id, **_ledger(current, outcome, host))
 
 
 EXECUTOR_TIMER = "executor"  # the timer that wakes a run parked after its executor died
@@ -269,23 +272,13 @@ def _park(
     current = tx.get_run(run_id)
     assert current is not None
     deaths = current.executor_deaths + 1
-    common: dict[str, object] = {
-        "cpu_used_s": current.cpu_used_s + outcome.cpu_s,
-        "logs_count": max(current.logs_count, host.logs_count),
-        "updated_at": now,
-        "executor_deaths": deaths,
-    }
+    common = {**_ledger(current, outcome, host), "updated_at": now, "executor_deaths": deaths}
     if deaths >= limit:
         message = (
             f"the run's executor process died {deaths} times, its limit (killed from outside,"
             " or crashed by the run's own code)"
         )
-        tx.delete_timers(run_id)
-        tx.update_run(
-            run_id, status="failed", error=message, wake_at=None, waiting_for=None, **common
-        )
-        tx.append_event(run_id, "run_failed", now, dumps_text({"reason": message}))
-        return _release(tx, lease)
+        return _fail(tx, lease, message, now, common)
     wake_at = now + min(_PARK_LAST_MS, _PARK_FIRST_MS * 2 ** (deaths - 1))
     reason = (
         f"parked: the executor process died ({outcome.message}); driven again at"
@@ -294,6 +287,17 @@ def _park(
     tx.set_timer(run_id, EXECUTOR_TIMER, "retry", wake_at)
     tx.update_run(run_id, status="sleeping", error=reason, wake_at=wake_at, **common)
     tx.append_event(run_id, "run_parked", now, dumps_text({"reason": reason}))
+    return _release(tx, lease)
+
+
+def _fail(
+    tx: JournalTransaction, lease: Lease, message: str, now: int, common: dict[str, object]
+) -> RunRecord:
+    tx.delete_timers(lease.run_id)
+    tx.update_run(
+        lease.run_id, status="failed", error=message, wake_at=None, waiting_for=None, **common
+    )
+    tx.append_event(lease.run_id, "run_failed", now, None)
     return _release(tx, lease)
 
 
@@ -312,11 +316,7 @@ def _finish(
     run_id = lease.run_id
     current = tx.get_run(run_id)
     assert current is not None
-    common: dict[str, object] = {
-        "cpu_used_s": current.cpu_used_s + outcome.cpu_s,
-        "logs_count": max(current.logs_count, host.logs_count),
-        "updated_at": now,
-    }
+    common = {**_ledger(current, outcome, host), "updated_at": now}
     match outcome:
         case Completed(output=output):
             tx.delete_timers(run_id)
@@ -326,12 +326,7 @@ def _finish(
             tx.append_event(run_id, "run_completed", now, None)
             return _release(tx, lease)
         case Failed(message=message):
-            tx.delete_timers(run_id)
-            tx.update_run(
-                run_id, status="failed", error=message, wake_at=None, waiting_for=None, **common
-            )
-            tx.append_event(run_id, "run_failed", now, None)
-            return _release(tx, lease)
+            return _fail(tx, lease, message, now, common)
         case Suspended(markers=markers):
             if current.cancel_requested:
                 _cancel(tx, run_id, now, common)

@@ -229,7 +229,7 @@ class DriveHost:
         finally:
             unbind_tool_call(token)
         if value is not None:
-            refused = self._over_journal_limit(op.step, value)
+            refused = self._over_journal_limit(key, value)
             if refused is not None:
                 value, failure = None, refused
         finished = self.now()
@@ -338,6 +338,8 @@ class DriveHost:
                 scope, run_id=self.run_id, call_key=key, sql=op.sql, params=op.params,
                 deadline_s=min(sql_limits.deadline_s, left),
             )  # fmt: skip
+        # Counted once, outside the transaction below (which may run again after a fault).
+        refused = None if outcome.result is None else self._over_journal_limit(key, outcome.result)
         crash_on = os.environ.get(CRASH_AFTER_SQL)
         if crash_on and crash_on in op.sql:  # a crash point for the exactly-once tests
             os.kill(os.getpid(), signal.SIGKILL)
@@ -352,11 +354,6 @@ class DriveHost:
             answer = steps.settled(row)
             if answer is not None:
                 return answer
-            refused = (
-                None
-                if outcome.result is None
-                else self._over_journal_limit(op.step, outcome.result)
-            )
             if outcome.result is not None and refused is None:
                 tx.settle_step(
                     row, status="completed", output=outcome.result, error=None, at=finished,

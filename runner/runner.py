@@ -1,4 +1,4 @@
-"""`Runner`: the Python API of qjsflow (README: The command line)."""
+"""`Runner`: the Python API of qjsflow (README: the authoring guide and the command line)."""
 
 from __future__ import annotations
 
@@ -63,7 +63,7 @@ from qjsflow.runner.views import (
     tool_call_view,
 )
 from qjsflow.runner.worker import Worker
-from qjsflow.sandbox import ExecutorPool, remove_stale_workdirs
+from qjsflow.sandbox import ExecutorPool
 
 __all__ = ["PublishResult", "PublishedWorkflow", "Runner", "Source"]
 
@@ -125,7 +125,6 @@ class Runner:
     ) -> Runner:
         """Open a runner whose lifetime the caller ends with `aclose()`."""
         store = await JournalStore.open(os.fspath(db_path), create=create)
-        await asyncio.to_thread(remove_stale_workdirs)  # left by workers that were killed
         return cls(store, config or RunnerConfig())
 
     async def aclose(self) -> None:

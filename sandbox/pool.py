@@ -185,10 +185,10 @@ class ExecutorPool:
         self._watches: dict[int, _Watch] = {}
         self._watchdog: asyncio.Task[None] | None = None
         self._closed = False
+        self._swept = False  # stale executor folders removed (see remove_stale_workdirs)
         self.replaced = 0  # executors discarded after a kill, crash or limit (for tests, stats)
 
     async def __aenter__(self) -> ExecutorPool:
-        await asyncio.to_thread(remove_stale_workdirs)
         return self
 
     async def __aexit__(self, *exc_info: object) -> None:
@@ -278,6 +278,9 @@ class ExecutorPool:
     async def _take(self) -> _Executor:
         if self._idle:
             return self._idle.pop(0)  # the longest idle: its next context is prepared
+        if not self._swept:  # once, before this pool's first executor: not on every open
+            self._swept = True
+            await asyncio.to_thread(remove_stale_workdirs)
         cpu_limit = int(self.config.recycle_after * 30 + 60)
         executor = await _Executor.spawn(self.config, cpu_limit)
         return executor

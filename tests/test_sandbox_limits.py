@@ -228,14 +228,16 @@ async def test_executors_run_with_no_environment_an_empty_folder_and_rlimits(
     assert lines["Max cpu time"][0] != "unlimited"
 
 
-async def test_a_pool_removes_the_folders_of_dead_executors_only(tmp_path: Path) -> None:
-    del tmp_path
+async def test_a_pool_removes_the_folders_of_dead_executors_only() -> None:
     dead = tempfile.mkdtemp(prefix="qjsflow-executor-999999999-")  # beyond any pid: no process
     live = tempfile.mkdtemp(prefix=f"qjsflow-executor-{os.getpid()}-")
     other = tempfile.mkdtemp(prefix="qjsflow-executorish-")
     try:
-        async with ExecutorPool(PoolConfig(size=1)):
-            pass
+        async with ExecutorPool(PoolConfig(size=1)) as pool:
+            assert os.path.isdir(dead)  # opening a pool touches nothing; its first spawn does
+            outcome = await pool.drive(MemoryHost().request(await bundle_of(WELL_BEHAVED)),
+                                       MemoryHost())  # fmt: skip
+            assert isinstance(outcome, Completed)
         assert not os.path.exists(dead)
         assert os.path.isdir(live)
         assert os.path.isdir(other)

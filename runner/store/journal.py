@@ -332,10 +332,12 @@ class JournalStore:
         return run_record(rows[0]) if rows else None
 
     async def scopes_of_run(self, run_id: str) -> list[str]:
-        """Scopes holding a run with this id (an operator's look-up across scopes; it reads
-        every run, which is fine for a command a person types)."""
+        """Scopes holding a run with this id (an operator's look-up across scopes): one
+        primary-key look-up per scope that has published, never a scan of the runs."""
         rows = await self._all(
-            "SELECT scope FROM runs WHERE run_id = scope || '/' || ? ORDER BY scope", (run_id,)
+            "SELECT r.scope FROM (SELECT DISTINCT scope FROM snapshots) s"
+            " JOIN runs r ON r.run_id = s.scope || '/' || ? ORDER BY r.scope",
+            (run_id,),
         )
         return [str(row[0]) for row in rows]
 

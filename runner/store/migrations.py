@@ -40,6 +40,9 @@ def scoped_run_keys(unkeyed: str) -> str:
         "ALTER TABLE inbox ADD COLUMN event_id TEXT;\n"
         "ALTER TABLE runs ADD COLUMN executor_deaths INTEGER NOT NULL DEFAULT 0;\n"
         "ALTER TABLE logs ADD COLUMN source TEXT;\n"
+        # The audit is read per run (views) and per step key (an attempt whose outcome is
+        # unknown): without this, each was a scan of every run's tool calls.
+        "CREATE INDEX tool_calls_by_run ON tool_calls (run_id, step_key);\n"
         "CREATE UNIQUE INDEX logs_by_source ON logs (run_id, source) WHERE source IS NOT NULL;\n"
         "CREATE UNIQUE INDEX inbox_event_ids ON inbox (run_id, event_id)"
         " WHERE event_id IS NOT NULL;\n"

@@ -292,7 +292,14 @@ class JournalTransaction:
     def delete_timer(self, run_id: str, step_key: str) -> None:
         self._db.execute("DELETE FROM timers WHERE run_id = ? AND step_key = ?", (run_id, step_key))
 
-    def delete_timers(self, run_id: str) -> None:
+    def delete_timers(self, run_id: str, keys: tuple[str, ...] | None = None) -> None:
+        """The run's timers: all of them, or those of the given keys."""
+        if keys is not None:
+            marks = ", ".join("?" for _ in keys)
+            self._db.execute(
+                f"DELETE FROM timers WHERE run_id = ? AND step_key IN ({marks})", (run_id, *keys)
+            )
+            return
         self._db.execute("DELETE FROM timers WHERE run_id = ?", (run_id,))
 
     def next_timer(self, run_id: str) -> int | None:
