@@ -66,9 +66,11 @@ def postgres() -> Iterator[PostgresServer]:
         yield server
 
 
-@pytest.fixture(params=["sqlite", "postgresql"])
+@pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.slow)])
 def journal(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    """Where a test's journal lives: the same semantics are tested on both backends."""
+    """Where a test's journal lives: the same semantics are tested on both backends. The
+    fast tier (`make check`) runs them on SQLite; `make test` on both (PostgreSQL's own tests,
+    leases judged by the server's clock and the like, run in both tiers)."""
     if request.param == "sqlite":
         return str(tmp_path / "journal.db")
     server: PostgresServer = request.getfixturevalue("postgres")

@@ -15,6 +15,7 @@ import orjson
 import pytest
 
 from tests.conftest import PROJECT_ROOT
+from tests.leases import seconds_until_lease_lapses
 from tests.postgres import PostgresServer
 
 pytestmark = pytest.mark.slow  # every test here runs the CLI as subprocesses
@@ -99,7 +100,7 @@ def test_the_four_flows_from_a_shell(cli: Cli, tmp_path: Path) -> None:
     crashed = cli.ok("status", "cli-1")
     assert crashed["status"] == "running"
 
-    time.sleep(1.2)  # the dead driver's lease lapses
+    time.sleep(seconds_until_lease_lapses(cli.db, "acme/cli-1"))
     resumed = cli.ok("resume", "cli-1", "--scope", "acme")
     assert (resumed["status"], resumed["waiting_for"]) == ("waiting", "go")
     assert resumed["snapshot_id"] == snapshot

@@ -19,6 +19,7 @@ from qjsflow.runner.scopedb import MIN_SQLITE_VERSION, ScopeDatabases, SqlLimits
 from qjsflow.runner.worker import worker_command
 from qjsflow.sandbox import PoolConfig
 from tests.conftest import PROJECT_ROOT, FakeClock, start_source
+from tests.leases import seconds_until_lease_lapses
 
 PROBE = """
 import { db } from "qjsflow";
@@ -204,7 +205,7 @@ async def test_an_insert_applied_before_a_crash_is_not_applied_twice(tmp_path: P
             ("do:1:make table/", 1, "completed"),
             ("", 1, "running"),
         ]
-    await asyncio.sleep(1.1)  # the dead worker's lease lapses
+    await asyncio.sleep(seconds_until_lease_lapses(db, "acme/once"))
     recovered = worker(crash_on="")
     assert recovered.returncode == 0, recovered.stderr
     async with Runner.open(db) as runner:

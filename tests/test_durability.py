@@ -22,6 +22,7 @@ from qjsflow.runner.scopes import run_key
 from qjsflow.runner.worker import worker_command
 from qjsflow.sandbox import PoolConfig
 from tests.conftest import PROJECT_ROOT
+from tests.leases import seconds_until_lease_lapses
 
 pytestmark = pytest.mark.slow
 
@@ -248,7 +249,7 @@ async def test_a_paused_driver_whose_lease_was_taken_cannot_write(
     paused = workers.spawn(lease_ttl=1.0)
     await _until(lambda: workers.tool_lines()[("paused", "slow")] == 1, 60, "the first tool call")
     paused.send_signal(signal.SIGSTOP)
-    await asyncio.sleep(2.0)  # past the 1 s lease
+    await asyncio.sleep(seconds_until_lease_lapses(workers.db, "acme/paused"))
     events_before = {e.seq for e in await api.store.list_events(run_key("acme", "paused"))}
     taker = workers.spawn("--until-idle", lease_ttl=1.0)
     assert taker.wait(timeout=60) == 0

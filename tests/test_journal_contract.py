@@ -27,12 +27,17 @@ async def test_a_taken_over_lease_writes_nothing(clocked_runner: Runner) -> None
     def now() -> int:  # leases are judged by real clocks (the database's, on PostgreSQL)
         return int(time.time() * 1000)
 
-    first = await store.acquire_lease(key, "first", now(), 1000)
+    held_since = time.monotonic()
+    first = await store.acquire_lease(key, "first", now(), 300)
     assert first is not None
-    assert await store.acquire_lease(key, "second", now(), 1000) is None  # still held
-    await asyncio.sleep(1.05)
-    second = await store.acquire_lease(key, "second", now(), 1000)  # lapsed
+    assert await store.acquire_lease(key, "second", now(), 300) is None  # still held
+    second = None
+    deadline = time.monotonic() + 10
+    while second is None and time.monotonic() < deadline:  # until it lapses
+        await asyncio.sleep(0.02)
+        second = await store.acquire_lease(key, "second", now(), 1000)
     assert second is not None
+    assert time.monotonic() - held_since >= 0.29  # not granted while the first still held it
     assert second.epoch == first.epoch + 1
     counts = await store.table_counts()
     with pytest.raises(LeaseLost, match="was taken over"):
