@@ -7,9 +7,12 @@ import importlib
 import re
 import subprocess
 import sys
+import tomllib
+from importlib import metadata
 from pathlib import Path
 
 import pytest
+from packaging.requirements import Requirement
 
 from tests.conftest import PROJECT_ROOT
 
@@ -105,6 +108,39 @@ def test_an_executor_process_loads_neither_the_runner_nor_asyncio() -> None:
         "import sys, qjsflow.sandbox.executor; "
         "print(sorted(m for m in ('asyncio', 'aiosqlite', 'qjsflow.runner', "
         "'qjsflow.sandbox.pool') if m in sys.modules))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-I", "-c", probe], capture_output=True, text=True, check=True, timeout=60
+    )
+    assert done.stdout.strip() == "[]"
+
+
+def _declared_requirements() -> list[Requirement]:
+    project = tomllib.loads((PROJECT_ROOT / "pyproject.toml").read_text())["project"]
+    declared = [Requirement(text) for text in project["dependencies"]]
+    for extra, texts in project["optional-dependencies"].items():
+        if extra not in ("dev", "bench"):  # pinned exactly, or installed only by `make bench`
+            declared += [Requirement(text) for text in texts if not text.startswith("qjsflow")]
+    return declared
+
+
+def test_the_tested_versions_lie_inside_the_declared_ranges() -> None:
+    """Every runtime and extra dependency has a lower bound and an upper cap, and the version
+    this suite ran against (the lock's) is inside them: a cap is where testing stopped."""
+    for requirement in _declared_requirements():
+        specifiers = {spec.operator for spec in requirement.specifier}
+        assert {">=", "<"} <= specifiers, f"{requirement} needs a lower bound and an upper cap"
+        installed = metadata.version(requirement.name)
+        assert requirement.specifier.contains(installed), f"{requirement.name} {installed}"
+
+
+def test_the_core_imports_none_of_the_extras() -> None:
+    """`pip install qjsflow` without extras must run: the runner, the CLI and the publish path
+    import psycopg, OpenTelemetry, Prometheus and the console's web stack only when used."""
+    extras = ("psycopg", "opentelemetry", "prometheus_client", "starlette", "jinja2", "uvicorn")
+    probe = (
+        "import sys, qjsflow, qjsflow.runner.cli, qjsflow.runner, qjsflow.bundles; "
+        f"print(sorted(m for m in {extras!r} if m in sys.modules))"
     )
     done = subprocess.run(
         [sys.executable, "-I", "-c", probe], capture_output=True, text=True, check=True, timeout=60
