@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from qjsflow.bridge.limits import Limits
+from qjsflow.bridge.rules import RULES
 
 __all__ = [
     "Answer",
@@ -78,6 +79,12 @@ class StepFailure:
     retryable: bool = True
     retry_after_ms: int | None = None
     code: str | None = None  # a machine-readable reason, e.g. db.sql's "not_authorized"
+
+    def __post_init__(self) -> None:
+        # Tools and the host make failures from any text: bounded here, as the prelude bounds
+        # the author's, so every stored failure fits the wire on its way back into a replay.
+        object.__setattr__(self, "name", self.name[: RULES.error_name_chars])
+        object.__setattr__(self, "message", self.message[: RULES.error_message_chars])
 
 
 # -- ops (sandbox -> host) ---------------------------------------------------------------------

@@ -15,6 +15,7 @@ from typing import Any, Literal, cast
 from qjsflow.bridge.codec import loads
 from qjsflow.bridge.errors import CodecError, QjsflowError
 from qjsflow.bridge.limits import Limits
+from qjsflow.bridge.rules import RULES, is_event_type
 from qjsflow.bridge.types import (
     Answer,
     Completed,
@@ -50,8 +51,6 @@ __all__ = [
 
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 _MAX_MS = 2**53 - 1
-_MAX_TEXT = 4096
-_MAX_SQL = 100_000
 
 
 class ProtocolError(QjsflowError):
@@ -87,7 +86,7 @@ def parse_outcome(raw: object, limits: Limits, cpu_s: float) -> DriveOutcome:
     if status == "failed":
         return Failed(
             retryable=_bool(outcome, "retryable"),
-            message=_text(outcome, "message", _MAX_TEXT, allow_control=True),
+            message=_text(outcome, "message", RULES.error_message_chars, allow_control=True),
             cpu_s=cpu_s,
             retry_after_ms=_optional_ms(outcome, "retryAfterMs"),
         )
@@ -189,7 +188,7 @@ def _record(body: dict[str, Any], limits: Limits) -> StepRecord:
 
 def _tool(body: dict[str, Any], limits: Limits) -> StepTool:
     step, count = _step(body, limits)
-    address = _text(body, "address", 256)
+    address = _text(body, "address", RULES.tool_address_chars)
     if not address:
         raise ProtocolError("address is empty")
     args = _encoded(body, "args", limits)
@@ -207,21 +206,22 @@ def _sleep(body: dict[str, Any], limits: Limits) -> StepSleep:
 def _wait(body: dict[str, Any], limits: Limits) -> StepWaitForEvent:
     step, count = _step(body, limits)
     event_type = _text(body, "type", 256)
-    if not event_type:
-        raise ProtocolError("type is empty")
+    if not is_event_type(event_type):
+        raise ProtocolError(f"type must be {RULES.event_type_rule}")
     return StepWaitForEvent(step, count, event_type, _int(body, "timeoutMs", 0, _MAX_MS))
 
 
 def _notify(body: dict[str, Any], limits: Limits) -> StepNotify:
     count = _int(body, "count", 1, limits.notify_per_drive * 1000)
-    title = _text(body, "title", 256, allow_control=True)
-    body_text = _optional_text(body, "body", _MAX_TEXT)
-    return StepNotify(_scope(body), count, title, body_text, _optional_text(body, "link", 2048))
+    title = _text(body, "title", RULES.notify_title_chars, allow_control=True)
+    body_text = _optional_text(body, "body", RULES.notify_body_chars)
+    link = _optional_text(body, "link", RULES.notify_link_chars)
+    return StepNotify(_scope(body), count, title, body_text, link)
 
 
 def _sql(body: dict[str, Any], limits: Limits) -> DbSql:
     count = _int(body, "count", 1, limits.steps_per_run)
-    sql = _text(body, "sql", _MAX_SQL, True)
+    sql = _text(body, "sql", RULES.sql_chars, True)
     return DbSql(_scope(body), count, sql, _encoded(body, "params", limits))
 
 
@@ -230,7 +230,7 @@ def _log(body: dict[str, Any], limits: Limits) -> Log:
     if level not in ("log", "info", "warn", "error"):
         raise ProtocolError("level must be log, info, warn or error")
     level = cast(Literal["log", "info", "warn", "error"], level)
-    text = _text(body, "text", limits.log_bytes_per_drive, allow_control=True)
+    text = _text(body, "text", RULES.log_line_chars, allow_control=True)
     source = body.get("source", "")
     if not isinstance(source, str) or len(source) > _MAX_SCOPED_NAME + 64:
         raise ProtocolError("source must be a string")
@@ -267,8 +267,8 @@ def _policy(config: dict[str, Any]) -> RetryPolicy:
 
 def _failure(error: dict[str, Any]) -> StepFailure:
     return StepFailure(
-        name=_text(error, "name", 256, allow_control=True),
-        message=_text(error, "message", _MAX_TEXT, allow_control=True),
+        name=_text(error, "name", RULES.error_name_chars, allow_control=True),
+        message=_text(error, "message", RULES.error_message_chars, allow_control=True),
         retryable=_bool(error, "retryable"),
         retry_after_ms=_optional_ms(error, "retryAfterMs"),
     )
@@ -279,6 +279,8 @@ def _suspend(marker: dict[str, Any]) -> Suspend:
     if kind not in ("sleep", "event", "retry"):
         raise ProtocolError("a marker's suspend must be sleep, event or retry")
     event = _optional_text(marker, "event", 256)
+    if event is not None and not is_event_type(event):
+        raise ProtocolError(f"a marker's event must be {RULES.event_type_rule}")
     return Suspend(cast(Literal["sleep", "event", "retry"], kind), event)
 
 

@@ -265,7 +265,7 @@ class DriveHost:
             return None, StepFailure("FatalError", str(error), False), self._elapsed_ms(started)
         except Exception as error:  # a tool's failure is the step's, never the host's
             name = type(error).__name__
-            return None, StepFailure(name, str(error)[:4000]), self._elapsed_ms(started)
+            return None, StepFailure(name, str(error)), self._elapsed_ms(started)
 
     def _elapsed_ms(self, started: float) -> int:
         return int((self.monotonic() - started) * 1000)

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from qjsflow.bridge import dumps_text
+from qjsflow.bridge.rules import RULES, is_event_type
 from qjsflow.bridge.values import from_python, to_python
 from qjsflow.bundles import (
     SourceTree,
@@ -69,7 +70,6 @@ __all__ = ["PublishResult", "PublishedWorkflow", "Runner", "Source"]
 
 Source = str | os.PathLike[str] | Mapping[str, str | bytes]
 _RUN_ID = re.compile(r"^[A-Za-z0-9_-]{1,128}$")
-_EVENT_TYPE = re.compile(r"^[A-Za-z0-9_.:-]{1,100}$")
 
 
 @dataclass(frozen=True, slots=True)
@@ -235,10 +235,9 @@ class Runner:
                 f"invalid event id {str(event_id)[:80]!r}: use 1-128 characters of "
                 "A-Z, a-z, 0-9, _ and -"
             )
-        if not isinstance(event_type, str) or not _EVENT_TYPE.fullmatch(event_type):
+        if not is_event_type(event_type):
             raise InvalidEvent(
-                f"invalid event type {str(event_type)[:80]!r}: use 1-100 characters of "
-                "A-Z, a-z, 0-9, _ . : -"
+                f"invalid event type {str(event_type)[:80]!r}: use {RULES.event_type_rule}"
             )
         encoded = from_python(
             payload, max_bytes=self.config.limits.value_bytes, what="the event payload"

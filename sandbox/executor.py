@@ -27,14 +27,16 @@ from typing import Any
 import orjson
 import quickjs
 
+from qjsflow.bridge.rules import RULES
 from qjsflow.sandbox.frames import frame, read_frame_fd
 
 
 def load_prelude() -> str:
     """The prelude's parts (sandbox/prelude/*.js, in name order) as one script that evaluates
-    to `dispatch`: they share one function scope, so no part is ever on globalThis."""
+    to `dispatch`: they share one function scope, so no part is ever on globalThis. The text
+    rules the host checks come first, as `RULES`."""
     parts = sorted(Path(__file__).with_name("prelude").glob("*.js"))
-    body = "\n".join(part.read_text(encoding="utf-8") for part in parts)
+    body = RULES.prelude_source() + "\n".join(p.read_text(encoding="utf-8") for p in parts)
     return f"(function () {{\n{body}\n}})();\n"
 
 

@@ -25,7 +25,10 @@ class SqlLimits:
     # SQLITE_LIMIT_LENGTH: any string or blob. Small, because one native function call is
     # never interrupted: instr() over two strings of this length compares up to its square.
     max_length: int = 64 * 1024
-    max_sql_length: int = 100_000
+    # UTF-8 bytes of one statement's text (SQLITE_LIMIT_SQL_LENGTH). SQLite also holds SQL
+    # text to `max_length`, so it may be no more; checked before preparing, with a message
+    # that names it (the prelude's own bound, in characters, is `RULES.sql_chars`).
+    max_sql_length: int = 64 * 1024
     max_expr_depth: int = 100
     max_compound_select: int = 50
     max_columns: int = 200
@@ -37,3 +40,9 @@ class SqlLimits:
     # another's; at most this many stay alive (the least recently used idle one goes first).
     max_processes: int = 8
     kill_grace_s: float = 1.0  # past its deadline, a statement's process is killed
+
+    def __post_init__(self) -> None:
+        if self.max_sql_length > self.max_length:
+            raise ValueError(
+                "max_sql_length may be at most max_length (SQLite holds SQL text to both)"
+            )

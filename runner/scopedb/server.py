@@ -200,6 +200,11 @@ def _apply(
 def _run_author_statement(
     connection: apsw.Connection, sql: str, params: list[Any], *, limits: SqlLimits, deadline: float
 ) -> str:
+    size = len(sql.encode("utf-8", "surrogatepass"))
+    if size > limits.max_sql_length:
+        raise SqlFailure(
+            "too_big", f"the SQL text is {size} bytes; the limit is {limits.max_sql_length} bytes"
+        )
     statements = 0
 
     def one_statement(cursor: Any, text: str, bindings: Any) -> bool:

@@ -11,14 +11,19 @@ function safeString(object, key, fallback) {
   } catch {
     return fallback;
   }
-  return typeof value === "string" ? wellFormed(call(strSlice, value, 0, 4000)) : fallback;
+  return typeof value === "string" ? value : fallback;
 }
+// Cut to what the wire carries (a lone surrogate left by the cut is made well-formed too).
+const errorText = (text, max) => wellFormed(call(strSlice, text, 0, max));
 function describe(thrown) {
   if (thrown !== null && (typeof thrown === "object" || typeof thrown === "function")) {
-    return { name: safeString(thrown, "name", "Error"), message: safeString(thrown, "message", "") };
+    return {
+      name: errorText(safeString(thrown, "name", "Error"), RULES.error_name_chars),
+      message: errorText(safeString(thrown, "message", ""), RULES.error_message_chars),
+    };
   }
   switch (typeof thrown) {
-    case "string": return { name: "Error", message: wellFormed(call(strSlice, thrown, 0, 4000)) };
+    case "string": return { name: "Error", message: errorText(thrown, RULES.error_message_chars) };
     case "number":
     case "boolean":
     case "undefined": return { name: "Error", message: "" + thrown };

@@ -3,7 +3,9 @@
 // ---- the outbox ---------------------------------------------------------------------------
 
 function fail(message, retryable) {
-  if (outcome === null) outcome = { status: "failed", retryable: !!retryable, message };
+  if (outcome === null) {
+    outcome = { status: "failed", retryable: !!retryable, message: errorText(message, RULES.error_message_chars) };
+  }
 }
 function send(op, onResult) {
   opsSent += 1;

@@ -149,7 +149,7 @@ function stepSleepUntil(name, when) {
     return reject(error);
   }
 }
-const EVENT_TYPE = /^[A-Za-z0-9_.:-]{1,100}$/;
+const EVENT_TYPE = new RealRegExp(`^(?:${RULES.event_type_pattern})$`);
 function stepWaitForEvent(name, options) {
   try {
     checkName(name, "step.waitForEvent name");
@@ -157,7 +157,7 @@ function stepWaitForEvent(name, options) {
     const what = `step.waitForEvent("${name}") options`;
     const given = readOptions(options, { type: 1, timeout: 1 }, what);
     if (typeof given.type !== "string" || !call(strTest, EVENT_TYPE, given.type)) {
-      throw new RealTypeError(`${what}.type must be 1-100 characters of A-Z, a-z, 0-9, _ . : -`);
+      throw new RealTypeError(`${what}.type must be ${RULES.event_type_rule}`);
     }
     const timeoutMs = given.timeout === undefined ? 86400000 : durationMs(given.timeout, what + ".timeout");
     const op = { op: "step.waitForEvent", step: name, type: given.type, timeoutMs };
@@ -169,9 +169,10 @@ function stepWaitForEvent(name, options) {
 function stepTool(name, address, args, config) {
   try {
     checkName(name, "step.tool name");
-    if (typeof address !== "string" || address.length === 0 || address.length > 256 ||
+    const most = RULES.tool_address_chars;
+    if (typeof address !== "string" || address.length === 0 || address.length > most ||
         call(strTest, CONTROL, address) || !call(isWellFormed, address)) {
-      throw new RealTypeError(`step.tool("${name}") address must be a string of 1 to 256 characters`);
+      throw new RealTypeError(`step.tool("${name}") address must be a string of 1 to ${most} characters`);
     }
     const [, policy] = stepConfig(config, `step.tool("${name}") config`);
     const encoded = encode(args, `the arguments of step.tool("${name}")`);
@@ -192,7 +193,12 @@ function stepNotify(message) {
       }
       return wellFormed(value);
     };
-    const op = { op: "step.notify", title: text("title", 256, true), body: text("body", 4096, false), link: text("link", 2048, false) };
+    const op = {
+      op: "step.notify",
+      title: text("title", RULES.notify_title_chars, true),
+      body: text("body", RULES.notify_body_chars, false),
+      link: text("link", RULES.notify_link_chars, false),
+    };
     notifies += 1;
     if (notifies > limits.notify_per_drive) {
       throw new LimitError(`notify per drive limit of ${limits.notify_per_drive} exceeded`);
@@ -204,8 +210,8 @@ function stepNotify(message) {
 }
 function dbSql(sql, params) {
   try {
-    if (typeof sql !== "string" || sql.length === 0 || sql.length > 100000 || !call(isWellFormed, sql)) {
-      throw new RealTypeError("db.sql needs well-formed SQL text of 1 to 100000 characters");
+    if (typeof sql !== "string" || sql.length === 0 || sql.length > RULES.sql_chars || !call(isWellFormed, sql)) {
+      throw new RealTypeError(`db.sql needs well-formed SQL text of 1 to ${RULES.sql_chars} characters`);
     }
     const list = params === undefined ? [] : params;
     if (!isArray(list)) throw new RealTypeError("db.sql params must be an array");
@@ -247,9 +253,9 @@ function logger(level) {
         if (typeof part !== "string") part = "[unprintable]";
       } else part = typeof arg === "bigint" || typeof arg === "symbol" ? "[" + typeof arg + "]" : "" + arg;
       text += (i ? " " : "") + part;
-      if (text.length > 16384) break;
+      if (text.length > RULES.log_line_chars) break;
     }
-    text = wellFormed(call(strSlice, text, 0, 16384));
+    text = wellFormed(call(strSlice, text, 0, RULES.log_line_chars));
     logBytes += text.length;
     if (logBytes > limits.log_bytes_per_drive) return;
     send({ op: "log", level, text, count: scope.logs, source: scope.id }, null);
