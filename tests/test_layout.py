@@ -106,7 +106,7 @@ def test_an_executor_process_loads_neither_the_runner_nor_asyncio() -> None:
     their names lazily, so a spawn does not pay for the runner, asyncio or the journal."""
     probe = (
         "import sys, qjsflow.sandbox.executor; "
-        "print(sorted(m for m in ('asyncio', 'aiosqlite', 'qjsflow.runner', "
+        "print(sorted(m for m in ('asyncio', 'sqlite3', 'qjsflow.runner', "
         "'qjsflow.sandbox.pool') if m in sys.modules))"
     )
     done = subprocess.run(

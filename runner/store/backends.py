@@ -2,15 +2,14 @@
 
 `JournalStore` holds the semantics (group commit, fencing, every statement in
 `JournalTransaction`); a backend only says how a job reaches its database and the few places
-the SQL dialects differ. SQLite (aiosqlite, the embedded default) and PostgreSQL (psycopg, a
-dedicated thread: the transactions are synchronous functions, one job each, on both) are
-chosen by the database URL: a path or `sqlite:///path`, or `postgresql://…`.
+the SQL dialects differ. SQLite (sqlite3, the embedded default) and PostgreSQL (psycopg), each
+connection on a thread of its own (`JobThread`: the transactions are synchronous functions,
+one job each), are chosen by the database URL: a path or `sqlite:///path`, or
+`postgresql://…`.
 """
 
 from __future__ import annotations
 
-import asyncio
-import concurrent.futures
 import importlib
 import sqlite3
 from collections.abc import Callable
@@ -19,10 +18,8 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, Protocol, TypeVar
 
-import aiosqlite
-
 from qjsflow.runner.errors import JournalUnavailable
-from qjsflow.runner.store.connection import connect, run_in_thread
+from qjsflow.runner.store.connection import JobThread, connect_sqlite
 from qjsflow.runner.store.dialect import POSTGRES, SQLITE, Dialect
 from qjsflow.runner.store.migrations import migrate
 from qjsflow.runner.store.pg_schema import migrate_postgres
@@ -82,9 +79,10 @@ class SqliteBackend:
             fault in text for fault in _SQLITE_TRANSIENT
         )
 
-    def __init__(self, connection: aiosqlite.Connection) -> None:
+    def __init__(self, thread: JobThread, connection: sqlite3.Connection) -> None:
+        self._thread = thread
         self._db = connection
-        self._full = True  # connect() sets synchronous=FULL
+        self._full = True  # connect_sqlite() sets synchronous=FULL
 
     @classmethod
     async def open(cls, path: Path, *, create: bool = True) -> SqliteBackend:
@@ -92,19 +90,25 @@ class SqliteBackend:
             raise JournalUnavailable(str(path), "does not exist: publish something first")
         if not create and path.stat().st_size == 0:  # opening it would write a header
             raise JournalUnavailable(str(path), "is empty (0 bytes): it holds no journal")
-        connection = await connect(path)
+        thread = JobThread("qjsflow-sqlite")
         try:
-            await migrate(connection, str(path), create=create)
+            connection = await thread.run(connect_sqlite, path)
         except BaseException:
-            await connection.close()
+            thread.stop()
             raise
-        return cls(connection)
+        backend = cls(thread, connection)
+        try:
+            await backend.run(partial(migrate, location=str(path), create=create))
+        except BaseException:
+            await backend.close()
+            raise
+        return backend
 
     async def run(self, work: Callable[[Any], T]) -> T:
-        return await run_in_thread(self._db, work)
+        return await self._thread.run(work, self._db)
 
     async def all(self, sql: str, args: tuple[Any, ...] = ()) -> list[Any]:
-        return list(await self._db.execute_fetchall(sql, args))
+        return await self.run(lambda c: c.execute(sql, args).fetchall())
 
     def begin(self, connection: Any, full: bool) -> None:
         """Open a write transaction whose commit is fsynced when `full`."""
@@ -114,7 +118,8 @@ class SqliteBackend:
         connection.execute("BEGIN IMMEDIATE")
 
     async def close(self) -> None:
-        await self._db.close()
+        await self._thread.run(self._db.close)
+        self._thread.stop()
 
 
 def _psycopg() -> ModuleType:
@@ -154,16 +159,14 @@ class PostgresBackend:
         """A dropped connection or a server that is restarting or shutting down."""
         return isinstance(error, _psycopg().OperationalError)
 
-    def __init__(self, url: str, connection: _PgConnection) -> None:
+    def __init__(self, url: str) -> None:
         self._url = url
-        self._connection = connection
-        self._thread = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="qjsflow-pg")
+        self._connection: _PgConnection | None = None  # made by the first job, on the thread
+        self._thread = JobThread("qjsflow-pg")
 
     @classmethod
     async def open(cls, url: str, *, create: bool = True) -> PostgresBackend:
-        psycopg = _psycopg()
-        raw = await asyncio.to_thread(lambda: psycopg.connect(url, autocommit=True))
-        backend = cls(url, _PgConnection(raw))
+        backend = cls(url)
         try:
             await backend.run(partial(migrate_postgres, create=create))
         except BaseException:
@@ -172,15 +175,17 @@ class PostgresBackend:
         return backend
 
     async def run(self, work: Callable[[Any], T]) -> T:
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._thread, self._with_connection, work)
+        return await self._thread.run(self._with_connection, work)
 
     def _with_connection(self, work: Callable[[Any], T]) -> T:
-        """On the backend's thread. A connection the server dropped (a restart, a failover) is
-        replaced before the job: the job that met the drop failed and was rolled back."""
-        if self._connection.raw.broken or self._connection.raw.closed:
-            self._connection = _PgConnection(_psycopg().connect(self._url, autocommit=True))
-        return work(self._connection)
+        """On the backend's thread, where the connection is made. One the server dropped (a
+        restart, a failover) is replaced before the job: the job that met the drop failed and
+        was rolled back."""
+        current = self._connection
+        if current is None or current.raw.broken or current.raw.closed:
+            current = _PgConnection(_psycopg().connect(self._url, autocommit=True))
+            self._connection = current
+        return work(current)
 
     async def all(self, sql: str, args: tuple[Any, ...] = ()) -> list[Any]:
         rows: list[Any] = await self.run(lambda c: c.execute(sql, args).fetchall())
@@ -193,5 +198,10 @@ class PostgresBackend:
             connection.execute("SET LOCAL synchronous_commit = off")
 
     async def close(self) -> None:
-        await asyncio.to_thread(self._connection.raw.close)
-        self._thread.shutdown(wait=True)
+        await self._thread.run(self._close_connection)
+        self._thread.stop()
+
+    def _close_connection(self) -> None:
+        # Read when the job runs: a job queued before it may have replaced the connection.
+        if self._connection is not None:
+            self._connection.raw.close()

@@ -1,47 +1,53 @@
-"""Opening the journal database: the one place the SQLite pragmas are set."""
+"""A journal connection's own thread, and opening a SQLite journal: the one place the SQLite
+pragmas are set.
+
+Each backend's database connection lives on one thread of its own and is touched nowhere
+else; a job (a whole transaction, a synchronous function) reaches it in one hop. A library
+that hops once per call cost ~15 hops for a transaction of five statements, which dominated a
+step (docs/PERFORMANCE.md).
+"""
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import sqlite3
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
-import aiosqlite
-
-__all__ = ["BUSY_TIMEOUT_MS", "connect", "run_in_thread"]
+__all__ = ["BUSY_TIMEOUT_MS", "JobThread", "connect_sqlite"]
 
 T = TypeVar("T")
 
 BUSY_TIMEOUT_MS = 10_000
 
 
-async def connect(path: str | Path) -> aiosqlite.Connection:
-    """A connection in autocommit mode (transactions are explicit `BEGIN IMMEDIATE`), WAL,
-    `synchronous=FULL` so a commit survives power loss, foreign keys on."""
-    connection = await aiosqlite.connect(str(path), isolation_level=None)
+class JobThread:
+    """Runs jobs one at a time, in order, on a single thread."""
+
+    def __init__(self, name: str) -> None:
+        self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix=name)
+
+    async def run(self, job: Callable[..., T], *args: Any) -> T:
+        return await asyncio.get_running_loop().run_in_executor(self._pool, job, *args)
+
+    def stop(self) -> None:
+        """No more jobs; the thread ends once the queued ones are done (none wait for it)."""
+        self._pool.shutdown(wait=False)
+
+
+def connect_sqlite(path: str | Path) -> sqlite3.Connection:
+    """On the journal's thread: a connection in autocommit mode (transactions are explicit
+    `BEGIN IMMEDIATE`), WAL, `synchronous=FULL` so a commit survives power loss, foreign
+    keys on."""
+    connection = sqlite3.connect(str(path), isolation_level=None)
     try:
-        await connection.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
-        await connection.execute("PRAGMA journal_mode = WAL")
-        await connection.execute("PRAGMA synchronous = FULL")
-        await connection.execute("PRAGMA foreign_keys = ON")
+        connection.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+        connection.execute("PRAGMA journal_mode = WAL")
+        connection.execute("PRAGMA synchronous = FULL")
+        connection.execute("PRAGMA foreign_keys = ON")
     except BaseException:
-        await connection.close()
+        connection.close()
         raise
     return connection
-
-
-async def run_in_thread(connection: aiosqlite.Connection, work: Callable[..., T], *args: Any) -> T:
-    """Run `work(sqlite3_connection, *args)` as one job on the aiosqlite connection's thread.
-
-    aiosqlite's public methods cost a thread hop per call (three for a query with a cursor);
-    a transaction of five statements made ~15 hops, which dominated the cost of a step. Its
-    job queue (`_execute`) takes any function; this is the one place that relies on it.
-    """
-
-    def job() -> T:
-        raw: sqlite3.Connection = connection._conn
-        return work(raw, *args)
-
-    result: T = await connection._execute(job)  # type: ignore[no-untyped-call]
-    return result

@@ -6,9 +6,8 @@ it in `schema_migrations`, so concurrent openers apply each exactly once.
 
 from __future__ import annotations
 
+import sqlite3
 import time
-
-import aiosqlite
 
 from qjsflow.runner.errors import JournalUnavailable
 
@@ -216,23 +215,25 @@ MIGRATIONS: tuple[tuple[int, str, str], ...] = (
 )
 
 
-async def current_version(connection: aiosqlite.Connection) -> int | None:
+def current_version(connection: sqlite3.Connection) -> int | None:
     """The schema version, read without a write transaction; None when there is no schema."""
-    async with connection.execute(
-        "SELECT 1 FROM sqlite_schema WHERE type = 'table' AND name = 'schema_migrations'"
-    ) as cursor:
-        if await cursor.fetchone() is None:
-            return None
-    async with connection.execute("SELECT max(version) FROM schema_migrations") as cursor:
-        row = await cursor.fetchone()
+    if (
+        connection.execute(
+            "SELECT 1 FROM sqlite_schema WHERE type = 'table' AND name = 'schema_migrations'"
+        ).fetchone()
+        is None
+    ):
+        return None
+    row = connection.execute("SELECT max(version) FROM schema_migrations").fetchone()
     return None if row is None or row[0] is None else int(row[0])
 
 
-async def migrate(connection: aiosqlite.Connection, location: str, *, create: bool = True) -> int:
-    """Bring the schema up to date; returns the version it is at. A current schema is only
-    read (no write lock: a read-only command works while another process writes); without
-    `create`, a database with no schema or an old one is refused, never written."""
-    version = await current_version(connection)
+def migrate(connection: sqlite3.Connection, location: str, *, create: bool = True) -> int:
+    """On the journal's thread: bring the schema up to date; returns the version it is at. A
+    current schema is only read (no write lock: a read-only command works while another
+    process writes); without `create`, a database with no schema or an old one is refused,
+    never written."""
+    version = current_version(connection)
     latest = MIGRATIONS[-1][0]
     if version is not None and version > latest:
         raise JournalUnavailable(
@@ -247,27 +248,26 @@ async def migrate(connection: aiosqlite.Connection, location: str, *, create: bo
             else f"is at schema version {version}: open it once with a writing command"
         )
         raise JournalUnavailable(location, problem)
-    await connection.execute(
+    connection.execute(
         "CREATE TABLE IF NOT EXISTS schema_migrations ("
         " version INTEGER PRIMARY KEY, name TEXT NOT NULL, applied_at REAL NOT NULL) STRICT"
     )
     for version, name, script in MIGRATIONS:
-        await connection.execute("BEGIN IMMEDIATE")
+        connection.execute("BEGIN IMMEDIATE")
         try:
-            async with connection.execute(
+            applied = connection.execute(
                 "SELECT 1 FROM schema_migrations WHERE version = ?", (version,)
-            ) as cursor:
-                applied = await cursor.fetchone() is not None
-            if not applied:
+            ).fetchone()
+            if applied is None:
                 for statement in _statements(script):
-                    await connection.execute(statement)
-                await connection.execute(
+                    connection.execute(statement)
+                connection.execute(
                     "INSERT INTO schema_migrations (version, name, applied_at) VALUES (?, ?, ?)",
                     (version, name, time.time()),
                 )
-            await connection.execute("COMMIT")
+            connection.execute("COMMIT")
         except BaseException:
-            await connection.execute("ROLLBACK")
+            connection.execute("ROLLBACK")
             raise
     return MIGRATIONS[-1][0]
 
