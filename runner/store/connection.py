@@ -10,8 +10,9 @@ step (docs/PERFORMANCE.md).
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
+import queue
 import sqlite3
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -24,17 +25,49 @@ BUSY_TIMEOUT_MS = 10_000
 
 
 class JobThread:
-    """Runs jobs one at a time, in order, on a single thread."""
+    """Runs jobs one at a time, in order, on a single thread.
+
+    A queue and a future settled with `call_soon_threadsafe`: an executor's hop (a concurrent
+    future wrapped in an asyncio one) cost ~75 µs here against ~40 µs for this, and a step
+    takes several. A job whose awaiting task is cancelled still runs (a transaction is never
+    cut in half); its result is dropped.
+    """
 
     def __init__(self, name: str) -> None:
-        self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix=name)
+        self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
+        threading.Thread(target=self._serve, name=name, daemon=True).start()
 
     async def run(self, job: Callable[..., T], *args: Any) -> T:
-        return await asyncio.get_running_loop().run_in_executor(self._pool, job, *args)
+        future: asyncio.Future[T] = asyncio.get_running_loop().create_future()
+        self._jobs.put((future, job, args))
+        return await future
 
     def stop(self) -> None:
         """No more jobs; the thread ends once the queued ones are done (none wait for it)."""
-        self._pool.shutdown(wait=False)
+        self._jobs.put(None)
+
+    def _serve(self) -> None:
+        while (item := self._jobs.get()) is not None:
+            future, job, args = item
+            try:
+                result = job(*args)
+            except BaseException as error:  # the waiter gets it; this thread carries on
+                future.get_loop().call_soon_threadsafe(_fail, future, error)
+            else:
+                future.get_loop().call_soon_threadsafe(_settle, future, result)
+
+
+_Job = tuple["asyncio.Future[Any]", Callable[..., Any], tuple[Any, ...]]
+
+
+def _settle(future: asyncio.Future[Any], result: Any) -> None:
+    if not future.cancelled():
+        future.set_result(result)
+
+
+def _fail(future: asyncio.Future[Any], error: BaseException) -> None:
+    if not future.cancelled():
+        future.set_exception(error)
 
 
 def connect_sqlite(path: str | Path) -> sqlite3.Connection:
