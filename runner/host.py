@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
-import signal
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -50,12 +48,11 @@ from qjsflow.runner.scopes import split_run_key
 from qjsflow.runner.steps import Answered, failure_to_json
 from qjsflow.runner.store import JournalStore, JournalTransaction, Lease
 
-__all__ = ["CRASH_AFTER_SQL", "DriveHost"]
+__all__ = ["DriveHost"]
 
 # Set to a piece of SQL text in a worker's environment to SIGKILL it right after a db.sql call
 # holding that text was applied in the scope database and before the journal recorded it: the
 # window exactly-once must survive.
-CRASH_AFTER_SQL = "QJSFLOW_CRASH_AFTER_SQL_APPLY"
 
 
 @dataclass(frozen=True, slots=True)
@@ -340,9 +337,6 @@ class DriveHost:
             )  # fmt: skip
         # Counted once, outside the transaction below (which may run again after a fault).
         refused = None if outcome.result is None else self._over_journal_limit(key, outcome.result)
-        crash_on = os.environ.get(CRASH_AFTER_SQL)
-        if crash_on and crash_on in op.sql:  # a crash point for the exactly-once tests
-            os.kill(os.getpid(), signal.SIGKILL)
         finished = self.now()
 
         def end(tx: JournalTransaction) -> Answered:

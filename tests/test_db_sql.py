@@ -14,11 +14,11 @@ import apsw
 import pytest
 
 from qjsflow.runner import InvalidScope, Runner, RunnerConfig, StartRunInput
-from qjsflow.runner.host import CRASH_AFTER_SQL
 from qjsflow.runner.scopedb import MIN_SQLITE_VERSION, ScopeDatabases, SqlLimits
 from qjsflow.runner.worker import worker_command
 from qjsflow.sandbox import PoolConfig
 from tests.conftest import PROJECT_ROOT, FakeClock, start_source
+from tests.crash_points import CRASH_AFTER_SQL
 from tests.leases import seconds_until_lease_lapses
 
 PROBE = """
@@ -188,7 +188,9 @@ async def test_an_insert_applied_before_a_crash_is_not_applied_twice(tmp_path: P
 
     def worker(crash_on: str) -> subprocess.CompletedProcess[bytes]:
         return subprocess.run(
-            worker_command(str(db), lease_ttl_s=1, until_idle=True),
+            worker_command(
+                str(db), tools="tests.crash_points:TOOLS", lease_ttl_s=1, until_idle=True
+            ),
             cwd=PROJECT_ROOT, env={**os.environ, CRASH_AFTER_SQL: crash_on},
             capture_output=True, timeout=100, check=False,
         )  # fmt: skip

@@ -6,15 +6,12 @@ import asyncio
 import os
 import random
 import signal
-import sqlite3
 import subprocess
 import time
 from collections import Counter
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
-from typing import Any
 
-import psycopg
 import pytest
 
 from qjsflow.runner import Runner, RunnerConfig, StartRunInput
@@ -22,6 +19,7 @@ from qjsflow.runner.scopes import run_key
 from qjsflow.runner.worker import worker_command
 from qjsflow.sandbox import PoolConfig
 from tests.conftest import PROJECT_ROOT
+from tests.journal_reads import query
 from tests.leases import seconds_until_lease_lapses
 
 pytestmark = pytest.mark.slow
@@ -120,19 +118,10 @@ async def _all_done(api: Runner, run_ids: list[str]) -> bool:
     return all(status in {"completed", "failed", "cancelled"} for status in statuses)
 
 
-def _query(journal: str, sql: str) -> list[tuple[Any, ...]]:
-    """Read the journal behind the runner's back, on either backend."""
-    if journal.startswith("postgresql://"):
-        with psycopg.connect(journal) as connection:
-            return [tuple(row) for row in connection.execute(sql.replace("%", "%%")).fetchall()]
-    with sqlite3.connect(journal) as connection:
-        return connection.execute(sql).fetchall()
-
-
 def _journal_checks(journal: str) -> None:
     if not journal.startswith("postgresql://"):
-        assert _query(journal, "PRAGMA integrity_check") == [("ok",)]
-    settled = _query(
+        assert query(journal, "PRAGMA integrity_check") == [("ok",)]
+    settled = query(
         journal,
         "SELECT run_id, data, count(*) FROM events"
         " WHERE type IN ('step_completed', 'step_failed', 'sleep_completed',"
@@ -181,14 +170,14 @@ async def test_sigkill_at_random_moments_loses_and_repeats_nothing(
             # Every invocation was written ahead as a call row before it ran.
             assert 1 <= lines[(run_id, str(step))] <= len(rows)
     _journal_checks(workers.db)
-    [(unfinished_calls,)] = _query(
+    [(unfinished_calls,)] = query(
         workers.db, "SELECT count(*) FROM tool_calls WHERE result IS NULL"
     )
-    [(interrupted,)] = _query(
+    [(interrupted,)] = query(
         workers.db,
         "SELECT count(*) FROM events WHERE type = 'step_retrying' AND data LIKE '%interrupted%'",
     )
-    [(drives,)] = _query(workers.db, "SELECT count(*) FROM events WHERE type = 'drive_started'")
+    [(drives,)] = query(workers.db, "SELECT count(*) FROM events WHERE type = 'drive_started'")
     print(
         f"chaos: {unfinished_calls} tool calls cut short, {interrupted} attempts interrupted, {drives} drives"
     )
@@ -257,10 +246,10 @@ async def test_a_paused_driver_whose_lease_was_taken_cannot_write(
     assert run.status == "completed"
     paused.send_signal(signal.SIGCONT)
     await asyncio.sleep(4.0)  # the paused tool call returns and its driver tries to write
-    epochs = _query(
+    epochs = query(
         workers.db, "SELECT seq, type, epoch FROM events WHERE run_id = 'acme/paused' ORDER BY seq"
     )
-    calls = _query(
+    calls = query(
         workers.db,
         "SELECT attempt, result FROM tool_calls WHERE run_id = 'acme/paused' ORDER BY seq",
     )

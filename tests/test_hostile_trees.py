@@ -12,6 +12,7 @@ import pytest
 
 from qjsflow.bundles import BuildLimits, PublishError, SourceTreeError, TreeLimits
 from qjsflow.runner import Runner, RunnerConfig
+from tests.journal_reads import table_counts
 
 ENTRY = "workflows/evil.ts"
 
@@ -39,12 +40,12 @@ def _importing(specifier: str, attributes: str = "") -> str:
 
 
 async def _refused(runner: Runner, tree: Path, marker: str) -> str:
-    counts = await runner.store.table_counts()
+    counts = table_counts(runner.store)
     with pytest.raises(PublishError) as caught:
         await runner.publish("acme", tree)
     message = str(caught.value)
     assert marker not in message
-    assert await runner.store.table_counts() == counts
+    assert table_counts(runner.store) == counts
     return message
 
 
@@ -213,4 +214,4 @@ async def test_bundles_over_the_output_cap_stop_the_build_early(tmp_path: Path) 
     async with Runner.open(tmp_path / "j.db", config) as runner:
         with pytest.raises(PublishError, match="larger than 2097152 bytes"):
             await runner.publish("acme", files)
-        assert (await runner.store.table_counts())["snapshots"] == 0
+        assert table_counts(runner.store)["snapshots"] == 0

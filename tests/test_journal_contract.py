@@ -14,6 +14,7 @@ from qjsflow.runner.scopes import run_key
 from qjsflow.runner.store import LeaseLost
 from qjsflow.sandbox import PoolConfig
 from tests.conftest import FakeClock, start_source
+from tests.journal_reads import table_counts
 from tests.postgres import PostgresServer
 
 SLEEPER = 'export default async (e, step) => { await step.sleep("nap", "1 minute"); return 1; };'
@@ -39,13 +40,13 @@ async def test_a_taken_over_lease_writes_nothing(clocked_runner: Runner) -> None
     assert second is not None
     assert time.monotonic() - held_since >= 0.29  # not granted while the first still held it
     assert second.epoch == first.epoch + 1
-    counts = await store.table_counts()
+    counts = table_counts(store)
     with pytest.raises(LeaseLost, match="was taken over"):
         await store.transact(lambda tx: tx.append_event(key, "late", now(), None), first)
     assert not await store.renew_lease(first, now(), 1000)
-    assert await store.table_counts() == counts
+    assert table_counts(store) == counts
     await store.transact(lambda tx: tx.append_event(key, "fresh", now(), None), second)
-    assert (await store.table_counts())["events"] == counts["events"] + 1
+    assert table_counts(store)["events"] == counts["events"] + 1
 
 
 async def test_due_timers_make_a_run_claimable(clocked_runner: Runner, clock: FakeClock) -> None:
@@ -63,7 +64,7 @@ async def test_due_timers_make_a_run_claimable(clocked_runner: Runner, clock: Fa
 async def test_group_commit_keeps_each_failure_to_itself(clocked_runner: Runner) -> None:
     run = await start_source(clocked_runner, SLEEPER)
     store = clocked_runner.store
-    counts = await store.table_counts()
+    counts = table_counts(store)
 
     def fails(tx: object) -> None:
         raise RuntimeError("this piece fails")
@@ -77,7 +78,7 @@ async def test_group_commit_keeps_each_failure_to_itself(clocked_runner: Runner)
     assert isinstance(results[1], RuntimeError)
     assert isinstance(results[0], int)
     assert isinstance(results[2], int)
-    assert (await store.table_counts())["events"] == counts["events"] + 2
+    assert table_counts(store)["events"] == counts["events"] + 2
 
 
 async def test_a_dropped_postgresql_connection_is_replaced(

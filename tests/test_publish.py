@@ -11,6 +11,7 @@ import quickjs
 from qjsflow.bundles import BundleError, SourceTreeError
 from qjsflow.runner import InvalidScope, Runner
 from tests.conftest import FIXTURES
+from tests.journal_reads import table_counts
 
 FUNCTION_STYLE = """
 import { helper } from "../lib/x";
@@ -37,12 +38,12 @@ async def test_same_tree_twice_is_one_snapshot_and_stores_nothing_new(
 ) -> None:
     tree = _copy_fixtures(tmp_path)
     first = await runner.publish("acme", tree)
-    counts = await runner.store.table_counts()
+    counts = table_counts(runner.store)
     second = await runner.publish("acme", tree)
     assert first.created
     assert not second.created
     assert second.snapshot_id == first.snapshot_id
-    assert await runner.store.table_counts() == counts
+    assert table_counts(runner.store) == counts
     assert counts["bundles"] == len(first.workflows) == 3
 
 
@@ -100,12 +101,12 @@ async def test_explicit_entries_replace_the_default(runner: Runner) -> None:
 
 
 async def test_syntax_error_names_file_line_and_column(runner: Runner) -> None:
-    counts = await runner.store.table_counts()
+    counts = table_counts(runner.store)
     source = "export default async function run() {\n  const x = ;\n}\n"
     with pytest.raises(BundleError) as caught:
         await runner.publish("acme", {"workflows/broken.ts": source})
     assert 'workflows/broken.ts:2:12: Unexpected ";"' in str(caught.value)
-    assert await runner.store.table_counts() == counts
+    assert table_counts(runner.store) == counts
 
 
 async def test_snapshots_belong_to_their_scope(runner: Runner) -> None:

@@ -17,6 +17,7 @@ from qjsflow.runner import (
 )
 from qjsflow.runner.scopes import run_key
 from tests.conftest import FakeClock, start_source
+from tests.journal_reads import table_counts
 
 BUFFERED = """
 export default async (event, step) => {
@@ -124,12 +125,12 @@ async def test_another_scope_sees_no_run(clocked_runner: Runner) -> None:
 
 async def test_bad_signals_are_refused_and_record_nothing(clocked_runner: Runner) -> None:
     run = await start_source(clocked_runner, THREE_WAITS)
-    counts = await clocked_runner.store.table_counts()
+    counts = table_counts(clocked_runner.store)
     with pytest.raises(InvalidEvent, match="invalid event type"):
         await clocked_runner.signal(run.run_id, "bad type!", 1, scope="acme")
     with pytest.raises(InvalidInput, match="the event payload is larger than the limit"):
         await clocked_runner.signal(run.run_id, "tick", "x" * (1024 * 1024 + 1), scope="acme")
-    assert await clocked_runner.store.table_counts() == counts
+    assert table_counts(clocked_runner.store) == counts
 
 
 HISTORY = """

@@ -315,16 +315,6 @@ class JournalStore:
             raise StoredCodeDamaged(scope, snapshot_id, workflow)
         return BundleRecord(scope, snapshot_id, workflow, entry_path, code)
 
-    async def table_counts(self) -> dict[str, int]:
-        """Rows in each journal table: what tests use to show that nothing was written."""
-        rows = await self._all(self._backend.dialect.list_tables)
-        counts: dict[str, int] = {}
-        for table in sorted(str(row[0]) for row in rows):
-            # `table` comes from the database's catalog, not from a caller.
-            counted = await self._all(f'SELECT count(*) FROM "{table}"')
-            counts[table] = int(counted[0][0])
-        return counts
-
     # -- runs: reads outside any write transaction --------------------------------------------
 
     async def get_run(self, run_id: str) -> RunRecord | None:
