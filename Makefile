@@ -11,6 +11,7 @@ lint: setup
 	.venv/bin/ruff check .
 	.venv/bin/ruff format --check .
 	.venv/bin/mypy
+	.venv/bin/python scripts/lint_prelude.py
 
 test: lint
 	.venv/bin/pytest

@@ -5,10 +5,8 @@
 let limits = null;
 let runId = "";
 let journal = new RealMap(); // key -> {value, error, at, seq}
-let journalSize = 0;
 const unsettled = new RealSet(); // keys of steps with a row that is not settled
 let consumed = 0;
-const counters = new RealMap();
 let outbox = [];
 const pending = new RealMap(); // id -> {onResult}
 const hits = []; // replayed entries whose promise waits for its turn: a min-heap on seq

@@ -87,7 +87,7 @@ function settleHit(hit) {
   else hit.resolve(decode(hit.entry.value));
 }
 // The default answer handler: a value is a journal value (encoded text, or null).
-function valueAnswer(result, at, key, count, resolve, reject) {
+function valueAnswer(result, at, key, _count, resolve, reject) {
   if (hasOwn(result, "suspend")) {
     append(markers, { suspend: result.suspend, event: result.event });
   } else if (hasOwn(result, "error")) {

@@ -69,8 +69,9 @@ function lockdown(runtime) {
   for (const name of ["WeakRef", "FinalizationRegistry", "performance", "SharedArrayBuffer", "Atomics"]) {
     delete G[name];
   }
-  G.Date = LogicalDate;
+  G.Date = /** @type {DateConstructor} */ (/** @type {unknown} */ (LogicalDate));
   Math.random = random;
+  /** @type {Array<[object, string[]]>} */
   const overrides = [
     [O.prototype, ["constructor", "toString", "toLocaleString", "valueOf", "hasOwnProperty", "isPrototypeOf", "propertyIsEnumerable"]],
     [Function.prototype, ["constructor", "toString"]],

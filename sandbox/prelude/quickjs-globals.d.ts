@@ -1,0 +1,3 @@
+// What QuickJS has that the standard library declarations lack; read only by the prelude's
+// type check (scripts/lint_prelude.py), never shipped.
+declare class InternalError extends Error {}
