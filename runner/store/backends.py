@@ -22,7 +22,7 @@ from qjsflow.runner.errors import JournalUnavailable
 from qjsflow.runner.store.connection import JobThread, connect_sqlite
 from qjsflow.runner.store.dialect import POSTGRES, SQLITE, Dialect
 from qjsflow.runner.store.migrations import migrate
-from qjsflow.runner.store.pg_schema import migrate_postgres
+from qjsflow.runner.store.pg_schema import PG_MIGRATIONS
 
 __all__ = ["Backend", "Dialect", "is_postgres_url", "open_backend"]
 
@@ -98,7 +98,7 @@ class SqliteBackend:
             raise
         backend = cls(thread, connection)
         try:
-            await backend.run(partial(migrate, location=str(path), create=create))
+            await backend.run(partial(migrate, location=str(path), dialect=SQLITE, create=create))
         except BaseException:
             await backend.close()
             raise
@@ -168,7 +168,12 @@ class PostgresBackend:
     async def open(cls, url: str, *, create: bool = True) -> PostgresBackend:
         backend = cls(url)
         try:
-            await backend.run(partial(migrate_postgres, create=create))
+            await backend.run(
+                partial(
+                    migrate, location="the given database URL", dialect=POSTGRES,
+                    migrations=PG_MIGRATIONS, create=create,
+                )
+            )  # fmt: skip
         except BaseException:
             await backend.close()
             raise

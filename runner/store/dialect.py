@@ -19,6 +19,10 @@ class Dialect:
     # The clock that judges leases: None for the caller's (SQLite: one machine, one clock);
     # SQL for the database's own (PostgreSQL: workers on many machines whose clocks differ).
     lease_clock: str | None = None
+    # Schema migrations: a query with a row when `schema_migrations` exists, and what opens
+    # each migration's transaction after `begin` (locks, the version table).
+    has_version_table: str = ""
+    migration_prologue: tuple[str, ...] = ()
 
 
 SQLITE = Dialect(
@@ -27,6 +31,13 @@ SQLITE = Dialect(
     lock_run="",
     skip_locked_claims=False,
     list_tables="SELECT name FROM sqlite_schema WHERE type = 'table' AND name NOT LIKE 'sqlite_%'",
+    has_version_table=(
+        "SELECT 1 FROM sqlite_schema WHERE type = 'table' AND name = 'schema_migrations'"
+    ),
+    migration_prologue=(
+        "CREATE TABLE IF NOT EXISTS schema_migrations ("
+        " version INTEGER PRIMARY KEY, name TEXT NOT NULL, applied_at REAL NOT NULL) STRICT",
+    ),
 )
 POSTGRES = Dialect(
     name="postgresql",
@@ -35,4 +46,10 @@ POSTGRES = Dialect(
     skip_locked_claims=True,
     list_tables="SELECT tablename FROM pg_tables WHERE schemaname = current_schema()",
     lease_clock="(extract(epoch FROM clock_timestamp()) * 1000)::bigint",
+    has_version_table="SELECT 1 WHERE to_regclass('schema_migrations') IS NOT NULL",
+    migration_prologue=(
+        f"SELECT pg_advisory_xact_lock({0x716A73666C6F77})",  # "qjsflow": openers take turns
+        "CREATE TABLE IF NOT EXISTS schema_migrations ("
+        " version BIGINT PRIMARY KEY, name TEXT NOT NULL, applied_at DOUBLE PRECISION NOT NULL)",
+    ),
 )

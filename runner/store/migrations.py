@@ -1,17 +1,19 @@
-"""Versioned schema migrations. Append new ones; never edit one that has shipped.
-
-Each migration runs in its own `BEGIN IMMEDIATE` transaction together with the row that records
-it in `schema_migrations`, so concurrent openers apply each exactly once.
+"""Versioned schema migrations (SQLite's here, PostgreSQL's in `pg_schema`), and the one
+function that applies either. Append new ones; never edit one that has shipped.
 """
 
 from __future__ import annotations
 
-import sqlite3
 import time
+from collections.abc import Sequence
+from typing import Any
 
 from qjsflow.runner.errors import JournalUnavailable
+from qjsflow.runner.store.dialect import Dialect
 
-__all__ = ["MIGRATIONS", "current_version", "migrate", "scoped_run_keys"]
+__all__ = ["MIGRATIONS", "Migration", "current_version", "migrate", "scoped_run_keys"]
+
+Migration = tuple[int, str, str]  # version, what it does, its statements
 
 _RUN_TABLES = ("steps", "events", "inbox", "timers", "tool_calls", "logs")
 _RUN_COLUMNS_V6 = (
@@ -215,26 +217,32 @@ MIGRATIONS: tuple[tuple[int, str, str], ...] = (
 )
 
 
-def current_version(connection: sqlite3.Connection) -> int | None:
+def current_version(connection: Any, dialect: Dialect) -> int | None:
     """The schema version, read without a write transaction; None when there is no schema."""
-    if (
-        connection.execute(
-            "SELECT 1 FROM sqlite_schema WHERE type = 'table' AND name = 'schema_migrations'"
-        ).fetchone()
-        is None
-    ):
+    if connection.execute(dialect.has_version_table).fetchone() is None:
         return None
     row = connection.execute("SELECT max(version) FROM schema_migrations").fetchone()
     return None if row is None or row[0] is None else int(row[0])
 
 
-def migrate(connection: sqlite3.Connection, location: str, *, create: bool = True) -> int:
-    """On the journal's thread: bring the schema up to date; returns the version it is at. A
-    current schema is only read (no write lock: a read-only command works while another
+def migrate(
+    connection: Any,
+    location: str,
+    *,
+    dialect: Dialect,
+    migrations: Sequence[Migration] | None = None,
+    create: bool = True,
+) -> int:
+    """On the journal's thread: bring the schema up to date; returns the version it is at.
+
+    A current schema is only read (no write lock: a read-only command works while another
     process writes); without `create`, a database with no schema or an old one is refused,
-    never written."""
-    version = current_version(connection)
-    latest = MIGRATIONS[-1][0]
+    never written. Each migration is one transaction with the row that records it, opened by
+    the dialect's prologue (the write lock; on PostgreSQL an advisory lock too), so concurrent
+    openers apply each exactly once."""
+    steps = migrations if migrations is not None else MIGRATIONS
+    version = current_version(connection, dialect)
+    latest = steps[-1][0]
     if version is not None and version > latest:
         raise JournalUnavailable(
             location, f"is at schema version {version}, newer than this qjsflow"
@@ -248,13 +256,11 @@ def migrate(connection: sqlite3.Connection, location: str, *, create: bool = Tru
             else f"is at schema version {version}: open it once with a writing command"
         )
         raise JournalUnavailable(location, problem)
-    connection.execute(
-        "CREATE TABLE IF NOT EXISTS schema_migrations ("
-        " version INTEGER PRIMARY KEY, name TEXT NOT NULL, applied_at REAL NOT NULL) STRICT"
-    )
-    for version, name, script in MIGRATIONS:
-        connection.execute("BEGIN IMMEDIATE")
+    for version, name, script in steps:
+        connection.execute(dialect.begin)
         try:
+            for statement in dialect.migration_prologue:
+                connection.execute(statement)
             applied = connection.execute(
                 "SELECT 1 FROM schema_migrations WHERE version = ?", (version,)
             ).fetchone()
@@ -269,7 +275,7 @@ def migrate(connection: sqlite3.Connection, location: str, *, create: bool = Tru
         except BaseException:
             connection.execute("ROLLBACK")
             raise
-    return MIGRATIONS[-1][0]
+    return latest
 
 
 def _statements(script: str) -> list[str]:

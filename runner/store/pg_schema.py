@@ -1,22 +1,17 @@
 """The journal's schema on PostgreSQL: the same tables as SQLite's migrations 1-6, with
 PostgreSQL's types (times and counts are BIGINT milliseconds; sequences are identities).
 
-Versioned like the SQLite migrations; concurrent openers serialize on an advisory lock.
+Versioned like the SQLite migrations and applied by the same function; concurrent openers
+serialize on an advisory lock (the dialect's migration prologue).
 """
 
 from __future__ import annotations
 
-import time
-from typing import Any
+from qjsflow.runner.store.migrations import Migration, scoped_run_keys
 
-from qjsflow.runner.errors import JournalUnavailable
-from qjsflow.runner.store.migrations import scoped_run_keys
+__all__ = ["PG_MIGRATIONS"]
 
-__all__ = ["PG_MIGRATIONS", "migrate_postgres"]
-
-_LOCK_KEY = 0x716A73666C6F77  # "qjsflow"
-
-PG_MIGRATIONS: tuple[tuple[int, str, str], ...] = (
+PG_MIGRATIONS: tuple[Migration, ...] = (
     (
         1,
         "the journal (SQLite migrations 1-6)",
@@ -87,42 +82,3 @@ PG_MIGRATIONS: tuple[tuple[int, str, str], ...] = (
         scoped_run_keys("strpos(run_id, '/') = 0"),
     ),
 )
-
-
-def migrate_postgres(connection: Any, *, create: bool = True) -> int:
-    """Bring the schema up to date (on the backend's thread); returns the version. A current
-    schema is only read; without `create`, a database with no or an old schema is refused."""
-    latest = PG_MIGRATIONS[-1][0]
-    exists = connection.execute("SELECT to_regclass('schema_migrations')").fetchone()[0]
-    version = None
-    if exists is not None:
-        version = connection.execute("SELECT max(version) FROM schema_migrations").fetchone()[0]
-    if version == latest:
-        return latest
-    if not create:
-        problem = "holds no qjsflow journal" if version is None else f"is at version {version}"
-        raise JournalUnavailable("the given database URL", problem)
-    connection.execute("BEGIN")
-    try:
-        connection.execute("SELECT pg_advisory_xact_lock(?)", (_LOCK_KEY,))
-        connection.execute(
-            "CREATE TABLE IF NOT EXISTS schema_migrations ("
-            " version BIGINT PRIMARY KEY, name TEXT NOT NULL, applied_at DOUBLE PRECISION NOT NULL)"
-        )
-        for version, name, script in PG_MIGRATIONS:
-            applied = connection.execute(
-                "SELECT 1 FROM schema_migrations WHERE version = ?", (version,)
-            ).fetchone()
-            if applied is None:
-                for statement in (part.strip() for part in script.split(";")):
-                    if statement:
-                        connection.execute(statement)
-                connection.execute(
-                    "INSERT INTO schema_migrations (version, name, applied_at) VALUES (?, ?, ?)",
-                    (version, name, time.time()),
-                )
-        connection.execute("COMMIT")
-    except BaseException:
-        connection.execute("ROLLBACK")
-        raise
-    return PG_MIGRATIONS[-1][0]
