@@ -51,6 +51,7 @@ from qjsflow.runner.store import (
     LogRecord,
     RunRecord,
     SnapshotRecord,
+    WorkflowRecord,
 )
 from qjsflow.runner.views import (
     TERMINAL,
@@ -72,10 +73,7 @@ Source = str | os.PathLike[str] | Mapping[str, str | bytes]
 _RUN_ID = re.compile(r"^[A-Za-z0-9_-]{1,128}$")
 
 
-@dataclass(frozen=True, slots=True)
-class PublishedWorkflow:
-    workflow: str
-    entry_path: str
+PublishedWorkflow = WorkflowRecord  # a workflow of a snapshot: its name and its entry file
 
 
 @dataclass(frozen=True, slots=True)
@@ -395,5 +393,4 @@ def _check_same(existing: RunRecord, wanted: RunRecord) -> None:
 
 
 def _published(record: SnapshotRecord, *, created: bool) -> PublishResult:
-    workflows = tuple(PublishedWorkflow(w.workflow, w.entry_path) for w in record.workflows)
-    return PublishResult(record.scope, record.snapshot_id, workflows, created)
+    return PublishResult(record.scope, record.snapshot_id, record.workflows, created)
