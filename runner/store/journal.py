@@ -221,6 +221,14 @@ class JournalStore:
     async def _all(self, sql: str, args: tuple[Any, ...] = ()) -> list[Any]:
         return await self._retrying(lambda: self._backend.all(sql, args))
 
+    async def _read(self, work: Callable[[JournalTransaction], T]) -> T:
+        """A read the write transactions also make, outside any transaction: one statement
+        for both, written once in `JournalTransaction`."""
+        dialect = self._backend.dialect
+        return await self._retrying(
+            lambda: self._backend.run(lambda c: work(JournalTransaction(c, None, dialect)))
+        )
+
     # -- leases --------------------------------------------------------------------------------
 
     async def acquire_lease(
@@ -318,8 +326,7 @@ class JournalStore:
     # -- runs: reads outside any write transaction --------------------------------------------
 
     async def get_run(self, run_id: str) -> RunRecord | None:
-        rows = await self._all(f"SELECT {RUN_COLUMNS} FROM runs WHERE run_id = ?", (run_id,))
-        return run_record(rows[0]) if rows else None
+        return await self._read(lambda tx: tx.get_run(run_id))
 
     async def scopes_of_run(self, run_id: str) -> list[str]:
         """Scopes holding a run with this id (an operator's look-up across scopes): one
