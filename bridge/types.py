@@ -202,7 +202,6 @@ class Value:
 class Suspend:
     kind: SuspendKind
     event: str | None = None  # the awaited event type, for kind "event"
-    wake_at_ms: int | None = None  # when a sleep or a retry is due, if known
 
 
 Result = Value | Suspend | StepFailure

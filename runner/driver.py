@@ -63,7 +63,6 @@ class RunDriver:
         self.worker_id = f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(4)}"
         self._locks = _KeyedLocks()
         self._bundles: dict[tuple[str, str, str], str] = {}
-        self.active = 0  # drives in progress in this process
 
     def now_ms(self) -> int:
         return int(self.config.clock() * 1000)
@@ -81,13 +80,11 @@ class RunDriver:
             )
             final: RunRecord | None = None
             if lease is not None:
-                self.active += 1
                 try:
                     final = await self._drive_leased(lease, bindings)
                 except LeaseLost:
                     pass  # another driver has the run now; it writes the rest
                 finally:
-                    self.active -= 1
                     if final is None:  # not released with the drive's last transaction
                         await self.store.release_lease(lease)
             run = final or await self.store.get_run(run_id)

@@ -8,8 +8,6 @@ null); a late writer is answered with the winner's value.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from qjsflow.bridge import dumps_text, loads
 from qjsflow.bridge.types import (
     Result,
@@ -79,12 +77,6 @@ def _policy_from_json(text: str | None) -> RetryPolicy:
     return RetryPolicy(data["limit"], data["delayMs"], data["backoff"], data["timeoutMs"])
 
 
-@dataclass(frozen=True, slots=True)
-class _Settled:
-    result: Result
-    at: int
-
-
 def settled(row: StepRow | None) -> Answered | None:
     """A settled step as an answer, or None while it is not settled."""
     if row is None or row.settled_seq is None or row.completed_at is None:
@@ -138,7 +130,7 @@ def begin_attempt(
         row = refreshed
     due = int(loads(row.detail or "{}").get("retryAt", 0))
     if due > now:
-        return Suspend("retry", wake_at_ms=due), None
+        return Suspend("retry"), None
     attempt = row.attempt + 1
     tx.delete_timer(run_id, key)
     tx.update_step(run_id, kind, name, count, status="running", attempt=attempt, started_at=now)
@@ -265,7 +257,7 @@ def sleep(tx: JournalTransaction, run_id: str, op: StepSleep, now: int) -> Answe
     due = int(loads(row.detail or "{}")["dueAt"])
     if due > now:
         tx.set_timer(run_id, row.key, "sleep", due)
-        return Suspend("sleep", wake_at_ms=due), None
+        return Suspend("sleep"), None
     tx.delete_timer(run_id, row.key)
     tx.settle_step(
         row, status="completed", output=None, error=None, at=now, event_type="sleep_completed"
@@ -334,7 +326,7 @@ def wait_for_event(
         )  # fmt: skip
         return failure, now
     tx.set_timer(run_id, row.key, "wait_timeout", deadline)
-    return Suspend("event", event=detail["type"], wake_at_ms=deadline), None
+    return Suspend("event", event=detail["type"]), None
 
 
 def event_value(event_type: str, payload: str, received_at: int) -> str:

@@ -138,10 +138,6 @@ class JournalStore:
         `create` the journal must exist with a current schema: nothing is written."""
         return cls(await open_backend(location, create=create), location)
 
-    @property
-    def backend_name(self) -> str:
-        return self._backend.dialect.name
-
     async def aclose(self) -> None:
         if self._committer is not None:
             await asyncio.gather(self._committer, return_exceptions=True)
