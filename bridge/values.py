@@ -39,7 +39,7 @@ from typing import Any
 from qjsflow.bridge.codec import dumps_text, loads
 from qjsflow.bridge.errors import InvalidInput
 
-__all__ = ["JsValue", "from_python", "to_json_form", "to_python"]
+__all__ = ["JsValue", "from_python", "tagged_date", "to_json_form", "to_python"]
 
 _TYPED = {
     "Int8Array": "b",
@@ -70,6 +70,11 @@ class JsValue:
     @property
     def tag(self) -> str:
         return str(self.encoded.get("$t"))
+
+
+def tagged_date(ms: int) -> dict[str, Any]:
+    """A JavaScript Date at `ms` since the epoch, as the journal encodes it."""
+    return {"$t": "Date", "v": ms}
 
 
 def to_python(text: str) -> Any:
@@ -123,8 +128,9 @@ def _tag(value: Any, what: str, depth: int, lenient: bool) -> Any:
     if isinstance(value, dt.datetime):
         moment = value if value.tzinfo else value.replace(tzinfo=dt.UTC)
         delta = moment - _EPOCH
-        ms = (delta.days * 86_400 + delta.seconds) * 1000 + delta.microseconds // 1000
-        return {"$t": "Date", "v": ms}
+        return tagged_date(
+            (delta.days * 86_400 + delta.seconds) * 1000 + delta.microseconds // 1000
+        )
     if isinstance(value, JsValue):
         return value.encoded
     if isinstance(value, bytes | bytearray):

@@ -22,6 +22,7 @@ from qjsflow.bridge.types import (
     Value,
     step_key,
 )
+from qjsflow.bridge.values import tagged_date
 from qjsflow.bridge.wire import ProtocolError, failure_to_wire
 from qjsflow.runner.store import JournalTransaction, StepRow
 
@@ -333,5 +334,5 @@ def event_value(event_type: str, payload: str, received_at: int) -> str:
     # The payload is already encoded: splice it in rather than decode and re-encode it.
     return (
         f'{{"type":{dumps_text(event_type)},"payload":{payload},'
-        f'"timestamp":{{"$t":"Date","v":{received_at}}}}}'
+        f'"timestamp":{dumps_text(tagged_date(received_at))}}}'
     )
