@@ -24,9 +24,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-import orjson
 import quickjs
 
+from qjsflow.bridge.codec import dumps, dumps_text, loads
 from qjsflow.bridge.rules import RULES
 from qjsflow.sandbox.frames import frame, read_frame_fd
 
@@ -96,7 +96,7 @@ class Drive:
         try:
             if self.budget_s <= 0:
                 raise DriveStopped(f"{self.budget_name} exceeded", limit=False)
-            self._call("boot", orjson.dumps(self.request).decode())
+            self._call("boot", dumps_text(self.request))
             self._call("load", self.bundle, what="loading the workflow")
             self._call("start", "", what="starting the workflow")
             return self._loop()
@@ -116,7 +116,7 @@ class Drive:
             if not ops:
                 return _outcome(self._call("finish"))
             for answer in self._exchange(ops):
-                self._call("answer", orjson.dumps(answer).decode())
+                self._call("answer", dumps_text(answer))
                 self._drain()
 
     def _exchange(self, ops: str) -> list[Any]:
@@ -127,7 +127,7 @@ class Drive:
         reply = read_frame_fd(0)
         if reply is None:
             raise SystemExit(0)  # the parent went away
-        answers: list[Any] = orjson.loads(reply)["answers"]
+        answers: list[Any] = loads(reply, max_depth=None)["answers"]
         return answers
 
     def _remaining(self) -> float:
@@ -148,7 +148,7 @@ class Drive:
         if not isinstance(answer, str):
             raise DriveStopped(f"the prelude answered {command} with a non-string", limit=True)
         if answer.startswith('{"error":'):
-            failure = orjson.loads(answer)["error"]
+            failure = loads(answer, max_depth=None)["error"]
             prefix = f"{what}: " if what else ""
             message = f"{prefix}{failure['name']}: {failure['message']}"
             raise DriveStopped(failure["message"] if failure.get("limit") else message,
@@ -194,8 +194,11 @@ def _outcome(text: str) -> bytes:
 
 
 def _failed(message: str, *, recycle: bool) -> bytes:
-    outcome = {"status": "failed", "retryable": False, "message": message}
-    return orjson.dumps({"type": "outcome", "outcome": outcome, "recycle": recycle})
+    # Cut as the prelude cuts: a message composed here (`load: name: message`) is as long as
+    # the author made it, and the wire refuses anything longer.
+    text = message[: RULES.error_message_chars]
+    outcome = {"status": "failed", "retryable": False, "message": text}
+    return dumps({"type": "outcome", "outcome": outcome, "recycle": recycle})
 
 
 def _write_all(fd: int, data: bytes) -> None:
@@ -227,7 +230,7 @@ def main() -> None:
         payload = read_frame_fd(0)
         if payload is None:
             return
-        message = orjson.loads(payload)
+        message = loads(payload, max_depth=None)
         drive = Drive(message["request"], message["bundle"], frames_out, prepared)
         result = drive.run()
         del drive, prepared

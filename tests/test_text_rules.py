@@ -144,6 +144,30 @@ async def test_an_authors_long_error_texts_are_cut_not_a_protocol_error(runner: 
     assert "m" * (R.error_message_chars + 1) not in step.error
 
 
+@pytest.mark.parametrize(
+    "source",
+    [
+        "THROW\nexport default async () => 1;",  # while the bundle loads
+        "export default async () => { THROW };",  # in the body
+        "export default async (e, step) => { await step.sleep('s', 0); THROW };",  # on replay
+    ],
+)
+async def test_a_long_error_anywhere_fails_the_run_with_a_cut_message(
+    runner: Runner, source: str
+) -> None:
+    throw = (
+        f'const x = new Error("m".repeat({R.error_message_chars * 2}));'
+        f' x.name = "N".repeat({R.error_name_chars * 2}); throw x;'
+    )
+    run = await start_source(runner, source.replace("THROW", throw))
+    if run.status == "sleeping":
+        run = await runner.resume(run.run_id, scope="acme")
+    assert run.status == "failed"
+    assert run.error is not None
+    assert "protocol" not in run.error
+    assert len(run.error) == R.error_message_chars
+
+
 async def test_a_tools_long_failure_is_cut_to_the_rules(runner: Runner) -> None:
     class Enormous(Exception):
         pass
