@@ -16,7 +16,7 @@ from pathlib import Path
 import orjson
 import quickjs
 
-from qjsflow.bundles import build_snapshot, tree_from_mapping
+from qjsflow.bundles import build_snapshot
 from qjsflow.sandbox import ExecutorPool, PoolConfig
 from tests.memory_host import MemoryHost
 
@@ -32,7 +32,7 @@ export default async (event, step) => {{
 
 
 async def _bundle(source: str) -> str:
-    snapshot = await build_snapshot(tree_from_mapping({"workflows/w.js": source}))
+    snapshot = await build_snapshot({"workflows/w.js": source})
     return snapshot.bundles[0].code
 
 

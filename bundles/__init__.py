@@ -12,10 +12,19 @@ from qjsflow.bundles.snapshot import (
     snapshot_id_of,
 )
 from qjsflow.bundles.toolchain import ESBUILD_VERSION, find_toolchain, setup_tools
-from qjsflow.bundles.tree import SourceFile, SourceTree, TreeLimits, read_tree, tree_from_mapping
+from qjsflow.bundles.tree import (
+    IGNORE_FILE,
+    SourceFile,
+    SourceTree,
+    TreeLimits,
+    TreeListing,
+    scan_tree,
+    tree_from_mapping,
+)
 
 __all__ = [
     "ESBUILD_VERSION",
+    "IGNORE_FILE",
     "BuildLimits",
     "BundleError",
     "PublishError",
@@ -24,10 +33,11 @@ __all__ = [
     "SourceTree",
     "SourceTreeError",
     "TreeLimits",
+    "TreeListing",
     "WorkflowBundle",
     "build_snapshot",
     "find_toolchain",
-    "read_tree",
+    "scan_tree",
     "select_entries",
     "setup_tools",
     "snapshot_id_of",

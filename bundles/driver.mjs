@@ -1,57 +1,138 @@
-// Bundles the entries of one staged snapshot tree with esbuild's JS API, confined to that tree.
+// Bundles the entries of one snapshot tree with esbuild's JS API, confined to that tree.
 //
-// Input (stdin, JSON): { esbuild, root, entries: [relative path], shims: {module: source} }.
-// Output (stdout, JSON): { outputs: [{ entry, code }] } or { errors: [{ text, file, line, column }] }.
-// The guard plugin resolves nothing outside `root`: absolute, escaping and bare imports are
-// refused before esbuild touches the file system for them, and every load is checked by real
-// path, so no host byte can reach a bundle or an error message.
+// Input (stdin, JSON): { esbuild, root, entries: [relative path], shims: {module: source},
+//   files: {relative path: size}, refused: {relative path: why}, maxFiles, maxTotalBytes,
+//   maxOutputBytes }. `files` and `refused` come from the publisher's scan of the tree.
+// Output (stdout, JSON): { outputs: [{ entry, code }], inputs: {relative path: sha256} } or
+//   { errors: [{ text, file, line, column }] }.
+//
+// Only what the entries reach is read, and this plugin reads it (esbuild never opens a file):
+// each load must be a regular file the scan listed, opened without following a link. Relative
+// imports may not leave the tree; a bare import resolves only in a node_modules folder inside
+// the tree (esbuild's resolver, so `exports` maps work as in Node), never in one above it.
+import { closeSync, constants, fstatSync, openSync, readSync, realpathSync } from "node:fs";
 import { readFileSync } from "node:fs";
-import { realpathSync } from "node:fs";
-import { isAbsolute, relative, resolve, sep } from "node:path";
-import { createRequire } from "node:module";
+import { createHash } from "node:crypto";
+import { builtinModules, createRequire } from "node:module";
+import { dirname, isAbsolute, relative, resolve, sep } from "node:path";
 
 const request = JSON.parse(readFileSync(0, "utf8"));
 const esbuild = createRequire(import.meta.url)(request.esbuild);
 const root = realpathSync(request.root);
 const shims = request.shims;
+const files = request.files;
+const refused = request.refused;
+const links = request.links;
 const VIRTUAL = "qjsflow-virtual";
+const BUILTINS = new Set(builtinModules);
+const LOADERS = {
+  ".ts": "ts", ".mts": "ts", ".cts": "ts", ".js": "js", ".mjs": "js", ".cjs": "js",
+  ".json": "json", ".txt": "text",
+};
 
 const inside = (target) => target === root || target.startsWith(root + sep);
+const treePath = (absolute) => relative(root, absolute).split(sep).join("/");
 const refuse = (text) => ({ errors: [{ text }] });
+const inputs = {};
+let inputBytes = 0;
+
+function whyNot(path) {
+  const parts = path.split("/");
+  for (let depth = parts.length; depth > 0; depth--) {
+    const reason = refused[parts.slice(0, depth).join("/")];
+    if (reason !== undefined) return reason;
+  }
+  return "is not in the published tree";
+}
+
+// Why an import that esbuild resolved out of the tree did so: the refused entry (a symlink,
+// most likely) on its way, tried with each extension the resolver tries.
+function refusedOnTheWay(lexical) {
+  if (lexical === null || !inside(lexical)) return null;
+  const path = treePath(lexical);
+  for (const candidate of [path, ...[".ts", ".mts", ".js", ".mjs", ".cjs", ".json"].map((e) => path + e)]) {
+    const reason = whyNot(candidate);
+    if (!Object.hasOwn(files, candidate) && reason !== "is not in the published tree") {
+      return `${candidate}: ${reason}`;
+    }
+  }
+  return null;
+}
+
+// "zod", "zod/mini", "@scope/name/sub" -> the package name.
+function packageName(specifier) {
+  const parts = specifier.split("/");
+  return specifier.startsWith("@") ? parts.slice(0, 2).join("/") : parts[0];
+}
+
+// The package a tree file belongs to, when it lies in a node_modules folder.
+function owningPackage(path) {
+  const at = path.lastIndexOf("node_modules/");
+  return at < 0 ? null : packageName(path.slice(at + "node_modules/".length));
+}
+
+// Where a bare import's package is installed inside the tree: true, or why it is not usable
+// (a refused link on the way), or false when no node_modules inside the tree has it.
+function installedInTree(name, fromDir) {
+  for (let dir = fromDir; inside(dir); dir = dirname(dir)) {
+    const folder = treePath(resolve(dir, "node_modules", name));
+    if (Object.hasOwn(files, `${folder}/package.json`) || Object.hasOwn(links, folder)) return true;
+    const reason = whyNot(folder);
+    if (reason !== "is not in the published tree") return `${folder}: ${reason}`;
+    if (dir === root) break;
+  }
+  return false;
+}
 
 const guard = {
   name: "qjsflow-guard",
   setup(build) {
-    build.onResolve({ filter: /.*/ }, (args) => {
+    build.onResolve({ filter: /.*/ }, async (args) => {
+      if (args.pluginData === "inner") return undefined; // our own build.resolve below
       if (args.kind === "entry-point") {
         return inside(resolve(root, args.path)) ? undefined : refuse("entry outside the snapshot");
       }
       if (Object.hasOwn(shims, args.path)) return { path: args.path, namespace: VIRTUAL };
       if (args.namespace === VIRTUAL) return refuse(`the module "${args.importer}" imports nothing`);
+      const importer = args.importer && inside(args.importer) ? treePath(args.importer) : "";
       if (isAbsolute(args.path)) {
         return refuse(`imports a file outside the snapshot: ${args.path} (absolute import)`);
       }
-      if (!/^\.\.?(\/|$)/.test(args.path)) {
-        return refuse(
-          `imports the package "${args.path}": only relative imports inside the snapshot ` +
-            `and the modules "qjsflow" and "cloudflare:workers" are allowed`,
-        );
-      }
-      if (!inside(resolve(args.resolveDir, args.path))) {
+      const relativeImport = /^\.\.?(\/|$)/.test(args.path);
+      if (relativeImport && !inside(resolve(args.resolveDir, args.path))) {
         return refuse(`imports a file outside the snapshot: ${args.path}`);
       }
-      return undefined;
-    });
-    build.onLoad({ filter: /.*/, namespace: "file" }, (args) => {
-      let real;
-      try {
-        real = realpathSync(args.path);
-      } catch {
-        return refuse(`cannot read ${relative(root, args.path)}`);
+      if (!relativeImport) {
+        const name = packageName(args.path);
+        const builtin = args.path.startsWith("node:") ? args.path.slice(5) : name;
+        if (args.path.startsWith("node:") || BUILTINS.has(builtin)) {
+          const owner = owningPackage(importer);
+          const who = owner === null ? "imports" : `imports (through the package "${owner}")`;
+          return refuse(`${who} the Node built-in "${builtin}", which workflows do not have`);
+        }
+        if (args.path.startsWith("cloudflare:")) {
+          return refuse(`imports "${args.path}": the supported modules are "qjsflow", ` +
+            `"cloudflare:workers" and "cloudflare:workflows"`);
+        }
+        const installed = installedInTree(name, args.resolveDir);
+        if (installed === false) {
+          return refuse(`imports the package "${name}", which is not installed: install it ` +
+            `into node_modules inside the tree`);
+        }
+        if (installed !== true) return refuse(`imports the package "${name}": ${installed}`);
       }
-      if (!inside(real)) return refuse("imports a file outside the snapshot");
-      return undefined;
+      const found = await build.resolve(args.path, {
+        kind: args.kind, importer: args.importer, resolveDir: args.resolveDir, pluginData: "inner",
+      });
+      if (found.errors.length > 0) return { errors: found.errors };
+      if (found.external || found.namespace !== "file") return refuse(`cannot import ${args.path}`);
+      if (!inside(found.path)) {
+        const link = refusedOnTheWay(relativeImport ? resolve(args.resolveDir, args.path) : null);
+        return refuse(link !== null ? link : `imports ${args.path}, which resolves outside the snapshot`);
+      }
+      return { path: found.path, sideEffects: found.sideEffects };
     });
+    build.onLoad({ filter: /.*/, namespace: "file" }, (args) => load(args.path));
     build.onLoad({ filter: /.*/, namespace: VIRTUAL }, (args) => ({
       contents: shims[args.path],
       loader: "js",
@@ -59,19 +140,68 @@ const guard = {
   },
 };
 
+// Read one reached file: listed by the scan, inside the tree, a regular file opened without
+// following a link; its digest lets the publisher check that it reads the same bytes.
+function load(absolute) {
+  if (!inside(absolute)) return refuse("imports a file outside the snapshot");
+  const path = treePath(absolute);
+  if (!Object.hasOwn(files, path)) return refuse(`${path}: ${whyNot(path)}`);
+  const extension = path.slice(path.lastIndexOf("."));
+  const loader = Object.hasOwn(LOADERS, extension) ? LOADERS[extension] : null;
+  if (loader === null) return refuse(`${path}: files ending in "${extension}" cannot be imported`);
+  let contents;
+  if (!Object.hasOwn(inputs, path)) {
+    if (Object.keys(inputs).length >= request.maxFiles) {
+      return refuse(`the workflows reach more than ${request.maxFiles} files (at ${path})`);
+    }
+    contents = readListed(path);
+    if (typeof contents === "string") return refuse(`${path}: ${contents}`);
+    inputBytes += contents.length;
+    if (inputBytes > request.maxTotalBytes) {
+      return refuse(`the workflows reach more than ${request.maxTotalBytes} bytes in all (at ${path})`);
+    }
+    inputs[path] = createHash("sha256").update(contents).digest("hex");
+  } else {
+    contents = readListed(path);
+    if (typeof contents === "string") return refuse(`${path}: ${contents}`);
+  }
+  return { contents, loader, resolveDir: dirname(absolute) };
+}
+
+function readListed(path) {
+  let fd;
+  try {
+    fd = openSync(resolve(root, path), constants.O_RDONLY | constants.O_NOFOLLOW | constants.O_NONBLOCK);
+  } catch (error) {
+    return error && error.code === "ELOOP" ? "is a symlink" : "cannot be opened";
+  }
+  try {
+    const info = fstatSync(fd);
+    if (!info.isFile()) return "is not a regular file";
+    const limit = files[path];
+    const buffer = Buffer.alloc(limit + 1);
+    let size = 0;
+    for (let got; size <= limit && (got = readSync(fd, buffer, size, limit + 1 - size, null)) > 0;) size += got;
+    if (size > limit) return "changed while it was being published";
+    return buffer.subarray(0, size);
+  } finally {
+    closeSync(fd);
+  }
+}
+
 function describe(message) {
   const location = message.location;
   if (!location) return { text: message.text, file: null, line: null, column: null };
-  const absolute = resolve(root, location.file);
   if (location.namespace === VIRTUAL) {
     return { text: message.text, file: location.file, line: location.line, column: location.column };
   }
+  const absolute = resolve(root, location.file);
   if (!inside(absolute)) {
     return { text: "esbuild reported an error in a file outside the snapshot", file: null, line: null, column: null };
   }
   return {
     text: message.text.split(root + sep).join(""),
-    file: relative(root, absolute).split(sep).join("/"),
+    file: treePath(absolute),
     line: location.line,
     column: location.column,
   };
@@ -96,10 +226,10 @@ async function bundle(entry) {
     legalComments: "none",
     logLevel: "silent",
     tsconfigRaw: "{}",
-    mainFields: [],
-    conditions: [],
-    resolveExtensions: [".ts", ".mts", ".js", ".mjs", ".json"],
-    loader: { ".ts": "ts", ".mts": "ts", ".js": "js", ".mjs": "js", ".json": "json", ".txt": "text" },
+    // Packages resolve as Cloudflare's bundler resolves them for Workers.
+    mainFields: ["browser", "module", "main"],
+    conditions: ["workerd", "worker", "browser"],
+    resolveExtensions: [".ts", ".mts", ".js", ".mjs", ".cjs", ".json"],
     plugins: [guard],
   });
   return { entry, code: result.outputFiles[0].text };
@@ -125,4 +255,4 @@ for (const entry of request.entries) {
     errors.push(...messages.map(describe));
   }
 }
-process.stdout.write(JSON.stringify(errors.length ? { errors } : { outputs }));
+process.stdout.write(JSON.stringify(errors.length ? { errors } : { outputs, inputs }));

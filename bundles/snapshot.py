@@ -1,25 +1,34 @@
 """A source tree becomes a snapshot: a content-addressed id and one bundle per workflow entry.
 
-The id is the SHA-256 of a canonical JSON document: a format tag, every file's path with the
-SHA-256 of its bytes, and the entry list. With default entries (every `.ts`/`.js` directly under
-`workflows/`) the entry list is a function of the files, so the same files always give the
-same id, and any changed byte gives a new one.
+A snapshot is its entries and the files they import, nothing else: the id is the SHA-256 of a
+canonical JSON document of a format tag, each reached file's path with the SHA-256 of its
+bytes, and the entry list. Files nothing imports (a journal, an asset, notes) never change it;
+any changed byte of a reached file gives a new one.
 """
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import os
 import re
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from qjsflow.bridge import dumps
 from qjsflow.bundles.errors import BundleError, SourceTreeError
 from qjsflow.bundles.esbuild import BuildLimits, run_driver
-from qjsflow.bundles.tree import SourceTree
+from qjsflow.bundles.tree import (
+    SourceTree,
+    TreeLimits,
+    TreeListing,
+    read_reached,
+    scan_tree,
+    stage_tree,
+    tree_from_mapping,
+)
 
 __all__ = [
     "ENTRY_SUFFIXES",
@@ -52,13 +61,12 @@ class Snapshot:
     bundles: tuple[WorkflowBundle, ...]
 
 
-def select_entries(tree: SourceTree, entries: Sequence[str] | None = None) -> tuple[str, ...]:
+def select_entries(listing: TreeListing, entries: Sequence[str] | None = None) -> tuple[str, ...]:
     """The entry paths: the explicit list (validated) or every script under `workflows/`."""
-    paths = set(tree.paths())
     if entries is None:
         chosen = sorted(
             path
-            for path in paths
+            for path in listing.files
             if path.count("/") == 1 and path.startswith("workflows/") and _is_script(path)
         )
         if not chosen:
@@ -68,8 +76,8 @@ def select_entries(tree: SourceTree, entries: Sequence[str] | None = None) -> tu
     else:
         chosen = sorted(set(entries))
         for path in chosen:
-            if path not in paths:
-                raise SourceTreeError(path, "is named as an entry but is not in the tree")
+            if path not in listing.files:
+                raise SourceTreeError(path, f"is named as an entry but {listing.why_not(path)}")
             if not _is_script(path):
                 raise SourceTreeError(path, f"is not a script ({', '.join(ENTRY_SUFFIXES)})")
     names: dict[str, str] = {}
@@ -103,38 +111,54 @@ def snapshot_id_of(tree: SourceTree, entries: Sequence[str]) -> str:
 
 
 async def build_snapshot(
-    tree: SourceTree, entries: Sequence[str] | None = None, limits: BuildLimits | None = None
+    source: str | os.PathLike[str] | Mapping[str, str | bytes],
+    entries: Sequence[str] | None = None,
+    *,
+    limits: BuildLimits | None = None,
+    tree_limits: TreeLimits | None = None,
+    exclude: Sequence[str | os.PathLike[str]] = (),
 ) -> Snapshot:
-    """Bundle every entry of `tree`; raises a PublishError naming the problem."""
-    chosen = select_entries(tree, entries)
-    codes = await _bundle(tree, chosen, limits or BuildLimits())
-    bundles = tuple(WorkflowBundle(workflow_name(path), path, codes[path]) for path in chosen)
-    return Snapshot(snapshot_id_of(tree, chosen), tree, chosen, bundles)
-
-
-async def _bundle(
-    tree: SourceTree, entries: tuple[str, ...], limits: BuildLimits
-) -> dict[str, str]:
+    """Bundle the entries of a folder (or a mapping path -> text) and read exactly the files
+    they reach; raises a PublishError naming the problem. `exclude` names files never read
+    (the publisher's own journal)."""
+    tree_limits = tree_limits or TreeLimits()
+    limits = limits or BuildLimits()
+    if not isinstance(source, Mapping):
+        return await _build(Path(source), entries, limits, tree_limits, exclude)
+    given = tree_from_mapping(source, tree_limits)
     with tempfile.TemporaryDirectory(prefix="qjsflow-stage-") as stage:
         root = Path(stage) / "tree"
-        _stage(tree, root)
-        answer = await run_driver(
-            {"root": str(root), "entries": list(entries), "shims": _shim_sources()}, limits
-        )
+        stage_tree(given, root)
+        return await _build(root, entries, limits, tree_limits, ())
+
+
+async def _build(
+    root: Path,
+    entries: Sequence[str] | None,
+    limits: BuildLimits,
+    tree_limits: TreeLimits,
+    exclude: Sequence[str | os.PathLike[str]],
+) -> Snapshot:
+    listing = await asyncio.to_thread(scan_tree, root, tree_limits, exclude)
+    chosen = select_entries(listing, entries)
+    answer = await run_driver(
+        {
+            "root": str(root), "entries": list(chosen), "shims": _shim_sources(),
+            "files": listing.files, "refused": listing.refused, "links": listing.links,
+            "maxFiles": tree_limits.max_files, "maxTotalBytes": tree_limits.max_total_bytes,
+        },
+        limits,
+    )  # fmt: skip
     if "errors" in answer:
         raise BundleError([_format_error(error) for error in answer["errors"]])
-    return {output["entry"]: output["code"] for output in answer["outputs"]}
-
-
-def _stage(tree: SourceTree, root: Path) -> None:
-    """Write the tree into a fresh private folder: regular files only, nothing else."""
-    root.mkdir(mode=0o700)
-    for file in tree.files:
-        target = root / file.path
-        target.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(file.content)
+    digests: dict[str, str] = answer["inputs"]
+    tree = await asyncio.to_thread(read_reached, listing, sorted(digests), tree_limits)
+    for file in tree.files:  # the bundler read these bytes, and only these
+        if hashlib.sha256(file.content).hexdigest() != digests[file.path]:
+            raise SourceTreeError(file.path, "changed while it was being published: try again")
+    codes = {output["entry"]: output["code"] for output in answer["outputs"]}
+    bundles = tuple(WorkflowBundle(workflow_name(path), path, codes[path]) for path in chosen)
+    return Snapshot(snapshot_id_of(tree, chosen), tree, chosen, bundles)
 
 
 def _shim_sources() -> dict[str, str]:

@@ -39,6 +39,8 @@ __all__ = [
 
 ESBUILD_VERSION = "0.28.2"
 TYPESCRIPT_VERSION = "5.9.3"  # for the tests only: publishing never type-checks
+# npm packages the tests install into workflow trees (publishing real packages), pinned.
+TEST_PACKAGES = {"zod": "3.25.76", "hono": "4.6.8"}
 # npm's integrity digests of the pinned tarballs (`npm view <package>@<version> dist.integrity`).
 _INTEGRITY = {
     "esbuild": "sha512-HKVLS8dvII+xoKW9kmqxbRKrnWEXfJJr/FZhhJmiqIB0e053QNYFqOBouTMO/"
@@ -141,9 +143,16 @@ def _npm_install(target: Path, specs: list[str]) -> None:
 
 
 def install_for_development() -> Path:
-    """The checkout's `.jstools/`: the pinned esbuild and the TypeScript the tests use."""
+    """The checkout's `.jstools/`: the pinned esbuild and the TypeScript the tests use, and
+    (in `test-packages/`) the npm packages the tests publish inside workflow trees."""
     target = checkout_tools_dir()
-    wanted = {"esbuild": ESBUILD_VERSION, "typescript": TYPESCRIPT_VERSION}
+    _install_missing(target, {"esbuild": ESBUILD_VERSION, "typescript": TYPESCRIPT_VERSION})
+    _install_missing(target / "test-packages", TEST_PACKAGES)
+    find_toolchain()
+    return target
+
+
+def _install_missing(target: Path, wanted: dict[str, str]) -> None:
     missing = [
         f"{name}@{version}"
         for name, version in wanted.items()
@@ -151,8 +160,6 @@ def install_for_development() -> Path:
     ]
     if missing:
         _npm_install(target, missing)
-    find_toolchain()
-    return target
 
 
 def _integrity(tarball: Path) -> str:

@@ -16,14 +16,7 @@ from pathlib import Path
 from qjsflow.bridge import dumps_text
 from qjsflow.bridge.rules import RULES, is_event_type
 from qjsflow.bridge.values import from_python, to_python
-from qjsflow.bundles import (
-    SourceTree,
-    build_snapshot,
-    read_tree,
-    select_entries,
-    snapshot_id_of,
-    tree_from_mapping,
-)
+from qjsflow.bundles import build_snapshot
 from qjsflow.runner.bindings import Bindings
 from qjsflow.runner.config import RunnerConfig
 from qjsflow.runner.driver import SIGNAL_TIMER, RunDriver
@@ -135,25 +128,22 @@ class Runner:
     ) -> PublishResult:
         """Publish a folder or a mapping path -> source as a snapshot of `scope`.
 
-        Publishing the same files again returns the existing snapshot and bundles nothing.
+        A snapshot is the entries and the files they import (docs/ARCHITECTURE.md,
+        Publishing); publishing the same files again returns the existing snapshot and stores
+        nothing new.
         """
         validate_scope(scope)
-        tree = await asyncio.to_thread(self._read_source, source)
-        chosen = select_entries(tree, entries)
-        snapshot_id = snapshot_id_of(tree, chosen)
-        existing = await self._store.find_snapshot(scope, snapshot_id)
+        snapshot = await build_snapshot(
+            source, entries, limits=self.config.build_limits,
+            tree_limits=self.config.tree_limits, exclude=self._store.own_files(),
+        )  # fmt: skip
+        existing = await self._store.find_snapshot(scope, snapshot.snapshot_id)
         if existing is not None:
             return _published(existing, created=False)
-        snapshot = await build_snapshot(tree, chosen, self.config.build_limits)
         created = await self._store.insert_snapshot(scope, snapshot, self.config.clock())
-        record = await self._store.find_snapshot(scope, snapshot_id)
+        record = await self._store.find_snapshot(scope, snapshot.snapshot_id)
         assert record is not None, "a snapshot just stored must be found"
         return _published(record, created=created)
-
-    def _read_source(self, source: Source) -> SourceTree:
-        if isinstance(source, Mapping):
-            return tree_from_mapping(source, self.config.tree_limits)
-        return read_tree(source, self.config.tree_limits)
 
     @property
     def store(self) -> JournalStore:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from qjsflow.bundles import build_snapshot, tree_from_mapping
+from qjsflow.bundles import build_snapshot
 from qjsflow.runner import Bindings, Runner, RunnerConfig, RunView, StartRunInput
 from qjsflow.sandbox import ExecutorPool, PoolConfig
 from tests.postgres import PostgresServer, postgres_server
@@ -31,7 +31,7 @@ async def bundle_of(source: str, name: str = "w.ts") -> str:
     """The real esbuild bundle of one workflow source (cached per test session)."""
     key = f"{name}\0{source}"
     if key not in _BUNDLES:
-        snapshot = await build_snapshot(tree_from_mapping({f"workflows/{name}": source}))
+        snapshot = await build_snapshot({f"workflows/{name}": source})
         _BUNDLES[key] = snapshot.bundles[0].code
     return _BUNDLES[key]
 

@@ -170,19 +170,29 @@ async def test_the_tree_root_itself_may_not_be_a_symlink(runner: Runner, tmp_pat
 @pytest.mark.parametrize(
     ("limits", "files", "problem"),
     [
-        (TreeLimits(max_files=2), {"a.ts": "", "b.ts": "", "c.ts": ""}, "more than 2 files"),
-        (TreeLimits(max_file_bytes=10), {"a.ts": "x" * 11}, "a.ts: is larger than 10 bytes"),
-        (TreeLimits(max_total_bytes=10), {"a.ts": "x" * 6, "b.ts": "y" * 6}, "more than 10 bytes"),
+        (TreeLimits(max_files=2), {"a.ts": "", "b.ts": ""}, "reach more than 2 files"),
+        (TreeLimits(max_file_bytes=200), {"a.ts": "x" * 201}, "a.ts: is larger than 200 bytes"),
+        (
+            TreeLimits(max_total_bytes=300),
+            {"a.ts": "//" + "x" * 150, "b.ts": "//" + "y" * 150},
+            "reach more than 300 bytes",
+        ),
         (TreeLimits(max_depth=2), {"a/b/c.ts": ""}, "a/b/c.ts: is nested deeper than 2"),
     ],
 )
-async def test_tree_caps(
+async def test_caps_apply_to_what_the_entries_reach(
     tmp_path: Path, limits: TreeLimits, files: dict[str, str], problem: str
 ) -> None:
-    tree = _tree(tmp_path, {ENTRY: "export default async () => 1;\n", **files})
+    imports = "".join(f'import "../{name}";\n' for name in files)
+    unreached = {f"unreached/{name}": text for name, text in files.items()}
+    entry = f"{imports}export default async () => 1;\n"
+    tree = _tree(tmp_path, {ENTRY: entry, **files})
     async with Runner.open(tmp_path / "j.db", RunnerConfig(tree_limits=limits)) as runner:
-        with pytest.raises(SourceTreeError, match=problem):
+        with pytest.raises(PublishError, match=problem):
             await runner.publish("acme", tree)
+        # The same files, imported by nothing, are no problem.
+        quiet = _tree(tmp_path / "quiet", {ENTRY: "export default async () => 1;\n", **unreached})
+        assert (await runner.publish("acme", quiet)).workflows
 
 
 @pytest.mark.parametrize(

@@ -138,6 +138,10 @@ class JournalStore:
         `create` the journal must exist with a current schema: nothing is written."""
         return cls(await open_backend(location, create=create), location)
 
+    def own_files(self) -> tuple[Path, ...]:
+        """The journal's own file (SQLite), which a publish of a folder holding it never reads."""
+        return () if self.path is None else (self.path,)
+
     async def aclose(self) -> None:
         if self._committer is not None:
             await asyncio.gather(self._committer, return_exceptions=True)
