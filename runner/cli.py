@@ -30,6 +30,7 @@ from qjsflow.runner.cli_output import (
     render_publish,
     render_run,
     render_runs,
+    render_snapshots,
     render_steps,
 )
 from qjsflow.runner.config import RunnerConfig
@@ -37,6 +38,7 @@ from qjsflow.runner.demo import run_demo
 from qjsflow.runner.errors import RunNotFound
 from qjsflow.runner.runner import PublishResult, Runner
 from qjsflow.runner.scopes import ALL_SCOPES
+from qjsflow.runner.store import SnapshotRecord
 from qjsflow.runner.store.backends import is_postgres_url
 from qjsflow.runner.views import RunView, StartRunInput, StepView
 
@@ -85,7 +87,11 @@ def _parser() -> argparse.ArgumentParser:
     start = commands.add_parser("start", help="start a run pinned to a snapshot")
     start.add_argument("workflow")
     start.add_argument("--scope", required=True)
-    start.add_argument("--snapshot", required=True, help="the snapshot id from publish")
+    start.add_argument(
+        "--snapshot",
+        required=True,
+        help="the snapshot: its id, a unique prefix of 8+ hex digits, or `latest`",
+    )
     start.add_argument("--input", default="null", help="the event payload, as JSON")
     start.add_argument("--run-id", help="makes start idempotent")
     for name, text in (
@@ -105,6 +111,8 @@ def _parser() -> argparse.ArgumentParser:
     signal_.add_argument(
         "--event-id", help="an idempotency key: the same id delivered again adds nothing"
     )
+    snapshots = commands.add_parser("snapshots", help="list published snapshots, newest first")
+    snapshots.add_argument("--scope")
     listing = commands.add_parser("list", help="list runs")
     listing.add_argument("--scope")
     listing.add_argument("--workflow")
@@ -211,6 +219,10 @@ async def _list(args: argparse.Namespace, runner: Runner) -> list[RunView]:
     return await runner.list(scope=scope, workflow=args.workflow, status=args.status)
 
 
+async def _snapshots(args: argparse.Namespace, runner: Runner) -> list[SnapshotRecord]:
+    return await runner.snapshots(scope=ALL_SCOPES if args.scope is None else args.scope)
+
+
 def _on_run(method: str) -> _Command:
     """A command on one run: `Runner.<method>(run, scope=…)`, the scope found if not given."""
 
@@ -261,6 +273,9 @@ def _run(args: argparse.Namespace) -> str:
     if command == "steps":
         steps: list[StepView] = asyncio.run(_with_runner(args, _on_run("list_steps")))
         return render_json(steps) if args.json else render_steps(steps)
+    if command == "snapshots":
+        found = asyncio.run(_with_runner(args, _snapshots))
+        return render_json(found) if args.json else render_snapshots(found)
     if command == "list":
         runs = asyncio.run(_with_runner(args, _list))
         return render_json(runs) if args.json else render_runs(runs, colour)

@@ -11,6 +11,7 @@ from typing import Any
 from qjsflow.bridge.codec import dumps_text
 from qjsflow.bridge.values import JsValue, to_json_form
 from qjsflow.runner.runner import PublishResult
+from qjsflow.runner.store import SnapshotRecord
 from qjsflow.runner.views import RunView, StepView
 
 __all__ = [
@@ -75,6 +76,17 @@ def render_publish(result: PublishResult) -> str:
     return "\n".join(
         [f"snapshot {result.snapshot_id} in scope {result.scope} ({state})", *table(rows)]
     )
+
+
+def render_snapshots(snapshots: Sequence[SnapshotRecord]) -> str:
+    if not snapshots:
+        return "no snapshots"
+    rows = [("SNAPSHOT", "SCOPE", "CREATED", "WORKFLOWS")]
+    rows += [
+        (s.snapshot_id[:16], s.scope, age(s.created_at), ", ".join(w.workflow for w in s.workflows))
+        for s in snapshots
+    ]
+    return "\n".join(table(rows))
 
 
 def render_run(run: RunView, colour: bool) -> str:

@@ -13,7 +13,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from qjsflow.bridge import dumps_text
+from qjsflow.bridge import InvalidInput, dumps_text
 from qjsflow.bridge.rules import RULES, is_event_type
 from qjsflow.bridge.values import from_python, to_python
 from qjsflow.bundles import build_snapshot
@@ -63,6 +63,8 @@ from qjsflow.sandbox import ExecutorPool
 __all__ = ["PublishResult", "PublishedWorkflow", "Runner", "Source"]
 
 Source = str | os.PathLike[str] | Mapping[str, str | bytes]
+_SNAPSHOT_ID = re.compile(r"[0-9a-f]{64}")
+_SNAPSHOT_PREFIX = re.compile(r"[0-9a-f]{8,63}")
 _RUN_ID = re.compile(r"^[A-Za-z0-9_-]{1,128}$")
 
 
@@ -162,9 +164,7 @@ class Runner:
         """
         scope = validate_scope(request.scope)
         run_id = run_key(scope, self._run_id(request.run_id))
-        snapshot = await self._store.find_snapshot(scope, request.snapshot_id)
-        if snapshot is None:
-            raise SnapshotNotFound(scope, request.snapshot_id)
+        snapshot = await self.find_snapshot(request.snapshot_id, scope=scope)
         entries = {w.workflow: w.entry_path for w in snapshot.workflows}
         entry_path = entries.get(request.workflow)
         if entry_path is None or request.entry_path not in (None, entry_path):
@@ -176,7 +176,7 @@ class Runner:
         )
         now = self._driver.now_ms()
         record = RunRecord(
-            run_id, scope, request.workflow, request.snapshot_id, entry_path, "running",
+            run_id, scope, request.workflow, snapshot.snapshot_id, entry_path, "running",
             encoded_input, bindings_text, None, None, now, now, None, None, 0.0, 0, False,
         )  # fmt: skip
 
@@ -306,6 +306,35 @@ class Runner:
         chosen = None if scope is ALL_SCOPES else validate_scope(scope)
         runs = await self._store.list_runs(chosen, workflow, status, limit)
         return [run_view(run) for run in runs]
+
+    async def snapshots(
+        self, *, scope: str | AllScopes, limit: int = 1000
+    ) -> builtins.list[SnapshotRecord]:
+        """Published snapshots, newest first, with their workflows."""
+        chosen = None if scope is ALL_SCOPES else validate_scope(scope)
+        return await self._store.list_snapshots(chosen, limit=limit)
+
+    async def find_snapshot(self, reference: str, *, scope: str) -> SnapshotRecord:
+        """A snapshot of `scope` by its id, a unique prefix of it (8 or more hex digits), or
+        `latest` (the scope's newest). Another scope's snapshot is not found, like a missing
+        one."""
+        scope = validate_scope(scope)
+        if reference == "latest":
+            found = await self._store.list_snapshots(scope, limit=1)
+        elif _SNAPSHOT_ID.fullmatch(reference):
+            found = await self._store.list_snapshots(scope, snapshot_id=reference)
+        elif _SNAPSHOT_PREFIX.fullmatch(reference):
+            found = await self._store.list_snapshots(scope, id_prefix=reference, limit=2)
+            if len(found) > 1:
+                raise InvalidInput(
+                    f"several snapshots in scope {scope!r} start with {reference!r}: "
+                    "give more of the id"
+                )
+        else:
+            found = []
+        if not found:
+            raise SnapshotNotFound(scope, reference[:80])
+        return found[0]
 
     async def scopes_of(self, run_id: str) -> builtins.list[str]:
         """For operators: every scope that has a run with this id (run ids are per scope)."""

@@ -52,3 +52,24 @@ def test_bad_scope_exits_2(tmp_path: Path) -> None:
     done = _qjsflow("--db", str(tmp_path / "j.db"), "publish", str(FIXTURES), "--scope", "../b")
     assert done.returncode == 2
     assert "invalid scope '../b'" in done.stderr
+
+
+def test_snapshots_are_listed_and_start_takes_a_prefix_or_latest(tmp_path: Path) -> None:
+    db = str(tmp_path / "j.db")
+    published = orjson.loads(
+        _qjsflow("--db", db, "--json", "publish", str(FIXTURES), "--scope", "acme").stdout
+    )
+    listed = orjson.loads(_qjsflow("--db", db, "--json", "snapshots").stdout)
+    assert [(s["scope"], s["snapshot_id"]) for s in listed] == [("acme", published["snapshot_id"])]
+    human = _qjsflow("--db", db, "snapshots", "--scope", "acme").stdout
+    assert published["snapshot_id"][:16] in human
+    assert "crm-sync, daily-digest, order-approval" in human
+    for reference in ("latest", published["snapshot_id"][:8]):
+        started = _qjsflow("--db", db, "--json", "start", "daily-digest", "--scope", "acme",
+                           "--snapshot", reference, "--input", '{"items": []}')  # fmt: skip
+        assert started.returncode == 0, started.stderr
+        assert orjson.loads(started.stdout)["snapshot_id"] == published["snapshot_id"]
+    elsewhere = _qjsflow("--db", db, "start", "daily-digest", "--scope", "beta",
+                         "--snapshot", "latest")  # fmt: skip
+    assert elsewhere.returncode == 2
+    assert "no snapshot 'latest' in scope 'beta'" in elsewhere.stderr

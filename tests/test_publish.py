@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 from pathlib import Path
 
 import pytest
 import quickjs
 
-from qjsflow.bundles import BundleError, SourceTreeError
-from qjsflow.runner import InvalidScope, Runner
+from qjsflow.bridge import InvalidInput
+from qjsflow.bundles import BundleError, SourceTreeError, build_snapshot
+from qjsflow.runner import ALL_SCOPES, InvalidScope, Runner, SnapshotNotFound, StartRunInput
 from tests.conftest import FIXTURES
 from tests.journal_reads import table_counts
 
@@ -130,3 +132,37 @@ async def test_a_tree_without_workflows_is_refused(runner: Runner) -> None:
 async def test_two_entries_with_one_name_are_refused(runner: Runner) -> None:
     with pytest.raises(SourceTreeError, match="gives the workflow name 'a'"):
         await runner.publish("acme", {"workflows/a.ts": "", "workflows/a.js": ""})
+
+
+async def test_snapshots_are_listed_and_found_by_prefix_or_latest(runner: Runner) -> None:
+    older = await runner.publish("acme", {"workflows/a.ts": "export default () => 1;\n"})
+    newer = await runner.publish("acme", {"workflows/b.ts": "export default () => 2;\n"})
+    other = await runner.publish("beta", {"workflows/c.ts": "export default () => 3;\n"})
+    listed = await runner.snapshots(scope="acme")
+    assert [s.snapshot_id for s in listed] == [newer.snapshot_id, older.snapshot_id]
+    assert [w.workflow for w in listed[0].workflows] == ["b"]
+    everyone = await runner.snapshots(scope=ALL_SCOPES)
+    assert {s.scope for s in everyone} == {"acme", "beta"}
+    assert (await runner.find_snapshot("latest", scope="acme")).snapshot_id == newer.snapshot_id
+    prefix = older.snapshot_id[:8]
+    assert (await runner.find_snapshot(prefix, scope="acme")).snapshot_id == older.snapshot_id
+    run = await runner.start(StartRunInput("acme", "b", "latest"))
+    assert (run.snapshot_id, run.output) == (newer.snapshot_id, 2)
+    # Another scope's snapshot answers exactly like a missing one.
+    for reference in (other.snapshot_id, other.snapshot_id[:10], "0" * 64):
+        with pytest.raises(SnapshotNotFound, match=f"no snapshot '{reference}' in scope 'acme'"):
+            await runner.find_snapshot(reference, scope="acme")
+    for too_short in ("latest ", older.snapshot_id[:7], "LATEST", older.snapshot_id.upper()):
+        with pytest.raises(SnapshotNotFound):
+            await runner.find_snapshot(too_short, scope="acme")
+
+
+async def test_an_ambiguous_prefix_asks_for_more(runner: Runner) -> None:
+    built = await build_snapshot({"workflows/w.ts": "export default () => 1;\n"})
+    for tail in ("0", "1"):  # two ids sharing 8 digits: made, as chance would take ages
+        twin = dataclasses.replace(built, snapshot_id="abcdef12" + tail * 56)
+        await runner.store.insert_snapshot("acme", twin, 0.0)
+    with pytest.raises(InvalidInput, match="several snapshots in scope 'acme' start with"):
+        await runner.find_snapshot("abcdef12", scope="acme")
+    found = await runner.find_snapshot("abcdef121", scope="acme")
+    assert found.snapshot_id == "abcdef12" + "1" * 56

@@ -279,16 +279,48 @@ class JournalStore:
     # -- snapshots -----------------------------------------------------------------------------
 
     async def find_snapshot(self, scope: str, snapshot_id: str) -> SnapshotRecord | None:
+        found = await self.list_snapshots(scope, snapshot_id=snapshot_id)
+        return found[0] if found else None
+
+    async def list_snapshots(
+        self,
+        scope: str | None,
+        *,
+        snapshot_id: str | None = None,
+        id_prefix: str | None = None,
+        limit: int = 1000,
+    ) -> list[SnapshotRecord]:
+        """Snapshots, newest first, each with its workflows: of one scope (None: all), with
+        one id or ids starting with a prefix of hex digits."""
+        where: list[str] = []
+        args: list[object] = []
+        for clause, value in (
+            ("s.scope = ?", scope),
+            ("s.snapshot_id = ?", snapshot_id),
+            ("substr(s.snapshot_id, 1, ?) = ?", id_prefix),
+        ):
+            if value is not None:
+                where.append(clause)
+                args += [len(value), value] if clause.startswith("substr") else [value]
         rows = await self._all(
-            "SELECT s.created_at, b.workflow, b.entry_path FROM snapshots s"
+            "SELECT s.scope, s.snapshot_id, s.created_at, b.workflow, b.entry_path"
+            " FROM (SELECT * FROM snapshots s"
+            + (" WHERE " + " AND ".join(where) if where else "")
+            + " ORDER BY created_at DESC, snapshot_id LIMIT ?) s"
             " JOIN bundles b USING (scope, snapshot_id)"
-            " WHERE s.scope = ? AND s.snapshot_id = ? ORDER BY b.workflow",
-            (scope, snapshot_id),
+            " ORDER BY s.created_at DESC, s.scope, s.snapshot_id, b.workflow",
+            (*args, limit),
         )
-        if not rows:
-            return None
-        workflows = tuple(WorkflowRecord(row[1], row[2]) for row in rows)
-        return SnapshotRecord(scope, snapshot_id, float(rows[0][0]), workflows)
+        grouped: dict[tuple[str, str], list[Any]] = {}
+        for row in rows:
+            grouped.setdefault((str(row[0]), str(row[1])), []).append(row)
+        return [
+            SnapshotRecord(
+                scope_id, snapshot, float(group[0][2]),
+                tuple(WorkflowRecord(str(r[3]), str(r[4])) for r in group),
+            )
+            for (scope_id, snapshot), group in grouped.items()
+        ]  # fmt: skip
 
     async def insert_snapshot(self, scope: str, snapshot: Snapshot, created_at: float) -> bool:
         """Store a snapshot and its bundles; False (and nothing written) if it already exists."""
