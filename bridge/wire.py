@@ -108,6 +108,8 @@ def answer_to_wire(answer: Answer) -> dict[str, Any]:
 def request_to_wire(request: DriveRequest) -> dict[str, Any]:
     return {
         "runId": request.run_id,
+        "export": request.export,
+        "inspect": request.inspect,
         "workflow": request.workflow,
         "input": request.input,
         "createdAtMs": request.created_at_ms,

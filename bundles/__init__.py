@@ -8,6 +8,7 @@ from qjsflow.bundles.snapshot import (
     Snapshot,
     WorkflowBundle,
     build_snapshot,
+    name_workflows,
     select_entries,
     snapshot_id_of,
 )
@@ -37,6 +38,7 @@ __all__ = [
     "WorkflowBundle",
     "build_snapshot",
     "find_toolchain",
+    "name_workflows",
     "scan_tree",
     "select_entries",
     "setup_tools",

@@ -16,6 +16,7 @@ import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from qjsflow.bridge import dumps
 from qjsflow.bundles.errors import BundleError, SourceTreeError
@@ -35,6 +36,7 @@ __all__ = [
     "Snapshot",
     "WorkflowBundle",
     "build_snapshot",
+    "name_workflows",
     "select_entries",
     "snapshot_id_of",
 ]
@@ -43,7 +45,11 @@ SNAPSHOT_FORMAT = "qjsflow-snapshot-v1"
 ENTRY_SUFFIXES = (".ts", ".mts", ".js", ".mjs")
 _WORKFLOW_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_-]{0,63}$")
 _SHIMS_DIR = Path(__file__).with_name("shims")
-_SHIM_FILES = {"qjsflow": "qjsflow.js", "cloudflare:workers": "cloudflare-workers.js"}
+_SHIM_FILES = {
+    "qjsflow": "qjsflow.js",
+    "cloudflare:workers": "cloudflare-workers.js",
+    "cloudflare:workflows": "cloudflare-workflows.js",
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,6 +57,7 @@ class WorkflowBundle:
     workflow: str
     entry_path: str
     code: str  # one script for QuickJS; it defines the global `__qjsflow_module`
+    export: str = "default"  # the export of the entry that is this workflow
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,18 +87,60 @@ def select_entries(listing: TreeListing, entries: Sequence[str] | None = None) -
                 raise SourceTreeError(path, f"is named as an entry but {listing.why_not(path)}")
             if not _is_script(path):
                 raise SourceTreeError(path, f"is not a script ({', '.join(ENTRY_SUFFIXES)})")
-    names: dict[str, str] = {}
-    for path in chosen:
-        name = workflow_name(path)
-        if not _WORKFLOW_NAME.fullmatch(name):
-            raise SourceTreeError(
-                path,
-                f"gives the workflow name {name!r}: use a letter, then letters, digits, - or _",
-            )
-        if name in names:
-            raise SourceTreeError(path, f"gives the workflow name {name!r}, as {names[name]} does")
-        names[name] = path
     return tuple(chosen)
+
+
+def name_workflows(
+    snapshot: Snapshot, exports: Mapping[str, Sequence[Mapping[str, Any]]]
+) -> Snapshot:
+    """The snapshot with one bundle per workflow, named from what each entry exports (as the
+    sandbox described it): every `WorkflowEntrypoint` subclass by its class name, a default
+    export that is a function by the file's stem. A file with no workflow, or two workflows
+    of one name, is refused naming the files."""
+    named: list[WorkflowBundle] = []
+    owners: dict[str, str] = {}
+    for bundle in snapshot.bundles:
+        found = _workflows_of(bundle.entry_path, exports[bundle.entry_path])
+        if not found:
+            raise SourceTreeError(
+                bundle.entry_path,
+                "exports no workflow: export default an async function (event, step), or "
+                "export a class that extends WorkflowEntrypoint",
+            )
+        for name, export in found:
+            if not _WORKFLOW_NAME.fullmatch(name):
+                raise SourceTreeError(
+                    bundle.entry_path,
+                    f"gives the workflow name {name!r}: use a letter, then letters, digits, "
+                    "- or _ (64 at most)",
+                )
+            if name in owners:
+                raise SourceTreeError(
+                    bundle.entry_path,
+                    f"defines the workflow {name!r}, as {owners[name]} does: rename one",
+                )
+            owners[name] = bundle.entry_path
+            named.append(WorkflowBundle(name, bundle.entry_path, bundle.code, export))
+    return Snapshot(snapshot.snapshot_id, snapshot.tree, snapshot.entries, tuple(named))
+
+
+def _workflows_of(entry_path: str, exports: Sequence[Mapping[str, Any]]) -> list[tuple[str, str]]:
+    """(workflow name, export) for one entry file."""
+    stem = workflow_name(entry_path)
+    found: list[tuple[str, str]] = []
+    run_classes: list[str] = []
+    for described in exports:
+        export, kind, class_name = described["export"], described["kind"], described["className"]
+        if export == "default" and kind == "function":
+            found.append((stem, export))
+        elif kind == "workflow-class":
+            named = class_name if export == "default" else export
+            found.append((named if named not in ("", "default") else stem, export))
+        elif kind == "run-class":
+            run_classes.append(export)
+    if not found and len(run_classes) == 1:  # a plain class with run(), as before subclasses
+        found.append((stem, run_classes[0]))
+    return found
 
 
 def workflow_name(entry_path: str) -> str:

@@ -36,7 +36,14 @@ from qjsflow.runner.host import DriveHost
 from qjsflow.runner.scopedb import ScopeDatabases
 from qjsflow.runner.scopes import split_run_key
 from qjsflow.runner.steps import failure_from_json
-from qjsflow.runner.store import JournalStore, JournalTransaction, Lease, LeaseLost, RunRecord
+from qjsflow.runner.store import (
+    BundleRecord,
+    JournalStore,
+    JournalTransaction,
+    Lease,
+    LeaseLost,
+    RunRecord,
+)
 from qjsflow.runner.views import TERMINAL
 from qjsflow.sandbox import ExecutorPool
 
@@ -62,7 +69,7 @@ class RunDriver:
         self.config = config
         self.worker_id = f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(4)}"
         self._locks = _KeyedLocks()
-        self._bundles: dict[tuple[str, str, str], str] = {}
+        self._bundles: dict[tuple[str, str, str], BundleRecord] = {}
 
     def now_ms(self) -> int:
         return int(self.config.clock() * 1000)
@@ -188,7 +195,7 @@ class RunDriver:
         request = DriveRequest(
             run_id=split_run_key(run.run_id)[1],  # the author's event.instanceId
             workflow=run.workflow,
-            bundle=bundle,
+            bundle=bundle.code,
             input=run.input,
             created_at_ms=run.created_at,
             journal=journal,
@@ -197,22 +204,22 @@ class RunDriver:
             cpu_used_s=run.cpu_used_s,
             logs_seen=run.logs_count,
             unsettled=unsettled,
+            export=bundle.export,
         )
         return await self.pool.drive(request, host), host
 
-    async def _bundle(self, run: RunRecord) -> str:
+    async def _bundle(self, run: RunRecord) -> BundleRecord:
         """Bundles never change once published: keep the latest few in memory."""
         key = (run.scope, run.snapshot_id, run.workflow)
-        code = self._bundles.pop(key, None)
-        if code is None:
+        bundle = self._bundles.pop(key, None)
+        if bundle is None:
             bundle = await self.store.load_bundle(*key)
             if bundle is None:  # snapshots are never deleted; this is a broken journal
                 raise RuntimeError(f"run {run.run_id} names a bundle that is not stored")
-            code = bundle.code
-        self._bundles[key] = code
+        self._bundles[key] = bundle
         while len(self._bundles) > _BUNDLES_KEPT:
             del self._bundles[next(iter(self._bundles))]
-        return code
+        return bundle
 
 
 def _begin_drive(

@@ -16,7 +16,7 @@ from pathlib import Path
 from qjsflow.bridge import InvalidInput, dumps_text
 from qjsflow.bridge.rules import RULES, is_event_type
 from qjsflow.bridge.values import from_python, to_python
-from qjsflow.bundles import build_snapshot
+from qjsflow.bundles import build_snapshot, name_workflows
 from qjsflow.runner.bindings import Bindings
 from qjsflow.runner.config import RunnerConfig
 from qjsflow.runner.driver import SIGNAL_TIMER, RunDriver
@@ -29,6 +29,7 @@ from qjsflow.runner.errors import (
     SnapshotNotFound,
     UnknownWorkflow,
 )
+from qjsflow.runner.inspect import describe_exports
 from qjsflow.runner.scopedb import ScopeDatabases
 from qjsflow.runner.scopes import (
     ALL_SCOPES,
@@ -135,6 +136,7 @@ class Runner:
         nothing new.
         """
         validate_scope(scope)
+        self._driver.pool.warm()  # asking what the bundles export needs one
         snapshot = await build_snapshot(
             source, entries, limits=self.config.build_limits,
             tree_limits=self.config.tree_limits, exclude=self._store.own_files(),
@@ -142,6 +144,14 @@ class Runner:
         existing = await self._store.find_snapshot(scope, snapshot.snapshot_id)
         if existing is not None:
             return _published(existing, created=False)
+        now_ms = self._driver.now_ms()
+        exports = {
+            bundle.entry_path: await describe_exports(
+                self._driver.pool, bundle, self.config.limits, now_ms
+            )
+            for bundle in snapshot.bundles
+        }
+        snapshot = name_workflows(snapshot, exports)
         created = await self._store.insert_snapshot(scope, snapshot, self.config.clock())
         record = await self._store.find_snapshot(scope, snapshot.snapshot_id)
         assert record is not None, "a snapshot just stored must be found"

@@ -186,6 +186,7 @@ class ExecutorPool:
         self._watchdog: asyncio.Task[None] | None = None
         self._closed = False
         self._swept = False  # stale executor folders removed (see remove_stale_workdirs)
+        self._warming: asyncio.Task[_Executor] | None = None
         self.replaced = 0  # executors discarded after a kill, crash or limit (for tests, stats)
 
     async def __aenter__(self) -> ExecutorPool:
@@ -201,8 +202,18 @@ class ExecutorPool:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._watchdog
         idle, self._idle = self._idle, []
+        if self._warming is not None:
+            warming, self._warming = self._warming, None
+            with contextlib.suppress(Exception):
+                idle.append(await warming)
         for executor in idle:
             await executor.reap()
+
+    def warm(self) -> None:
+        """Start an executor now for a drive that is coming (publishing starts one while
+        esbuild works, so asking what a bundle exports does not wait for a spawn)."""
+        if not self._closed and not self._idle and self._warming is None:
+            self._warming = asyncio.get_running_loop().create_task(self._spawn())
 
     async def drive(self, request: DriveRequest, host: Host) -> DriveOutcome:
         """Run one replay of `request.bundle`, servicing its ops through `host`."""
@@ -278,6 +289,12 @@ class ExecutorPool:
     async def _take(self) -> _Executor:
         if self._idle:
             return self._idle.pop(0)  # the longest idle: its next context is prepared
+        if self._warming is not None:
+            warming, self._warming = self._warming, None
+            return await warming
+        return await self._spawn()
+
+    async def _spawn(self) -> _Executor:
         if not self._swept:  # once, before this pool's first executor: not on every open
             self._swept = True
             await asyncio.to_thread(remove_stale_workdirs)

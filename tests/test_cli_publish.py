@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import orjson
+import pytest
 
 from tests.conftest import FIXTURES
 
@@ -29,7 +30,7 @@ def test_publish_json_is_one_document(tmp_path: Path) -> None:
     assert len(document["snapshot_id"]) == 64
     assert {w["workflow"] for w in document["workflows"]} == {
         "order-approval",
-        "crm-sync",
+        "CrmSync",
         "daily-digest",
     }
     again = _qjsflow("--db", db, "--json", "publish", str(FIXTURES), "--scope", "acme")
@@ -54,6 +55,7 @@ def test_bad_scope_exits_2(tmp_path: Path) -> None:
     assert "invalid scope '../b'" in done.stderr
 
 
+@pytest.mark.slow
 def test_snapshots_are_listed_and_start_takes_a_prefix_or_latest(tmp_path: Path) -> None:
     db = str(tmp_path / "j.db")
     published = orjson.loads(
@@ -63,7 +65,7 @@ def test_snapshots_are_listed_and_start_takes_a_prefix_or_latest(tmp_path: Path)
     assert [(s["scope"], s["snapshot_id"]) for s in listed] == [("acme", published["snapshot_id"])]
     human = _qjsflow("--db", db, "snapshots", "--scope", "acme").stdout
     assert published["snapshot_id"][:16] in human
-    assert "crm-sync, daily-digest, order-approval" in human
+    assert "CrmSync, daily-digest, order-approval" in human
     for reference in ("latest", published["snapshot_id"][:8]):
         started = _qjsflow("--db", db, "--json", "start", "daily-digest", "--scope", "acme",
                            "--snapshot", reference, "--input", '{"items": []}')  # fmt: skip

@@ -59,11 +59,11 @@ async def test_one_changed_byte_gives_a_new_snapshot(runner: Runner, tmp_path: P
     assert second.snapshot_id != first.snapshot_id
 
 
-async def test_workflows_are_found_by_stem(runner: Runner) -> None:
+async def test_workflows_are_named_by_stem_or_class(runner: Runner) -> None:
     result = await runner.publish("acme", FIXTURES)
     assert {(w.workflow, w.entry_path) for w in result.workflows} == {
         ("order-approval", "workflows/order-approval.ts"),
-        ("crm-sync", "workflows/crm-sync.js"),
+        ("CrmSync", "workflows/crm-sync.js"),
         ("daily-digest", "workflows/daily-digest.ts"),
     }
 
@@ -87,7 +87,7 @@ async def test_ts_entry_importing_across_folders_evaluates_in_quickjs(runner: Ru
 
 async def test_class_style_entry_extends_the_shim_entrypoint(runner: Runner) -> None:
     result = await runner.publish("acme", FIXTURES)
-    bundle = await runner.store.load_bundle("acme", result.snapshot_id, "crm-sync")
+    bundle = await runner.store.load_bundle("acme", result.snapshot_id, "CrmSync")
     assert bundle is not None
     probe = "Object.getPrototypeOf(__qjsflow_module.CrmSync).name"
     assert _evaluate(bundle.code, probe) == "WorkflowEntrypoint"
@@ -115,7 +115,7 @@ async def test_snapshots_belong_to_their_scope(runner: Runner) -> None:
     result = await runner.publish("acme", FIXTURES)
     assert await runner.store.find_snapshot("acme", result.snapshot_id) is not None
     assert await runner.store.find_snapshot("other", result.snapshot_id) is None
-    assert await runner.store.load_bundle("other", result.snapshot_id, "crm-sync") is None
+    assert await runner.store.load_bundle("other", result.snapshot_id, "CrmSync") is None
 
 
 @pytest.mark.parametrize("scope", ["", "A", "../b", "a/../../j", "x" * 65, "-a"])
@@ -129,9 +129,19 @@ async def test_a_tree_without_workflows_is_refused(runner: Runner) -> None:
         await runner.publish("acme", {"lib/x.ts": "export const x = 1;\n"})
 
 
-async def test_two_entries_with_one_name_are_refused(runner: Runner) -> None:
-    with pytest.raises(SourceTreeError, match="gives the workflow name 'a'"):
-        await runner.publish("acme", {"workflows/a.ts": "", "workflows/a.js": ""})
+async def test_two_workflows_with_one_name_are_refused_naming_both_files(runner: Runner) -> None:
+    flow = "export default async () => 1;\n"
+    with pytest.raises(SourceTreeError, match=r"workflows/a\.ts: defines the workflow 'a', as "):
+        await runner.publish("acme", {"workflows/a.ts": flow, "workflows/a.js": flow})
+    orders = (
+        'import { WorkflowEntrypoint } from "cloudflare:workers";\n'
+        "export class Orders extends WorkflowEntrypoint { async run() { return 1; } }\n"
+    )
+    with pytest.raises(
+        SourceTreeError,
+        match=r"workflows/y\.ts: defines the workflow 'Orders', as workflows/x\.ts does",
+    ):
+        await runner.publish("acme", {"workflows/x.ts": orders, "workflows/y.ts": orders})
 
 
 async def test_snapshots_are_listed_and_found_by_prefix_or_latest(runner: Runner) -> None:

@@ -93,6 +93,7 @@ async def test_the_journal_inside_the_tree_is_never_read(tmp_path: Path) -> None
     assert (again.snapshot_id, again.created) == (first.snapshot_id, False)
 
 
+@pytest.mark.slow
 def test_publishing_dot_twice_from_the_shell_gives_one_id(tmp_path: Path) -> None:
     root = _project(tmp_path / "tree")
 
@@ -250,6 +251,7 @@ async def test_a_socket_nothing_imports_is_no_problem(runner: Runner, tmp_path: 
         listener.close()
 
 
+@pytest.mark.slow
 async def test_a_pnpm_layout_links_inside_the_tree(runner: Runner, tmp_path: Path) -> None:
     """pnpm installs packages in node_modules/.pnpm and links them: links inside the tree
     resolve; the snapshot holds the files they point at."""

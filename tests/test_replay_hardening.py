@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from qjsflow.bridge.limits import Limits
+from qjsflow.bundles import PublishError
 from qjsflow.runner import Bindings, Runner, RunnerConfig
 from tests.conftest import FakeClock, start_source
 
@@ -141,14 +142,16 @@ export default async () => 1;
 """
 
 
-async def test_a_module_that_throws_at_load_fails_with_the_authors_error(
+async def test_a_module_that_throws_at_load_is_refused_with_the_authors_error(
     clocked_runner: Runner,
 ) -> None:
-    run = await start_source(clocked_runner, TOP_LEVEL_THROW)
-    assert run.status == "failed"
-    assert run.error is not None
-    assert "Boom\ufffd" in run.error
-    assert "executor" not in run.error
+    """Module code runs when publishing asks what the file exports: a module that throws
+    there is refused at publish (as Cloudflare refuses a deploy), with the author's error."""
+    with pytest.raises(PublishError) as caught:
+        await start_source(clocked_runner, TOP_LEVEL_THROW)
+    assert "workflows/flow.ts: loading the workflow: " in str(caught.value)
+    assert "Boom\ufffd" in str(caught.value)
+    assert "executor" not in str(caught.value)
 
 
 @pytest.mark.parametrize(

@@ -12,6 +12,7 @@ import pytest
 
 from qjsflow.bridge import loads
 from qjsflow.bridge.rules import RULES
+from qjsflow.bundles import PublishError
 from qjsflow.runner import Bindings, InvalidEvent, Runner, RunnerConfig
 from qjsflow.runner.scopedb import SqlLimits
 from tests.conftest import start_source
@@ -159,6 +160,13 @@ async def test_a_long_error_anywhere_fails_the_run_with_a_cut_message(
         f'const x = new Error("m".repeat({R.error_message_chars * 2}));'
         f' x.name = "N".repeat({R.error_name_chars * 2}); throw x;'
     )
+    if source.startswith("THROW"):  # module code: refused at publish, cut the same way
+        with pytest.raises(PublishError) as caught:
+            await start_source(runner, source.replace("THROW", throw))
+        assert "protocol" not in str(caught.value)
+        assert "N" * (R.error_name_chars + 1) not in str(caught.value)
+        assert len(str(caught.value)) <= len("workflows/flow.ts: ") + R.error_message_chars
+        return
     run = await start_source(runner, source.replace("THROW", throw))
     if run.status == "sleeping":
         run = await runner.resume(run.run_id, scope="acme")

@@ -26,6 +26,8 @@ export class WorkflowEntrypoint {
     this.env = env;
   }
 }
+// How the sandbox tells a workflow class from any other class with the same shape.
+Object.defineProperty(WorkflowEntrypoint, Symbol.for("qjsflow.workflow"), { value: true });
 function runtime() {
   const installed = globalThis.__qjsflow;
   if (!installed) throw new Error("qjsflow: the workflow runtime is not installed here");

@@ -53,6 +53,7 @@ _LAST_RETRY_S = 2.0
 class WorkflowRecord:
     workflow: str
     entry_path: str
+    export: str = "default"  # the export of the entry file that is this workflow
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,6 +71,7 @@ class BundleRecord:
     workflow: str
     entry_path: str
     code: str
+    export: str = "default"
 
 
 @dataclass(slots=True)
@@ -303,7 +305,7 @@ class JournalStore:
                 where.append(clause)
                 args += [len(value), value] if clause.startswith("substr") else [value]
         rows = await self._all(
-            "SELECT s.scope, s.snapshot_id, s.created_at, b.workflow, b.entry_path"
+            "SELECT s.scope, s.snapshot_id, s.created_at, b.workflow, b.entry_path, b.export_name"
             " FROM (SELECT * FROM snapshots s"
             + (" WHERE " + " AND ".join(where) if where else "")
             + " ORDER BY created_at DESC, snapshot_id LIMIT ?) s"
@@ -317,7 +319,7 @@ class JournalStore:
         return [
             SnapshotRecord(
                 scope_id, snapshot, float(group[0][2]),
-                tuple(WorkflowRecord(str(r[3]), str(r[4])) for r in group),
+                tuple(WorkflowRecord(str(r[3]), str(r[4]), str(r[5])) for r in group),
             )
             for (scope_id, snapshot), group in grouped.items()
         ]  # fmt: skip
@@ -331,8 +333,7 @@ class JournalStore:
             ]
         )
         bundles = [
-            (b.workflow, b.entry_path, b.code, hashlib.sha256(b.code.encode("utf-8")).hexdigest())
-            for b in snapshot.bundles
+            (b.workflow, b.entry_path, b.code, _digest(b.code), b.export) for b in snapshot.bundles
         ]
         facts = (len(snapshot.tree.files), snapshot.tree.total_bytes, manifest)
         snapshot_id = snapshot.snapshot_id
@@ -344,16 +345,16 @@ class JournalStore:
         """The bundle, verified against the checksum stored when it was published: code
         changed at rest raises `StoredCodeDamaged` and never reaches an executor."""
         rows = await self._all(
-            "SELECT entry_path, code, code_sha256 FROM bundles"
+            "SELECT entry_path, code, code_sha256, export_name FROM bundles"
             " WHERE scope = ? AND snapshot_id = ? AND workflow = ?",
             (scope, snapshot_id, workflow),
         )
         if not rows:
             return None
         entry_path, code, checksum = str(rows[0][0]), str(rows[0][1]), str(rows[0][2])
-        if hashlib.sha256(code.encode("utf-8")).hexdigest() != checksum:
+        if _digest(code) != checksum:
             raise StoredCodeDamaged(scope, snapshot_id, workflow)
-        return BundleRecord(scope, snapshot_id, workflow, entry_path, code)
+        return BundleRecord(scope, snapshot_id, workflow, entry_path, code, str(rows[0][3]))
 
     # -- runs: reads outside any write transaction --------------------------------------------
 
@@ -414,3 +415,7 @@ class JournalStore:
             (run_id,),
         )
         return [LogRecord(*row) for row in rows]
+
+
+def _digest(code: str) -> str:
+    return hashlib.sha256(code.encode("utf-8")).hexdigest()

@@ -214,6 +214,11 @@ MIGRATIONS: tuple[tuple[int, str, str], ...] = (
         "runs keyed by (scope, run id); idempotency keys for signals",
         scoped_run_keys("instr(run_id, '/') = 0"),
     ),
+    (
+        8,
+        "the export of each workflow: a file may hold several workflow classes",
+        "ALTER TABLE bundles ADD COLUMN export_name TEXT NOT NULL DEFAULT 'default'",
+    ),
 )
 
 

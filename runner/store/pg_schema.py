@@ -81,4 +81,9 @@ PG_MIGRATIONS: tuple[Migration, ...] = (
         "runs keyed by (scope, run id); idempotency keys for signals (SQLite migration 7)",
         scoped_run_keys("strpos(run_id, '/') = 0"),
     ),
+    (
+        3,
+        "the export of each workflow (SQLite migration 8)",
+        "ALTER TABLE bundles ADD COLUMN export_name TEXT NOT NULL DEFAULT 'default'",
+    ),
 )

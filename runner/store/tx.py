@@ -145,7 +145,7 @@ class JournalTransaction:
         snapshot_id: str,
         created_at: float,
         facts: tuple[int, int, str],
-        bundles: list[tuple[str, str, str, str]],
+        bundles: list[tuple[str, str, str, str, str]],  # workflow, entry, code, digest, export
     ) -> bool:
         """First writer wins: False (and no bundle written) when the snapshot exists."""
         row = self._one(
@@ -157,8 +157,9 @@ class JournalTransaction:
         if row is None:
             return False
         self._db.executemany(
-            "INSERT INTO bundles (scope, snapshot_id, workflow, entry_path, code, code_sha256)"
-            " VALUES (?, ?, ?, ?, ?, ?)",
+            "INSERT INTO bundles"
+            " (scope, snapshot_id, workflow, entry_path, code, code_sha256, export_name)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?)",
             [(scope, snapshot_id, *bundle) for bundle in bundles],
         )
         return True

@@ -4,6 +4,8 @@
 
 let limits = null;
 let runId = "";
+let entryExport = "default";
+let inspecting = false;
 let journal = new RealMap(); // key -> {value, error, at, seq}
 const unsettled = new RealSet(); // keys of steps with a row that is not settled
 let consumed = 0;

@@ -2,20 +2,53 @@
 
 // ---- the body -----------------------------------------------------------------------------
 
-function findEntry(namespace) {
+const WORKFLOW_MARK = RealSymbol.for("qjsflow.workflow");
+const isClass = (value) => typeof value === "function" && call(strSlice, call(fnToString, value), 0, 5) === "class";
+const hasRun = (value) => value.prototype !== undefined && value.prototype !== null &&
+  typeof value.prototype.run === "function";
+function isWorkflowClass(value) {
+  for (let at = value; typeof at === "function"; at = getPrototypeOf(at)) {
+    if (hasOwn(at, WORKFLOW_MARK)) return true;
+  }
+  return false;
+}
+function moduleOf(namespace) {
   if (namespace === null || typeof namespace !== "object") {
     throw new DriveError("the bundle defines no module");
   }
-  const isClass = (value) => typeof value === "function" && value.prototype !== undefined &&
-    value.prototype !== null && typeof value.prototype.run === "function";
-  if (typeof namespace.default === "function") return namespace.default;
-  const classes = [];
-  const names = objectKeys(namespace);
-  for (let i = 0; i < names.length; i++) if (isClass(namespace[names[i]])) append(classes, namespace[names[i]]);
-  if (classes.length === 1) return classes[0];
-  throw new DriveError(classes.length === 0
-    ? "the workflow module exports no workflow: export default a function, or a class with run()"
-    : "the workflow module exports several classes with run(); export the workflow as default");
+  return namespace;
+}
+// What each export is, for publishing to name the workflows of a file.
+function describeExports(namespace) {
+  const names = objectKeys(moduleOf(namespace));
+  const found = [];
+  for (let i = 0; i < names.length; i++) {
+    const value = namespace[names[i]];
+    let kind = "other";
+    if (typeof value === "function") {
+      if (!isClass(value)) kind = "function";
+      else if (isWorkflowClass(value)) kind = "workflow-class";
+      else kind = hasRun(value) ? "run-class" : "class";
+    }
+    const className = typeof value === "function" && typeof value.name === "string" ? value.name : "";
+    append(found, { export: names[i], kind, className });
+  }
+  return found;
+}
+function findEntry(namespace, exportName) {
+  let entry = moduleOf(namespace)[exportName];
+  if (exportName === "default" && typeof entry !== "function") {
+    // Published before exports were named: the one class with run(), as it was found then.
+    const names = objectKeys(namespace);
+    for (let i = 0; i < names.length; i++) {
+      const value = namespace[names[i]];
+      if (typeof value === "function" && hasRun(value)) entry = value;
+    }
+  }
+  if (typeof entry !== "function") {
+    throw new DriveError(`the bundle has no workflow export "${exportName}"`);
+  }
+  return entry;
 }
 
 // Run-independent: done ahead of the drive, while the executor would otherwise be idle.
@@ -34,6 +67,8 @@ function boot(request) {
   if (!prepared) prepare();
   limits = request.limits;
   runId = request.runId;
+  entryExport = request.export;
+  inspecting = request.inspect === true;
   ROOT_SCOPE.clock = request.createdAtMs;
   for (let i = 0; i < request.journal.length; i++) {
     const entry = request.journal[i];
@@ -59,11 +94,15 @@ function load(code) {
 }
 
 function start() {
-  const entry = findEntry(G.__qjsflow_module);
+  if (inspecting) {
+    outcome = { status: "completed", output: encode(describeExports(G.__qjsflow_module), "exports") };
+    return;
+  }
+  const entry = findEntry(G.__qjsflow_module, entryExport);
   const { step, env, event } = moduleBody;
   let body;
   try {
-    if (entry.prototype !== undefined && entry.prototype !== null && typeof entry.prototype.run === "function") {
+    if (isClass(entry)) {
       const instance = new entry(freeze({}), env);
       body = instance.run(event, step);
     } else {
