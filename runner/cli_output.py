@@ -72,7 +72,10 @@ def _plain(value: Any) -> Any:
 
 def render_publish(result: PublishResult) -> str:
     state = "new" if result.created else "already published"
-    rows = [("WORKFLOW", "ENTRY"), *((w.workflow, w.entry_path) for w in result.workflows)]
+    rows = [
+        ("WORKFLOW", "ENTRY", "EXPORT"),
+        *((w.workflow, w.entry_path, w.export) for w in result.workflows),
+    ]
     return "\n".join(
         [f"snapshot {result.snapshot_id} in scope {result.scope} ({state})", *table(rows)]
     )

@@ -83,7 +83,9 @@ def _tree(tmp_path: Path) -> Path:
 @pytest.mark.timeout(180)
 def test_the_four_flows_from_a_shell(cli: Cli, tmp_path: Path) -> None:
     published = cli.ok("publish", str(_tree(tmp_path)), "--scope", "acme")
-    assert published["workflows"] == [{"workflow": "greet", "entry_path": "workflows/greet.ts"}]
+    assert published["workflows"] == [
+        {"workflow": "greet", "entry_path": "workflows/greet.ts", "export": "default"}
+    ]
     snapshot = published["snapshot_id"]
 
     # Start, and kill the starting process while the slow tool runs inside its drive.
