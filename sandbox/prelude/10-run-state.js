@@ -8,6 +8,7 @@ let entryExport = "default";
 let inspecting = false;
 let journal = new RealMap(); // key -> {value, error, at, seq}
 const unsettled = new RealSet(); // keys of steps with a row that is not settled
+const openCalls = new RealSet(); // step and db.sql calls whose promise has not settled
 let consumed = 0;
 let outbox = [];
 const pending = new RealMap(); // id -> {onResult}

@@ -64,7 +64,17 @@ function request(kind, name, op, onAnswer, begin) {
   const fullName = currentScope.prefix + escapeName(name);
   const key = kind + ":" + count + ":" + fullName;
   const scope = currentScope;
-  return new P((resolve, reject) => {
+  const call = { kind, name };
+  openCalls.add(call);
+  return new P((settleValue, settleError) => {
+    const resolve = (value) => {
+      openCalls.delete(call);
+      settleValue(value);
+    };
+    const reject = (error) => {
+      openCalls.delete(call);
+      settleError(error);
+    };
     const entry = journal.get(key);
     if (entry !== undefined) {
       pushHit({ entry, key, resolve, reject, scope });

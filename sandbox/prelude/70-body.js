@@ -93,6 +93,17 @@ function load(code) {
   EVAL(code); // indirect (not called by the name `eval`): global scope, none of ours
 }
 
+// The first step call still pending, as the author wrote it; null when none is.
+function openCallText() {
+  const open = []; // forEach on the frozen Set.prototype, not an iterator authors can reach
+  openCalls.forEach((pending) => append(open, pending));
+  if (open.length === 0) return null;
+  const first = open[0];
+  if (first.kind === "sql") return "a db.sql call";
+  if (first.kind === "notify") return "a step.notify call";
+  return `step.${first.kind}("${first.name}")`;
+}
+
 function start() {
   if (inspecting) {
     outcome = { status: "completed", output: encode(describeExports(G.__qjsflow_module), "exports") };
@@ -112,6 +123,12 @@ function start() {
     body = P.reject(thrown);
   }
   call(promiseThen, P.resolve(body), (value) => {
+    const forgotten = openCallText();
+    if (forgotten !== null) {
+      fail(`${forgotten} was never awaited: the workflow finished while it was still pending ` +
+        "(await every step call, or Promise.all them)", false);
+      return;
+    }
     try {
       const output = encode(value, "the workflow's result");
       if (outcome === null) outcome = { status: "completed", output };
