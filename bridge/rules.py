@@ -27,6 +27,10 @@ class TextRules:
     notify_link_chars: int = 2048
     sql_chars: int = 100_000
     log_line_chars: int = 16_384
+    stack_chars: int = 2048  # an error's stack, as the engine wrote it
+    # The bundle is evaluated with its first line numbered this (the prelude's are all lower),
+    # so a stack frame says whose code it is in: the author's, or the sandbox's (dropped).
+    bundle_first_line: int = 10_000
     # Event types: the same class of characters in Python and JavaScript regular expressions.
     event_type_pattern: str = "[A-Za-z0-9_.:-]{1,100}"
     event_type_rule: str = "1-100 characters of A-Z, a-z, 0-9, _ . : -"

@@ -79,12 +79,17 @@ class StepFailure:
     retryable: bool = True
     retry_after_ms: int | None = None
     code: str | None = None  # a machine-readable reason, e.g. db.sql's "not_authorized"
+    # Where it was thrown: the engine's frames from the sandbox; in the journal, the author's
+    # `file:line:column` frames (runner/locations.py).
+    stack: str | None = None
 
     def __post_init__(self) -> None:
         # Tools and the host make failures from any text: bounded here, as the prelude bounds
         # the author's, so every stored failure fits the wire on its way back into a replay.
         object.__setattr__(self, "name", self.name[: RULES.error_name_chars])
         object.__setattr__(self, "message", self.message[: RULES.error_message_chars])
+        if self.stack is not None:
+            object.__setattr__(self, "stack", self.stack[: RULES.stack_chars])
 
 
 # -- ops (sandbox -> host) ---------------------------------------------------------------------
@@ -267,6 +272,7 @@ class Failed:
     message: str
     cpu_s: float
     retry_after_ms: int | None = None
+    stack: str | None = None  # the engine's frames where it was thrown or stopped
 
 
 DriveOutcome = Completed | Suspended | Failed

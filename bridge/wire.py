@@ -89,6 +89,7 @@ def parse_outcome(raw: object, limits: Limits, cpu_s: float) -> DriveOutcome:
             message=_text(outcome, "message", RULES.error_message_chars, allow_control=True),
             cpu_s=cpu_s,
             retry_after_ms=_optional_ms(outcome, "retryAfterMs"),
+            stack=_optional_text(outcome, "stack", RULES.stack_chars),
         )
     raise ProtocolError(f"unknown outcome status {str(status)[:40]!r}")
 
@@ -138,6 +139,7 @@ def failure_to_wire(failure: StepFailure) -> dict[str, Any]:
         "retryable": failure.retryable,
         "retryAfterMs": failure.retry_after_ms,
         "code": failure.code,
+        "stack": failure.stack,
     }
 
 
@@ -273,6 +275,7 @@ def _failure(error: dict[str, Any]) -> StepFailure:
         message=_text(error, "message", RULES.error_message_chars, allow_control=True),
         retryable=_bool(error, "retryable"),
         retry_after_ms=_optional_ms(error, "retryAfterMs"),
+        stack=_optional_text(error, "stack", RULES.stack_chars),
     )
 
 

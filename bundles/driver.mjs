@@ -3,7 +3,7 @@
 // Input (stdin, JSON): { esbuild, root, entries: [relative path], shims: {module: source},
 //   files: {relative path: size}, refused: {relative path: why}, maxFiles, maxTotalBytes,
 //   maxOutputBytes }. `files` and `refused` come from the publisher's scan of the tree.
-// Output (stdout, JSON): { outputs: [{ entry, code }], inputs: {relative path: sha256} } or
+// Output (stdout, JSON): { outputs: [{ entry, code, map }], inputs: {relative path: sha256} } or
 //   { errors: [{ text, file, line, column }] }.
 //
 // Only what the entries reach is read, and this plugin reads it (esbuild never opens a file):
@@ -231,8 +231,15 @@ async function bundle(entry) {
     conditions: ["workerd", "worker", "browser"],
     resolveExtensions: [".ts", ".mts", ".js", ".mjs", ".cjs", ".json"],
     plugins: [guard],
+    // A map from bundle positions to tree paths (relative to the root, where the out file
+    // would be), so errors name the author's file, line and column. No sources inside it.
+    sourcemap: "external",
+    sourcesContent: false,
+    outfile: resolve(root, "__qjsflow_bundle.js"),
   });
-  return { entry, code: result.outputFiles[0].text };
+  const code = result.outputFiles.find((file) => file.path.endsWith(".js")).text;
+  const map = result.outputFiles.find((file) => file.path.endsWith(".js.map")).text;
+  return { entry, code, map };
 }
 
 const outputs = [];
@@ -242,7 +249,7 @@ let outputBytes = 0;
 for (const entry of request.entries) {
   try {
     const output = await bundle(entry);
-    outputBytes += output.code.length;
+    outputBytes += output.code.length + output.map.length;
     if (outputBytes > request.maxOutputBytes) {
       errors.push({ text: `the bundles are larger than ${request.maxOutputBytes} bytes in all (at ${entry})`,
                     file: null, line: null, column: null });

@@ -9,6 +9,7 @@ any changed byte of a reached file gives a new one.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hashlib
 import os
 import re
@@ -58,6 +59,7 @@ class WorkflowBundle:
     entry_path: str
     code: str  # one script for QuickJS; it defines the global `__qjsflow_module`
     export: str = "default"  # the export of the entry that is this workflow
+    source_map: str = ""  # esbuild's map of `code` to tree paths (source map v3, JSON)
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,7 +122,7 @@ def name_workflows(
                     f"defines the workflow {name!r}, as {owners[name]} does: rename one",
                 )
             owners[name] = bundle.entry_path
-            named.append(WorkflowBundle(name, bundle.entry_path, bundle.code, export))
+            named.append(dataclasses.replace(bundle, workflow=name, export=export))
     return Snapshot(snapshot.snapshot_id, snapshot.tree, snapshot.entries, tuple(named))
 
 
@@ -205,8 +207,13 @@ async def _build(
     for file in tree.files:  # the bundler read these bytes, and only these
         if hashlib.sha256(file.content).hexdigest() != digests[file.path]:
             raise SourceTreeError(file.path, "changed while it was being published: try again")
-    codes = {output["entry"]: output["code"] for output in answer["outputs"]}
-    bundles = tuple(WorkflowBundle(workflow_name(path), path, codes[path]) for path in chosen)
+    outputs = {output["entry"]: output for output in answer["outputs"]}
+    bundles = tuple(
+        WorkflowBundle(
+            workflow_name(path), path, outputs[path]["code"], source_map=outputs[path]["map"]
+        )
+        for path in chosen
+    )
     return Snapshot(snapshot_id_of(tree, chosen), tree, chosen, bundles)
 
 

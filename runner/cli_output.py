@@ -111,6 +111,7 @@ def render_run(run: RunView, colour: bool) -> str:
         lines.append(("output", _short(run.output)))
     if run.error:
         lines.append(("error", printable(run.error)))
+        lines += [("", printable(frame)) for frame in run.error_stack]
     width = max(len(name) for name, _ in lines)
     return "\n".join(f"{name.ljust(width)}  {value}" for name, value in lines)
 
@@ -138,10 +139,20 @@ def render_steps(steps: Sequence[StepView]) -> str:
     rows = [("KIND", "NAME", "#", "STATUS", "ATTEMPT", "RESULT")]
     rows += [
         (printable(s.kind), printable(s.name), str(s.count), printable(s.status),
-         str(s.attempt), printable(s.error) if s.error else _short(s.output))
+         str(s.attempt), printable(_located(s.error, s.error_stack)) if s.error
+         else _short(s.output))
         for s in steps
     ]  # fmt: skip
     return "\n".join(table(rows))
+
+
+def _located(error: str, frames: Sequence[str]) -> str:
+    """An error with where it was thrown: "TypeError: … (at workflows/x.ts:3:7)"."""
+    if not frames:
+        return error
+    innermost = frames[0]
+    where = innermost[innermost.rfind("(") + 1 : -1] if innermost.endswith(")") else innermost[3:]
+    return f"{error} (at {where})"
 
 
 def table(rows: Sequence[Sequence[str]]) -> list[str]:

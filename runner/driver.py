@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import os
 import secrets
 import socket
@@ -33,6 +34,7 @@ from qjsflow.runner.bindings import Bindings
 from qjsflow.runner.config import RunnerConfig
 from qjsflow.runner.errors import JournalUnavailable, RunNotFound, StoredCodeDamaged
 from qjsflow.runner.host import DriveHost
+from qjsflow.runner.locations import Locator, SourceMap, author_frames
 from qjsflow.runner.scopedb import ScopeDatabases
 from qjsflow.runner.scopes import split_run_key
 from qjsflow.runner.steps import failure_from_json
@@ -70,6 +72,7 @@ class RunDriver:
         self.worker_id = f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(4)}"
         self._locks = _KeyedLocks()
         self._bundles: dict[tuple[str, str, str], BundleRecord] = {}
+        self._maps: dict[tuple[str, str, str], SourceMap] = {}
 
     def now_ms(self) -> int:
         return int(self.config.clock() * 1000)
@@ -192,6 +195,7 @@ class RunDriver:
             bundle = await self._bundle(run)
         except StoredCodeDamaged as damaged:  # never run code that is not what was published
             return Failed(False, str(damaged), 0.0), host
+        host.locate = self._locator(bundle)
         request = DriveRequest(
             run_id=split_run_key(run.run_id)[1],  # the author's event.instanceId
             workflow=run.workflow,
@@ -206,7 +210,27 @@ class RunDriver:
             unsettled=unsettled,
             export=bundle.export,
         )
-        return await self.pool.drive(request, host), host
+        outcome = await self.pool.drive(request, host)
+        if isinstance(outcome, Failed) and outcome.stack is not None:
+            outcome = dataclasses.replace(outcome, stack=host.locate(outcome.stack))
+        return outcome, host
+
+    def _locator(self, bundle: BundleRecord) -> Locator:
+        """Maps the engine's frames in `bundle` to the author's; its source map is read on
+        the first error and kept with the bundle."""
+        key = (bundle.scope, bundle.snapshot_id, bundle.workflow)
+
+        def locate(stack: str | None) -> str | None:
+            if not stack or not bundle.source_map:
+                return None
+            source_map = self._maps.get(key)
+            if source_map is None:
+                source_map = self._maps[key] = SourceMap(bundle.source_map)
+                while len(self._maps) > _BUNDLES_KEPT:
+                    del self._maps[next(iter(self._maps))]
+            return author_frames(stack, source_map)
+
+        return locate
 
     async def _bundle(self, run: RunRecord) -> BundleRecord:
         """Bundles never change once published: keep the latest few in memory."""
@@ -329,8 +353,8 @@ def _finish(
             )
             tx.append_event(run_id, "run_completed", now, None)
             return _release(tx, lease)
-        case Failed(message=message):
-            return _fail(tx, lease, message, now, common)
+        case Failed(message=message, stack=stack):
+            return _fail(tx, lease, message, now, {**common, "error_stack": stack})
         case Suspended(markers=markers):
             if current.cancel_requested:
                 _cancel(tx, run_id, now, common)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -43,6 +44,7 @@ from qjsflow.runner.bindings import (
     unbind_tool_call,
 )
 from qjsflow.runner.errors import FatalToolError
+from qjsflow.runner.locations import Locator
 from qjsflow.runner.scopedb import ScopeDatabases, SqlOutcome
 from qjsflow.runner.scopes import split_run_key
 from qjsflow.runner.steps import Answered, failure_to_json
@@ -81,8 +83,10 @@ class DriveHost:
         scopes: ScopeDatabases,
         journal_bytes: int = 0,
         monotonic: Callable[[], float] = time.monotonic,
+        locate: Locator = lambda stack: None,
     ) -> None:
         self.monotonic = monotonic
+        self.locate = locate  # the engine's frames -> the author's (runner/locations.py)
         self.scopes = scopes
         self.journal_bytes = journal_bytes  # of the run's recorded results, kept up to date
         self.store = store
@@ -124,7 +128,7 @@ class DriveHost:
             return []
         now = self.now()
         # Counted once, before the transaction (which may run again after a transient fault).
-        group = [self._bounded(envelope) for envelope in group]
+        group = [self._located(self._bounded(envelope)) for envelope in group]
         # Starting attempts and console lines are not fsynced (see JournalStore): only a
         # batch that settles something is.
         durable = any(isinstance(e.op, StepRecord | StepSleep | StepWaitForEvent) for e in group)
@@ -181,6 +185,14 @@ class DriveHost:
         if refused is None:
             return envelope
         return OpEnvelope(envelope.id, StepRecord(op.step, op.count, op.attempt, None, refused))
+
+    def _located(self, envelope: OpEnvelope) -> OpEnvelope:
+        """A step's error is journaled with the author's frames, not the engine's."""
+        op = envelope.op
+        if not isinstance(op, StepRecord) or op.error is None or op.error.stack is None:
+            return envelope
+        error = dataclasses.replace(op.error, stack=self.locate(op.error.stack))
+        return OpEnvelope(envelope.id, dataclasses.replace(op, error=error))
 
     def _over_journal_limit(self, step: str, value: str) -> StepFailure | None:
         """A result that would take the run's journal past its limit fails its step (not

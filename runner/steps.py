@@ -8,6 +8,8 @@ null); a late writer is answered with the winner's value.
 
 from __future__ import annotations
 
+import dataclasses
+
 from qjsflow.bridge import dumps_text, loads
 from qjsflow.bridge.types import (
     Result,
@@ -58,8 +60,9 @@ def failure_to_json(failure: StepFailure) -> str:
 def failure_from_json(text: str) -> StepFailure:
     data = loads(text)
     return StepFailure(
-        data["name"], data["message"], data["retryable"], data.get("retryAfterMs"), data.get("code")
-    )
+        data["name"], data["message"], data["retryable"], data.get("retryAfterMs"),
+        data.get("code"), data.get("stack"),
+    )  # fmt: skip
 
 
 def policy_to_json(policy: RetryPolicy) -> str:
@@ -181,7 +184,7 @@ def fail_attempt(
             retryAt=retry_at, error=failure.message,
         )  # fmt: skip
         return None
-    final = StepFailure(failure.name, failure.message, False, code=failure.code)
+    final = dataclasses.replace(failure, retryable=False, retry_after_ms=None)
     tx.settle_step(
         row, status="failed", output=None, error=failure_to_json(final), at=now,
         event_type="step_failed",

@@ -56,6 +56,8 @@ class RunView:
     updated_at: float
     wake_at: float | None = None  # the next timer: a sleep, a retry or a wait's timeout
     waiting_for: str | None = None  # the awaited event type, while waiting
+    # Where it failed, innermost first: "at fn (workflows/x.ts:12:5)" in tree paths.
+    error_stack: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,6 +71,7 @@ class StepView:
     error: str | None
     attempt: int
     completed_at: float | None
+    error_stack: tuple[str, ...] = ()  # where its last attempt threw, as in RunView
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,6 +110,10 @@ def _error_message(text: str | None) -> str | None:
     return f"{failure.name}: {failure.message}"
 
 
+def _frames(stack: str | None) -> tuple[str, ...]:
+    return () if not stack else tuple(stack.splitlines())
+
+
 def run_view(run: RunRecord) -> RunView:
     return RunView(
         run_id=split_run_key(run.run_id)[1],
@@ -121,6 +128,7 @@ def run_view(run: RunRecord) -> RunView:
         updated_at=run.updated_at / 1000,
         wake_at=_seconds(run.wake_at),
         waiting_for=run.waiting_for,
+        error_stack=_frames(run.error_stack),
     )
 
 
@@ -135,6 +143,7 @@ def step_view(step: StepRow) -> StepView:
         error=_error_message(step.error),
         attempt=step.attempt,
         completed_at=_seconds(step.completed_at),
+        error_stack=_frames(None if step.error is None else failure_from_json(step.error).stack),
     )
 
 

@@ -27,6 +27,7 @@ from typing import Any
 import quickjs
 
 from qjsflow.bridge.codec import dumps, dumps_text, loads
+from qjsflow.bridge.errors import CodecError
 from qjsflow.bridge.rules import RULES
 from qjsflow.sandbox.frames import frame, read_frame_fd
 
@@ -45,15 +46,18 @@ _JOB_CHECK_EVERY = 1024
 
 
 class DriveStopped(Exception):
-    """The drive ends now with this failed outcome."""
+    """The drive ends now with this failed outcome (and the engine's frames where it did)."""
 
-    def __init__(self, message: str, *, limit: bool) -> None:
+    def __init__(self, message: str, *, limit: bool, stack: str | None = None) -> None:
         super().__init__(message)
         self.message = message
         self.limit = limit
+        self.stack = stack
 
 
 _PREPARE_TIME_LIMIT_S = 5.0
+_LAST_LOOK_S = 0.05  # reading the prelude's outcome after the budget ran out
+_LAST_LOOK_JOBS = 16
 
 
 class Prepared:
@@ -101,7 +105,7 @@ class Drive:
             self._call("start", "", what="starting the workflow")
             return self._loop()
         except DriveStopped as stop:
-            return _failed(stop.message, recycle=stop.limit)
+            return _failed(stop.message, recycle=stop.limit, stack=stop.stack)
 
     def _loop(self) -> bytes:
         while True:
@@ -136,15 +140,33 @@ class Drive:
     def _limit_time(self) -> None:
         remaining = self._remaining()
         if remaining <= 0:
-            raise DriveStopped(f"{self.budget_name} exceeded", limit=False)
+            raise DriveStopped(
+                f"{self.budget_name} exceeded", limit=False, stack=self._interrupted_at()
+            )
         self.context.set_time_limit(remaining)
+
+    def _interrupted_at(self) -> str | None:
+        """Where the engine stopped the author's code, when the budget ran out inside an async
+        body: the body's promise rejects with the engine's interrupt, and once its handler has
+        run (a few jobs, on a small time limit) the prelude's outcome holds those frames."""
+        self.context.set_time_limit(_LAST_LOOK_S)
+        try:
+            for _ in range(_LAST_LOOK_JOBS):
+                if not self.context.execute_pending_job():
+                    break
+            outcome = self.dispatch("outcome", "")
+            failed = loads(outcome, max_depth=None) if isinstance(outcome, str) and outcome else {}
+        except (quickjs.JSException, CodecError):
+            return None
+        stack = failed.get("stack") if failed.get("status") == "failed" else None
+        return stack if isinstance(stack, str) else None
 
     def _call(self, command: str, argument: str = "", what: str = "") -> str:
         self._limit_time()
         try:
             answer = self.dispatch(command, argument)
         except quickjs.JSException as error:
-            raise DriveStopped(self._engine_failure(error), limit=True) from None
+            raise self._engine_failure(error) from None
         if not isinstance(answer, str):
             raise DriveStopped(f"the prelude answered {command} with a non-string", limit=True)
         if answer.startswith('{"error":'):
@@ -152,7 +174,8 @@ class Drive:
             prefix = f"{what}: " if what else ""
             message = f"{prefix}{failure['name']}: {failure['message']}"
             raise DriveStopped(failure["message"] if failure.get("limit") else message,
-                               limit=bool(failure.get("limit")))  # fmt: skip
+                               limit=bool(failure.get("limit")),
+                               stack=failure.get("stack") or None)  # fmt: skip
         return answer
 
     def _drain(self) -> None:
@@ -168,36 +191,46 @@ class Drive:
             try:
                 ran = context.execute_pending_job()
             except quickjs.JSException as error:
-                raise DriveStopped(self._engine_failure(error), limit=True) from None
+                raise self._engine_failure(error) from None
             if not ran:
                 return
             self.jobs += 1
 
-    def _engine_failure(self, error: quickjs.JSException) -> str:
+    def _engine_failure(self, error: quickjs.JSException) -> DriveStopped:
         # Only engine-made errors escape the prelude (uncatchable interrupts, memory): their
-        # text is the engine's, never an author object's toString.
-        text = str(error).split("\n", 1)[0][:500]
+        # text is the engine's, never an author object's toString. Its frames say where the
+        # author's code was when it stopped.
+        text, _, frames = str(error).partition("\n")
+        text = text[:500]
+        stack = frames[: RULES.stack_chars] or None
         if "interrupted" in text:
-            return f"{self.budget_name} exceeded"
+            return DriveStopped(f"{self.budget_name} exceeded", limit=True, stack=stack)
         if "out of memory" in text:
-            return f"memory limit of {self.limits['memory_bytes']} bytes exceeded"
+            message = f"memory limit of {self.limits['memory_bytes']} bytes exceeded"
+            return DriveStopped(message, limit=True, stack=stack)
         if "stack" in text:
-            return f"stack limit of {self.limits['stack_bytes']} bytes exceeded"
+            message = f"stack limit of {self.limits['stack_bytes']} bytes exceeded"
+            return DriveStopped(message, limit=True, stack=stack)
         # Anything else is the sandbox's own failure, not the author's: its text (a prelude
         # TypeError, say) goes to the operator's log, never into the run's error.
         print(f"qjsflow executor: internal error: {text}", file=sys.stderr, flush=True)
-        return "the sandbox stopped the drive on an internal error (details in the worker's log)"
+        return DriveStopped(
+            "the sandbox stopped the drive on an internal error (details in the worker's log)",
+            limit=True,
+        )
 
 
 def _outcome(text: str) -> bytes:
     return b'{"type":"outcome","outcome":' + text.encode("ascii") + b"}"
 
 
-def _failed(message: str, *, recycle: bool) -> bytes:
+def _failed(message: str, *, recycle: bool, stack: str | None = None) -> bytes:
     # Cut as the prelude cuts: a message composed here (`load: name: message`) is as long as
     # the author made it, and the wire refuses anything longer.
     text = message[: RULES.error_message_chars]
-    outcome = {"status": "failed", "retryable": False, "message": text}
+    outcome: dict[str, Any] = {"status": "failed", "retryable": False, "message": text}
+    if stack:
+        outcome["stack"] = stack[: RULES.stack_chars]
     return dumps({"type": "outcome", "outcome": outcome, "recycle": recycle})
 
 

@@ -3,9 +3,14 @@ where an error happened."""
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+from pathlib import Path
+
 import pytest
 
-from qjsflow.runner import Runner
+from qjsflow.bridge.limits import Limits
+from qjsflow.runner import Runner, RunnerConfig, StartRunInput
+from qjsflow.runner.locations import SourceMap
 from tests.conftest import start_source
 
 
@@ -40,3 +45,94 @@ async def test_a_step_never_awaited_fails_the_run_naming_it(
 async def test_steps_awaited_together_or_later_are_fine(runner: Runner, body: str) -> None:
     run = await start_source(runner, f"export default async (event, step) => {{ {body} }};")
     assert (run.status, run.output) == ("completed", 3)
+
+
+LOCATED = {
+    "workflows/orders.ts": (
+        'import { total } from "../lib/money";\n'
+        "export default async (event: any, step: any) => {\n"
+        '  const sum = await step.do("sum", { retries: { limit: 0, delay: 0 } }, async () =>\n'
+        "    total(event.payload));\n"
+        "  return sum;\n"
+        "};\n"
+    ),
+    "lib/money.ts": (
+        "export function total(order: any): number {\n"
+        "  const lines = order.lines;\n"
+        '  return lines.get("x");\n'
+        "}\n"
+    ),
+    "workflows/top.ts": (
+        "export default async (event: any) => {\n"
+        "  const missing: any = undefined;\n"
+        "  return missing.field;\n"
+        "};\n"
+    ),
+    "workflows/spin.ts": "function forever() {\n  for (;;) {}\n}\nexport default async () => { forever(); };\n",
+}
+
+
+@pytest.fixture
+async def located(tmp_path: Path) -> AsyncIterator[tuple[Runner, str]]:
+    config = RunnerConfig(limits=Limits(compute_per_drive_s=0.3))
+    async with Runner.open(tmp_path / "j.db", config) as runner:
+        published = await runner.publish("acme", LOCATED)
+        yield runner, published.snapshot_id
+
+
+async def test_an_uncaught_error_names_the_authors_file_line_and_column(
+    located: tuple[Runner, str],
+) -> None:
+    runner, snapshot = located
+    run = await runner.start(StartRunInput("acme", "top", snapshot))
+    assert run.error == "TypeError: cannot read property 'field' of undefined"
+    assert run.error_stack[0] == "at workflows/top.ts:3:10"
+
+
+async def test_a_step_error_is_located_in_the_step_and_the_run(
+    located: tuple[Runner, str],
+) -> None:
+    runner, snapshot = located
+    run = await runner.start(StartRunInput("acme", "orders", snapshot, {}))
+    assert run.error == "TypeError: cannot read property 'get' of undefined"
+    [step] = await runner.list_steps(run.run_id, scope="acme")
+    assert step.error_stack[0] == "at total (lib/money.ts:3:10)"
+    assert "workflows/orders.ts:4:" in step.error_stack[1]
+    assert run.error_stack[0] == "at total (lib/money.ts:3:10)"  # thrown again by the body
+
+
+async def test_a_compute_limit_stop_says_where_the_code_was(located: tuple[Runner, str]) -> None:
+    runner, snapshot = located
+    run = await runner.start(StartRunInput("acme", "spin", snapshot))
+    assert run.error == "compute limit per drive of 0.3 s exceeded"
+    assert run.error_stack[0].startswith("at forever (workflows/spin.ts:")
+
+
+@pytest.mark.parametrize(
+    "stack",
+    [
+        "at /etc/passwd:1:1",
+        "at evil (/home/someone/secret.ts:1:1)",
+        "    at f (<input>:3:1)",  # a line of the sandbox's own code
+        "    at f (<input>:99999999:1)",  # past the bundle
+        "at x (../../outside.ts:1:1)",
+    ],
+)
+async def test_a_forged_stack_never_reaches_the_views(runner: Runner, stack: str) -> None:
+    source = (
+        "export default async () => {\n"
+        f"  const e = new Error('forged'); e.stack = {stack!r}; throw e;\n"
+        "};\n"
+    )
+    run = await start_source(runner, source)
+    assert run.error == "Error: forged"
+    assert run.error_stack == ()
+
+
+def test_source_map_segments_decode_as_the_spec_says() -> None:
+    # "AAAA;AACA,IAAI": line 0 col 0 -> (0, 0, 0); line 1 col 0 -> (0, 1, 0); col 4 -> (0, 1, 4)
+    source_map = SourceMap('{"version": 3, "sources": ["a.ts"], "mappings": "AAAA;AACA,IAAI"}')
+    assert source_map.original(0, 0) == ("a.ts", 1, 1)
+    assert source_map.original(1, 2) == ("a.ts", 2, 1)
+    assert source_map.original(1, 9) == ("a.ts", 2, 5)
+    assert source_map.original(5, 0) is None

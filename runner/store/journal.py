@@ -72,6 +72,7 @@ class BundleRecord:
     entry_path: str
     code: str
     export: str = "default"
+    source_map: str = ""
 
 
 @dataclass(slots=True)
@@ -333,7 +334,8 @@ class JournalStore:
             ]
         )
         bundles = [
-            (b.workflow, b.entry_path, b.code, _digest(b.code), b.export) for b in snapshot.bundles
+            (b.workflow, b.entry_path, b.code, _digest(b.code), b.export, b.source_map)
+            for b in snapshot.bundles
         ]
         facts = (len(snapshot.tree.files), snapshot.tree.total_bytes, manifest)
         snapshot_id = snapshot.snapshot_id
@@ -345,7 +347,7 @@ class JournalStore:
         """The bundle, verified against the checksum stored when it was published: code
         changed at rest raises `StoredCodeDamaged` and never reaches an executor."""
         rows = await self._all(
-            "SELECT entry_path, code, code_sha256, export_name FROM bundles"
+            "SELECT entry_path, code, code_sha256, export_name, source_map FROM bundles"
             " WHERE scope = ? AND snapshot_id = ? AND workflow = ?",
             (scope, snapshot_id, workflow),
         )
@@ -354,7 +356,9 @@ class JournalStore:
         entry_path, code, checksum = str(rows[0][0]), str(rows[0][1]), str(rows[0][2])
         if _digest(code) != checksum:
             raise StoredCodeDamaged(scope, snapshot_id, workflow)
-        return BundleRecord(scope, snapshot_id, workflow, entry_path, code, str(rows[0][3]))
+        return BundleRecord(
+            scope, snapshot_id, workflow, entry_path, code, str(rows[0][3]), str(rows[0][4])
+        )
 
     # -- runs: reads outside any write transaction --------------------------------------------
 

@@ -216,8 +216,10 @@ MIGRATIONS: tuple[tuple[int, str, str], ...] = (
     ),
     (
         8,
-        "the export of each workflow: a file may hold several workflow classes",
-        "ALTER TABLE bundles ADD COLUMN export_name TEXT NOT NULL DEFAULT 'default'",
+        "each workflow's export (a file may hold several) and source map; where a run failed",
+        "ALTER TABLE bundles ADD COLUMN export_name TEXT NOT NULL DEFAULT 'default';"
+        " ALTER TABLE bundles ADD COLUMN source_map TEXT NOT NULL DEFAULT '';"
+        " ALTER TABLE runs ADD COLUMN error_stack TEXT",
     ),
 )
 

@@ -83,7 +83,9 @@ PG_MIGRATIONS: tuple[Migration, ...] = (
     ),
     (
         3,
-        "the export of each workflow (SQLite migration 8)",
-        "ALTER TABLE bundles ADD COLUMN export_name TEXT NOT NULL DEFAULT 'default'",
+        "each workflow's export and source map; where a run failed (SQLite migration 8)",
+        "ALTER TABLE bundles ADD COLUMN export_name TEXT NOT NULL DEFAULT 'default';"
+        " ALTER TABLE bundles ADD COLUMN source_map TEXT NOT NULL DEFAULT '';"
+        " ALTER TABLE runs ADD COLUMN error_stack TEXT",
     ),
 )

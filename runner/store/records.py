@@ -41,6 +41,7 @@ class RunRecord:
     cancel_requested: bool
     sql_used_s: float = 0.0
     executor_deaths: int = 0  # drives whose executor process died (see RunDriver)
+    error_stack: str | None = None  # where it failed: the author's frames, one per line
 
 
 @dataclass(frozen=True, slots=True)

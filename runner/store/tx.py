@@ -31,7 +31,7 @@ __all__ = [
 RUN_COLUMNS = (
     "run_id, scope, workflow, snapshot_id, entry_path, status, input, persisted_bindings,"
     " output, error, created_at, updated_at, wake_at, waiting_for, cpu_used_s, logs_count,"
-    " cancel_requested, sql_used_s, executor_deaths"
+    " cancel_requested, sql_used_s, executor_deaths, error_stack"
 )
 STEP_COLUMNS = (
     "run_id, kind, name, count, status, attempt, config, detail, output, error, started_at,"
@@ -39,7 +39,7 @@ STEP_COLUMNS = (
 )
 _RUN_UPDATABLE = {
     "status", "output", "error", "updated_at", "wake_at", "waiting_for", "cpu_used_s",
-    "logs_count", "cancel_requested", "sql_used_s", "executor_deaths",
+    "logs_count", "cancel_requested", "sql_used_s", "executor_deaths", "error_stack",
 }  # fmt: skip
 _STEP_UPDATABLE = {"status", "attempt", "config", "detail", "output", "error", "started_at"}
 
@@ -145,7 +145,8 @@ class JournalTransaction:
         snapshot_id: str,
         created_at: float,
         facts: tuple[int, int, str],
-        bundles: list[tuple[str, str, str, str, str]],  # workflow, entry, code, digest, export
+        # workflow, entry, code, digest, export, source map
+        bundles: list[tuple[str, str, str, str, str, str]],
     ) -> bool:
         """First writer wins: False (and no bundle written) when the snapshot exists."""
         row = self._one(
@@ -158,8 +159,8 @@ class JournalTransaction:
             return False
         self._db.executemany(
             "INSERT INTO bundles"
-            " (scope, snapshot_id, workflow, entry_path, code, code_sha256, export_name)"
-            " VALUES (?, ?, ?, ?, ?, ?, ?)",
+            " (scope, snapshot_id, workflow, entry_path, code, code_sha256, export_name,"
+            " source_map) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
             [(scope, snapshot_id, *bundle) for bundle in bundles],
         )
         return True
@@ -176,7 +177,7 @@ class JournalTransaction:
             run.run_id, run.scope, run.workflow, run.snapshot_id, run.entry_path, run.status,
             run.input, run.persisted_bindings, run.output, run.error, run.created_at,
             run.updated_at, run.wake_at, run.waiting_for, run.cpu_used_s, run.logs_count,
-            int(run.cancel_requested), run.sql_used_s, run.executor_deaths,
+            int(run.cancel_requested), run.sql_used_s, run.executor_deaths, run.error_stack,
         )  # fmt: skip
         placeholders = ", ".join("?" for _ in values)
         row = self._one(

@@ -16,6 +16,7 @@ const RealUint8Array = Uint8Array;
 const RealArrayBuffer = ArrayBuffer;
 const RealRegExp = RegExp;
 const RealSymbol = Symbol;
+const strRepeat = String.prototype.repeat;
 const fnToString = Function.prototype.toString;
 const apply = R.apply;
 const construct = R.construct;

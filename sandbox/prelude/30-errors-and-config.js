@@ -20,15 +20,17 @@ function describe(thrown) {
     return {
       name: errorText(safeString(thrown, "name", "Error"), RULES.error_name_chars),
       message: errorText(safeString(thrown, "message", ""), RULES.error_message_chars),
+      stack: errorText(safeString(thrown, "stack", ""), RULES.stack_chars),
     };
   }
+  const plain = (message) => ({ name: "Error", message, stack: "" });
   switch (typeof thrown) {
-    case "string": return { name: "Error", message: errorText(thrown, RULES.error_message_chars) };
+    case "string": return plain(errorText(thrown, RULES.error_message_chars));
     case "number":
     case "boolean":
-    case "undefined": return { name: "Error", message: "" + thrown };
-    case "bigint": return { name: "Error", message: "a BigInt was thrown" };
-    default: return { name: "Error", message: "a " + typeof thrown + " was thrown" };
+    case "undefined": return plain("" + thrown);
+    case "bigint": return plain("a BigInt was thrown");
+    default: return plain("a " + typeof thrown + " was thrown");
   }
 }
 // Engine errors that mean a limit was hit are reported by the limit's name.
@@ -50,6 +52,10 @@ function makeError(failure) {
   defineProperty(error, "name", { value: failure.name, writable: true, configurable: true });
   if (typeof failure.code === "string") {
     defineProperty(error, "code", { value: failure.code, writable: true, configurable: true });
+  }
+  // Where the step threw: a run that fails with this error is located there too.
+  if (typeof failure.stack === "string") {
+    defineProperty(error, "stack", { value: failure.stack, writable: true, configurable: true });
   }
   return error;
 }

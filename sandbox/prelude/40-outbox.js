@@ -2,9 +2,12 @@
 
 // ---- the outbox ---------------------------------------------------------------------------
 
-function fail(message, retryable) {
+function fail(message, retryable, stack) {
   if (outcome === null) {
-    outcome = { status: "failed", retryable: !!retryable, message: errorText(message, RULES.error_message_chars) };
+    /** @type {{status: string, retryable: boolean, message: string, stack?: string}} */
+    const failed = { status: "failed", retryable: !!retryable, message: errorText(message, RULES.error_message_chars) };
+    if (stack) failed.stack = stack;
+    outcome = failed;
   }
 }
 function send(op, onResult) {

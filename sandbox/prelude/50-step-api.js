@@ -85,8 +85,9 @@ function runAttempt(name, fullName, count, attempt, config, fn, key, resolve, re
   });
 }
 function stepFailure(thrown, where) {
-  const { name, message } = describe(thrown);
+  const { name, message, stack } = describe(thrown);
   const failure = { name, message, retryable: name !== "FatalError" && name !== "NonRetryableError" };
+  if (stack) failure.stack = stack;
   if (name === "RetryableError" && thrown !== null && typeof thrown === "object") {
     let after;
     try {

@@ -89,8 +89,11 @@ function boot(request) {
   moduleBody = { step, env, event };
 }
 
+const BUNDLE_PAD = call(strRepeat, "\n", RULES.bundle_first_line - 1);
 function load(code) {
-  EVAL(code); // indirect (not called by the name `eval`): global scope, none of ours
+  // Indirect (not called by the name `eval`): global scope, none of ours. Its first line is
+  // numbered RULES.bundle_first_line in stack frames.
+  EVAL(BUNDLE_PAD + code);
 }
 
 // The first step call still pending, as the author wrote it; null when none is.
@@ -137,8 +140,8 @@ function start() {
     }
   }, (thrown) => {
     const limit = limitMessage(thrown);
-    const { name, message } = describe(thrown);
-    fail(limit !== null ? limit : `${name}: ${message}`, false);
+    const { name, message, stack } = describe(thrown);
+    fail(limit !== null ? limit : `${name}: ${message}`, false, stack);
   });
 }
 

@@ -31,7 +31,7 @@ return function dispatch(command, argument) {
     return asciiJSON({ error: { name: "DriveError", message: "unknown command " + command } });
   } catch (thrown) {
     const limit = limitMessage(thrown);
-    const { name, message } = describe(thrown);
-    return asciiJSON({ error: { name, message: limit !== null ? limit : message, limit: limit !== null } });
+    const { name, message, stack } = describe(thrown);
+    return asciiJSON({ error: { name, message: limit !== null ? limit : message, limit: limit !== null, stack } });
   }
 };
