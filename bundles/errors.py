@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from qjsflow.bridge.errors import InvalidInput
+from qjsflow.bridge.hints import publish_hint
 
 __all__ = ["BundleError", "PublishError", "SourceTreeError"]
 
@@ -22,9 +23,15 @@ class SourceTreeError(PublishError):
 
 
 class BundleError(PublishError):
-    """esbuild refused the tree; `messages` are `file:line:column: text` inside the tree."""
+    """esbuild refused the tree; `messages` are `file:line:column: text` inside the tree, one
+    line each, each followed by a `  hint: …` line where a hint helps."""
 
     def __init__(self, messages: list[str]) -> None:
         self.messages = tuple(messages)
-        shown = "\n".join(f"  {message}" for message in messages)
-        super().__init__(f"bundling failed with {len(messages)} error(s):\n{shown}")
+        lines = []
+        for message in messages:
+            lines.append(message)
+            hint = publish_hint(message)
+            if hint is not None:
+                lines.append(f"  hint: {hint}")
+        super().__init__("\n".join(lines))

@@ -225,7 +225,9 @@ def _shim_sources() -> dict[str, str]:
 
 
 def _format_error(error: dict[str, object]) -> str:
-    text = str(error.get("text", "unknown error"))
+    # The virtual modules' namespace is ours, not the author's: "qjsflow-virtual:qjsflow" is
+    # the module "qjsflow" to them.
+    text = str(error.get("text", "unknown error")).replace("qjsflow-virtual:", "")
     file = error.get("file")
     if not file:
         return text

@@ -22,7 +22,7 @@ from typing import Any
 
 from qjsflow.bridge import CodecError, InvalidInput, QjsflowError
 from qjsflow.bridge.codec import loads
-from qjsflow.bundles import ESBUILD_VERSION, find_toolchain, setup_tools
+from qjsflow.bundles import ESBUILD_VERSION, PublishError, find_toolchain, setup_tools
 from qjsflow.runner.bindings import Bindings, ToolFn
 from qjsflow.runner.cli_output import (
     printable,
@@ -315,6 +315,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _fail(error: BaseException, code: int, debug: bool) -> int:
     if debug:
         traceback.print_exception(error)
+    if isinstance(error, PublishError):  # one line per problem, `file:line:column: message`
+        for line in str(error).splitlines() or [type(error).__name__]:
+            shown = line if line.startswith("  hint: ") else f"qjsflow: error: {line}"
+            print(printable(shown), file=sys.stderr)
+        return code
     message = " | ".join(line.strip() for line in str(error).splitlines() if line.strip())
     print(f"qjsflow: error: {printable(message or type(error).__name__)}", file=sys.stderr)
     return code

@@ -22,6 +22,7 @@ from collections.abc import AsyncIterator
 from functools import partial
 
 from qjsflow.bridge import dumps_text
+from qjsflow.bridge.hints import with_run_hint
 from qjsflow.bridge.types import (
     Completed,
     DriveOutcome,
@@ -354,6 +355,7 @@ def _finish(
             tx.append_event(run_id, "run_completed", now, None)
             return _release(tx, lease)
         case Failed(message=message, stack=stack):
+            message = with_run_hint(message)
             return _fail(tx, lease, message, now, {**common, "error_stack": stack})
         case Suspended(markers=markers):
             if current.cancel_requested:

@@ -17,6 +17,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from qjsflow.bridge import dumps_text
+from qjsflow.bridge.hints import with_run_hint
 from qjsflow.bridge.limits import Limits
 from qjsflow.bridge.types import (
     Answer,
@@ -191,7 +192,11 @@ class DriveHost:
         op = envelope.op
         if not isinstance(op, StepRecord) or op.error is None or op.error.stack is None:
             return envelope
-        error = dataclasses.replace(op.error, stack=self.locate(op.error.stack))
+        error = dataclasses.replace(
+            op.error,
+            stack=self.locate(op.error.stack),
+            message=with_run_hint(op.error.message, op.error.name),
+        )
         return OpEnvelope(envelope.id, dataclasses.replace(op, error=error))
 
     def _over_journal_limit(self, step: str, value: str) -> StepFailure | None:

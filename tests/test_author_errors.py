@@ -136,3 +136,37 @@ def test_source_map_segments_decode_as_the_spec_says() -> None:
     assert source_map.original(1, 2) == ("a.ts", 2, 1)
     assert source_map.original(1, 9) == ("a.ts", 2, 5)
     assert source_map.original(5, 0) is None
+
+
+@pytest.mark.parametrize(
+    ("code", "hint"),
+    [
+        ('await fetch("https://example.com");', "call HTTP APIs through step.tool"),
+        ("await new Promise((r) => setTimeout(r, 10));", "wait with step.sleep"),
+        ("return process.env.HOME;", "read configuration from env"),
+    ],
+)
+async def test_globals_workflows_lack_fail_with_a_hint(
+    runner: Runner, code: str, hint: str
+) -> None:
+    run = await start_source(runner, f"export default async () => {{ {code} }};")
+    assert run.status == "failed"
+    assert run.error is not None
+    assert run.error.startswith("ReferenceError: ")
+    assert " (hint: " in run.error
+    assert hint in run.error.split(" (hint: ", 1)[1]
+    assert run.error_stack[0].startswith("at workflows/flow.ts:1:")
+
+
+async def test_a_step_error_gets_the_hint_too(runner: Runner) -> None:
+    source = (
+        "export default async (e, step) =>"
+        ' step.do("get", { retries: { limit: 0, delay: 0 } }, async () => fetch("x"));'
+    )
+    run = await start_source(runner, source)
+    [step] = await runner.list_steps(run.run_id, scope="acme")
+    assert step.error is not None
+    hint = "(hint: workflows have no network: call HTTP APIs through step.tool)"
+    assert step.error.endswith(hint)
+    assert run.error is not None
+    assert run.error.count(hint) == 1  # the body threw the step's error again: one hint

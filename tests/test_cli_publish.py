@@ -37,16 +37,29 @@ def test_publish_json_is_one_document(tmp_path: Path) -> None:
     assert orjson.loads(again.stdout) == {**document, "created": False}
 
 
-def test_refused_tree_exits_2_with_one_line(tmp_path: Path) -> None:
+def test_refused_tree_exits_2_with_a_line_per_error_and_hints(tmp_path: Path) -> None:
     tree = tmp_path / "tree" / "workflows"
     tree.mkdir(parents=True)
     (tree / "bad.ts").write_text('import "/etc/passwd";\nexport default 1;\n')
+    (tree / "worse.ts").write_text('import { z } from "zod";\nexport default () => z;\n')
+    (tree / "worst.ts").write_text(
+        'import { Nope } from "cloudflare:workers";\nexport default () => Nope;\n'
+    )
     done = _qjsflow("--db", str(tmp_path / "j.db"), "publish", str(tree.parent), "--scope", "a")
     assert done.returncode == 2
     assert done.stdout == ""
-    assert done.stderr.count("\n") == 1
-    assert "imports a file outside the snapshot: /etc/passwd" in done.stderr
-    assert "Traceback" not in done.stderr
+    assert done.stderr.splitlines() == [
+        "qjsflow: error: workflows/bad.ts:1:7: imports a file outside the snapshot: /etc/passwd"
+        " (absolute import)",
+        "  hint: a snapshot holds only the published folder: move the file into it",
+        'qjsflow: error: workflows/worse.ts:1:18: imports the package "zod", which is not'
+        " installed: install it into node_modules inside the tree",
+        "  hint: run `npm install` in the published folder, so the package lands in its"
+        " node_modules",
+        'qjsflow: error: workflows/worst.ts:1:9: No matching export in "cloudflare:workers" for'
+        ' import "Nope"',
+        "  hint: see the authoring guide (README) for what qjsflow provides",
+    ]
 
 
 def test_bad_scope_exits_2(tmp_path: Path) -> None:
