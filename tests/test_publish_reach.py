@@ -86,11 +86,14 @@ async def test_a_changed_imported_byte_changes_the_id(runner: Runner, tmp_path: 
 
 async def test_the_journal_inside_the_tree_is_never_read(tmp_path: Path) -> None:
     root = _project(tmp_path / "tree")
+    async with Runner.open(tmp_path / "elsewhere.db") as outside:
+        without = await outside.publish("acme", root)
     async with Runner.open(root / "qjsflow.db") as runner:
         first = await runner.publish("acme", root)  # the journal and its -wal exist now
         await runner.start(StartRunInput("acme", "answer", first.snapshot_id))
         again = await runner.publish("acme", root)
     assert (again.snapshot_id, again.created) == (first.snapshot_id, False)
+    assert first.snapshot_id == without.snapshot_id
 
 
 @pytest.mark.slow
