@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from qjsflow.bridge.limits import Limits
+from qjsflow.bundles import PublishError
 from qjsflow.runner import Runner, RunnerConfig, StartRunInput
 from qjsflow.runner.locations import SourceMap
 from tests.conftest import start_source
@@ -170,3 +171,27 @@ async def test_a_step_error_gets_the_hint_too(runner: Runner) -> None:
     assert step.error.endswith(hint)
     assert run.error is not None
     assert run.error.count(hint) == 1  # the body threw the step's error again: one hint
+
+
+INTERNAL_NAMES = ("qjsflow-virtual", "__qjsflow", "driver.mjs", "<input>", "prelude")
+
+
+@pytest.mark.parametrize(
+    "files",
+    [
+        {"workflows/w.ts": 'import { Nope } from "qjsflow";\nexport default () => Nope;\n'},
+        {"workflows/w.ts": 'import { x } from "cloudflare:sockets";\nexport default () => x;\n'},
+        {"workflows/w.ts": "export default async () => {\n  return 1 +;\n};\n"},
+        {"workflows/w.ts": 'import { x } from "./missing";\nexport default () => x;\n'},
+        {"workflows/w.ts": 'throw new TypeError("at load");\nexport default () => 1;\n'},
+        {"workflows/w.ts": "export const notAWorkflow = 1;\n"},
+    ],
+)
+async def test_publish_errors_never_name_internal_modules(
+    runner: Runner, files: dict[str, str]
+) -> None:
+    with pytest.raises(PublishError) as caught:
+        await runner.publish("acme", files)
+    message = str(caught.value)
+    assert message.startswith("workflows/w.ts")
+    assert not [name for name in INTERNAL_NAMES if name in message], message
