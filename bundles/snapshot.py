@@ -175,7 +175,10 @@ async def build_snapshot(
     tree_limits = tree_limits or TreeLimits()
     limits = limits or BuildLimits()
     if not isinstance(source, Mapping):
-        return await _build(Path(source), entries, limits, tree_limits, exclude)
+        # Absolute (the bundler runs in the tree), not resolved: a root that is a symlink is
+        # still seen, and refused, by the scan.
+        root = Path(os.path.abspath(source))
+        return await _build(root, entries, limits, tree_limits, exclude)
     given = tree_from_mapping(source, tree_limits)
     with tempfile.TemporaryDirectory(prefix="qjsflow-stage-") as stage:
         root = Path(stage) / "tree"

@@ -110,6 +110,14 @@ def test_publishing_dot_twice_from_the_shell_gives_one_id(tmp_path: Path) -> Non
 
     assert publish() == publish()
     assert (root / "qjsflow.db").exists()
+    from_above = subprocess.run(
+        [sys.executable, "-m", "qjsflow.runner.cli", "--db", "j.db", "--json", "publish", "tree",
+         "--scope", "a"],
+        cwd=root.parent, env={**os.environ, "PYTHONPATH": str(PROJECT_ROOT)},
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert from_above.returncode == 0, from_above.stderr
+    assert loads(from_above.stdout)["snapshot_id"] == publish()
 
 
 async def test_version_control_ignored_folders_and_npm_links_are_not_even_scanned(
