@@ -30,6 +30,7 @@ _COLOURS = {
     "running": "36",
     "sleeping": "33",
     "waiting": "35",
+    "blocked": "31",
 }
 
 
@@ -181,6 +182,8 @@ def _span(seconds: float) -> str:
 
 
 def _next(run: RunView) -> str:
+    if run.status == "blocked" and run.waiting_for:
+        return f"needs the tool {printable(run.waiting_for)} bound"
     if run.status == "waiting" and run.waiting_for:
         timeout = f" (times out {age(run.wake_at)})" if run.wake_at else ""
         return f"event {printable(run.waiting_for)}{timeout}"

@@ -368,10 +368,10 @@ def _finish(
                 tx.set_timer(run_id, SIGNAL_TIMER, "signal", now)
             wake_at = tx.next_timer(run_id)
             status = "waiting" if events else "sleeping"
-            tx.update_run(
-                run_id, status=status, wake_at=wake_at, waiting_for=",".join(events) or None,
-                **common,
-            )  # fmt: skip
+            waiting_for = ",".join(events) or None
+            if host.blocked_on is not None:  # until a process that has the tool drives it
+                status, waiting_for = "blocked", host.blocked_on
+            tx.update_run(run_id, status=status, wake_at=wake_at, waiting_for=waiting_for, **common)
             tx.append_event(run_id, "run_suspended", now, None)
             if wake_at is not None and wake_at <= now:
                 return None

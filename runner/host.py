@@ -32,6 +32,7 @@ from qjsflow.bridge.types import (
     StepSleep,
     StepTool,
     StepWaitForEvent,
+    Suspend,
     Value,
     step_key,
 )
@@ -41,6 +42,7 @@ from qjsflow.runner.bindings import (
     Bindings,
     Notification,
     ToolCall,
+    ToolFn,
     bind_tool_call,
     unbind_tool_call,
 )
@@ -97,6 +99,7 @@ class DriveHost:
         self.limits = limits
         self.now = clock_ms
         self.logs_count = 0
+        self.blocked_on: str | None = None  # a tool address no binding of this process has
         # When each attempt this drive started began, on the monotonic clock: its timeout is
         # judged by how long it really took, whatever the wall clock does meanwhile.
         self._attempts: dict[tuple[str, int, int], float] = {}
@@ -219,8 +222,14 @@ class DriveHost:
     async def _tool(self, op: StepTool) -> Answered:
         key = step_key("tool", op.count, op.step)
         now = self.now()
+        tool = self.bindings.tool(op.address)
 
-        def begin(tx: JournalTransaction) -> Answered | _ToolCall:
+        def begin(tx: JournalTransaction) -> Answered | _ToolCall | None:
+            if tool is None:
+                # Not bound in this process: an operator's problem, never the author's final
+                # result. A recorded result still answers; otherwise the run is blocked.
+                row = tx.get_step(self.run_id, "tool", op.step, op.count)
+                return None if row is None else steps.settled(row)
             begun = steps.begin_attempt(
                 tx, self.run_id, "tool", name=op.step, count=op.count, policy=op.config, now=now
             )
@@ -233,13 +242,16 @@ class DriveHost:
             return _ToolCall(begun, call)
 
         started = await self.store.transact(begin, self.lease)
+        if started is None or tool is None:
+            self.blocked_on = op.address
+            return Suspend("retry"), None
         if not isinstance(started, _ToolCall):
             return started
         attempt, call = started.attempt, started.seq
         scope, run_id = split_run_key(self.run_id)
         token = bind_tool_call(ToolCall(scope, run_id, key, attempt, op.address))
         try:
-            value, failure, duration_ms = await self._call_tool(op)
+            value, failure, duration_ms = await self._call_tool(op, tool)
         finally:
             unbind_tool_call(token)
         if value is not None:
@@ -260,14 +272,10 @@ class DriveHost:
 
         return await self.store.transact(end, self.lease)
 
-    async def _call_tool(self, op: StepTool) -> tuple[str | None, StepFailure | None, int]:
-        tool = self.bindings.tool(op.address)
+    async def _call_tool(
+        self, op: StepTool, tool: ToolFn
+    ) -> tuple[str | None, StepFailure | None, int]:
         started = self.monotonic()
-        if tool is None:
-            failure = StepFailure(
-                "ToolNotFoundError", f"no tool is bound at address {op.address!r}", False
-            )
-            return None, failure, 0
         try:
             result = await asyncio.wait_for(tool(to_python(op.args)), op.config.timeout_ms / 1000)
             value = from_python(result, max_bytes=self.limits.value_bytes, what="the tool result")

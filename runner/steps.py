@@ -138,6 +138,8 @@ def begin_attempt(
     attempt = row.attempt + 1
     tx.delete_timer(run_id, key)
     tx.update_step(run_id, kind, name, count, status="running", attempt=attempt, started_at=now)
+    if kind == "do":  # the calls inside it that failed run again in this attempt
+        tx.reopen_failed_steps(run_id, key + "/")
     event(tx, run_id, "step_started", now, key, attempt=attempt)
     return attempt
 

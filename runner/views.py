@@ -25,7 +25,8 @@ __all__ = [
     "tool_call_view",
 ]
 
-RunStatus = Literal["running", "sleeping", "waiting", "completed", "failed", "cancelled"]
+# "blocked": a tool it calls is bound in no process that drove it (`waiting_for` names it).
+RunStatus = Literal["running", "sleeping", "waiting", "blocked", "completed", "failed", "cancelled"]
 TERMINAL: frozenset[str] = frozenset({"completed", "failed", "cancelled"})
 
 

@@ -25,6 +25,7 @@ __all__ = ["Worker", "worker_command"]
 
 _log = logging.getLogger("qjsflow.worker")
 IDLE_HORIZON_MS = 1000
+_BLOCKED_LOOKED_AT = 100  # blocked runs looked at per claim
 
 
 class _Backoff:
@@ -114,6 +115,9 @@ class Worker:
         if free <= 0:
             return []
         claimable = await self.store.claimable_runs(now, free + len(tasks))
+        # A blocked run is this worker's to drive only if it has the tool the run is missing.
+        blocked = await self.store.blocked_runs(now, _BLOCKED_LOOKED_AT)
+        claimable += [run_id for run_id, tool in blocked if self.bindings.tool(tool) is not None]
         for run_id in claimable:
             if run_id in tasks or len(tasks) >= self.concurrency:
                 continue
@@ -124,8 +128,15 @@ class Worker:
 
     async def _drive(self, run_id: str) -> None:
         try:
-            await self.driver.drive(run_id, self.bindings)
+            run = await self.driver.drive(run_id, self.bindings)
             self.drives += 1
+            if run.status == "blocked":  # once: no worker without the tool drives it again
+                _log.warning(
+                    "run %s is blocked: no tool is bound at %r here; a worker that binds it "
+                    "will continue the run",
+                    run_id,
+                    run.waiting_for,
+                )
             self.backoff.succeeded()
         except asyncio.CancelledError:
             raise

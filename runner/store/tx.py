@@ -237,6 +237,16 @@ class JournalTransaction:
             (*fields.values(), run_id, kind, name, count),
         )
 
+    def reopen_failed_steps(self, run_id: str, prefix: str) -> None:
+        """Failed calls named under `prefix` (those inside a step whose next attempt begins)
+        become due again: they run anew in that attempt, as they would on Cloudflare."""
+        self._db.execute(
+            "UPDATE steps SET status = 'retrying', detail = NULL, settled_seq = NULL,"
+            " completed_at = NULL WHERE run_id = ? AND status = 'failed'"
+            " AND substr(name, 1, ?) = ?",
+            (run_id, len(prefix), prefix),
+        )
+
     def settle_step(
         self,
         step: StepRow,

@@ -36,6 +36,7 @@ const isView = RealArrayBuffer.isView;
 const imul = Math.imul;
 const strReplace = String.prototype.replace;
 const strSlice = String.prototype.slice;
+const strIndexOf = String.prototype.indexOf;
 const strCharCodeAt = String.prototype.charCodeAt;
 const strTest = RealRegExp.prototype.test;
 const isWellFormed = String.prototype.isWellFormed;

@@ -57,6 +57,7 @@ function runAttempt(name, fullName, count, attempt, config, fn, key, resolve, re
       }
     });
   };
+  if (attempt > 1) forgetFailedCalls(key);
   let started;
   try {
     currentScope = attemptScope(key, attempt, startedAt);
@@ -83,6 +84,19 @@ function runAttempt(name, fullName, count, attempt, config, fn, key, resolve, re
     }
     record({ error: stepFailure(thrown, where) });
   });
+}
+// A new attempt of a step makes again the calls inside it that failed in an earlier one (the
+// host reopened their rows when it began the attempt); those that succeeded keep their result.
+function forgetFailedCalls(key) {
+  const inside = ":" + key + "/";
+  const failed = [];
+  journal.forEach((entry, entryKey) => {
+    if (entry.error && call(strIndexOf, entryKey, inside) >= 0) append(failed, entryKey);
+  });
+  for (let i = 0; i < failed.length; i++) {
+    journal.delete(failed[i]);
+    unsettled.add(failed[i]);
+  }
 }
 function stepFailure(thrown, where) {
   const { name, message, stack } = describe(thrown);
@@ -167,6 +181,7 @@ function stepWaitForEvent(name, options) {
     return reject(error);
   }
 }
+const NESTED_TOOL_CONFIG = freeze({ retries: freeze({ limit: 0 }) });
 function stepTool(name, address, args, config) {
   try {
     checkName(name, "step.tool name");
@@ -175,7 +190,10 @@ function stepTool(name, address, args, config) {
         call(strTest, CONTROL, address) || !call(isWellFormed, address)) {
       throw new RealTypeError(`step.tool("${name}") address must be a string of 1 to ${most} characters`);
     }
-    const [, policy] = stepConfig(config, `step.tool("${name}") config`);
+    // Inside a step body a tool has no retries of its own unless given some: its failure fails
+    // the attempt with the tool's own error, and the enclosing step's policy decides.
+    const given = config === undefined && currentScope.depth > 0 ? NESTED_TOOL_CONFIG : config;
+    const [, policy] = stepConfig(given, `step.tool("${name}") config`);
     const encoded = encode(args, `the arguments of step.tool("${name}")`);
     const op = { op: "step.tool", step: name, address, args: encoded, config: policy };
     return request("tool", name, op, valueAnswer);
