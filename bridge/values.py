@@ -22,6 +22,7 @@ vectors both sides are tested with.
 | other typed arrays | {"$t":"Float64Array","v":hex} | list of numbers | a list |
 | RegExp, Error | {"$t":"RegExp"…}, {"$t":"Error",…} | dict of source/flags, name/message | object |
 | object with its own "$t" key | {"$t":"object","v":{…}} | dict | the tag |
+| secret handle (`env.KEY`) | {"$t":"secret","v":name} | `SecretRef` (no value) | the tag |
 
 A Map whose keys Python cannot hash (objects) or does not tell apart (1, 1n, true) becomes a
 list of (key, value) pairs; an invalid Date is a `JsValue` too.
@@ -39,7 +40,7 @@ from typing import Any
 from qjsflow.bridge.codec import dumps_text, loads
 from qjsflow.bridge.errors import InvalidInput
 
-__all__ = ["JsValue", "from_python", "tagged_date", "to_json_form", "to_python"]
+__all__ = ["JsValue", "SecretRef", "from_python", "tagged_date", "to_json_form", "to_python"]
 
 _TYPED = {
     "Int8Array": "b",
@@ -57,6 +58,14 @@ _TYPED = {
 _SAFE_INT = 2**53
 _EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
 _REVIVE_ERRORS = (KeyError, TypeError, ValueError, OverflowError, struct.error, AttributeError)
+
+
+@dataclass(frozen=True, slots=True)
+class SecretRef:
+    """A secret binding by name: what the sandbox holds and the journal stores. Only the host,
+    calling a tool, puts the value in its place (runner/environment.py)."""
+
+    name: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,6 +142,8 @@ def _tag(value: Any, what: str, depth: int, lenient: bool) -> Any:
         )
     if isinstance(value, JsValue):
         return value.encoded
+    if isinstance(value, SecretRef):
+        return {"$t": "secret", "v": value.name}
     if isinstance(value, bytes | bytearray):
         return {"$t": "Uint8Array", "v": bytes(value).hex()}
     if isinstance(value, list | tuple):
@@ -191,6 +202,8 @@ def _revive_tagged(value: Any) -> Any:
             return -math.inf
         case "-0":
             return -0.0
+        case "secret":
+            return SecretRef(str(value["v"]))
         case "bigint":
             text = value["v"]
             return -int(text[1:], 16) if text.startswith("-") else int(text, 16)

@@ -35,6 +35,7 @@ from qjsflow.runner.cli_output import (
 )
 from qjsflow.runner.config import RunnerConfig
 from qjsflow.runner.demo import run_demo
+from qjsflow.runner.environment import load_environments
 from qjsflow.runner.errors import RunNotFound
 from qjsflow.runner.runner import PublishResult, Runner
 from qjsflow.runner.scopes import ALL_SCOPES
@@ -72,6 +73,12 @@ def _parser() -> argparse.ArgumentParser:
         default=30.0,
         metavar="SECONDS",
         help="how long a driver's lease on a run lasts without a heartbeat (30)",
+    )
+    parser.add_argument(
+        "--env",
+        metavar="FILE",
+        help="what runs find in env, per scope (JSON): vars, and secrets as the names of host "
+        "environment variables holding their values",
     )
     parser.add_argument(
         "--tools",
@@ -164,7 +171,8 @@ def _config(args: argparse.Namespace) -> RunnerConfig:
     if not math.isfinite(args.lease_ttl) or args.lease_ttl <= 0:
         raise InvalidInput("--lease-ttl must be a finite number of seconds, more than 0")
     bindings = Bindings(tools=load_tools(args.tools)) if args.tools else Bindings()
-    return RunnerConfig(lease_ttl_s=args.lease_ttl, bindings=bindings)
+    environments = load_environments(args.env) if args.env else {}
+    return RunnerConfig(lease_ttl_s=args.lease_ttl, bindings=bindings, environments=environments)
 
 
 async def _with_runner(args: argparse.Namespace, action: _Command, *, create: bool = False) -> Any:

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from qjsflow.bridge.limits import Limits
 from qjsflow.bundles import BuildLimits, TreeLimits
 from qjsflow.runner.bindings import Bindings
+from qjsflow.runner.environment import ScopeEnvironment
 from qjsflow.runner.scopedb.policy import SqlLimits
 from qjsflow.sandbox import PoolConfig
 
@@ -32,6 +33,9 @@ class RunnerConfig:
     limits: Limits = field(default_factory=Limits)
     pool: PoolConfig = field(default_factory=PoolConfig)
     bindings: Bindings = field(default_factory=Bindings)  # used when a call passes none
+    # What each scope's runs find in `env` (runner/environment.py): vars, and secrets whose
+    # values stay in this process.
+    environments: Mapping[str, ScopeEnvironment] = field(default_factory=dict)
     lease_ttl_s: float = 30.0
     sql_limits: SqlLimits = field(default_factory=SqlLimits)
     scope_root: Path | None = None  # scope databases; default: "<journal>.scopes" beside it

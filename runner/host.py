@@ -13,7 +13,7 @@ import asyncio
 import contextlib
 import dataclasses
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from qjsflow.bridge import dumps_text
@@ -46,6 +46,7 @@ from qjsflow.runner.bindings import (
     bind_tool_call,
     unbind_tool_call,
 )
+from qjsflow.runner.environment import MissingSecret, reveal
 from qjsflow.runner.errors import FatalToolError
 from qjsflow.runner.locations import Locator
 from qjsflow.runner.scopedb import ScopeDatabases, SqlOutcome
@@ -87,7 +88,9 @@ class DriveHost:
         journal_bytes: int = 0,
         monotonic: Callable[[], float] = time.monotonic,
         locate: Locator = lambda stack: None,
+        secrets: Mapping[str, str] | None = None,
     ) -> None:
+        self.secrets = secrets or {}  # this scope's secret values: only tool calls see them
         self.monotonic = monotonic
         self.locate = locate  # the engine's frames -> the author's (runner/locations.py)
         self.scopes = scopes
@@ -277,7 +280,11 @@ class DriveHost:
     ) -> tuple[str | None, StepFailure | None, int]:
         started = self.monotonic()
         try:
-            result = await asyncio.wait_for(tool(to_python(op.args)), op.config.timeout_ms / 1000)
+            args = reveal(to_python(op.args), self.secrets)
+        except MissingSecret as missing:  # an operator's problem: said, never retried blindly
+            return None, StepFailure("MissingSecretError", str(missing), False), 0
+        try:
+            result = await asyncio.wait_for(tool(args), op.config.timeout_ms / 1000)
             value = from_python(result, max_bytes=self.limits.value_bytes, what="the tool result")
             return value, None, self._elapsed_ms(started)
         except TimeoutError:

@@ -20,6 +20,7 @@ from qjsflow.bundles import build_snapshot, name_workflows
 from qjsflow.runner.bindings import Bindings
 from qjsflow.runner.config import RunnerConfig
 from qjsflow.runner.driver import SIGNAL_TIMER, RunDriver
+from qjsflow.runner.environment import env_of
 from qjsflow.runner.errors import (
     InvalidEvent,
     InvalidRunId,
@@ -182,7 +183,9 @@ class Runner:
         limit = self.config.limits.value_bytes
         encoded_input = from_python(request.input, max_bytes=limit, what="the run input")
         bindings_text = from_python(
-            request.persisted_bindings, max_bytes=limit, what="the persisted bindings"
+            env_of(self.config.environments.get(scope), request.persisted_bindings),
+            max_bytes=limit,
+            what="the persisted bindings",
         )
         now = self._driver.now_ms()
         record = RunRecord(

@@ -30,4 +30,10 @@ async def slow(args: Any) -> Any:
     return "slow done"
 
 
-TOOLS = {"append": append, "slow": slow}
+async def receive(args: Any) -> Any:
+    """Logs what it was given (a secret's value, say) and returns nothing of it."""
+    _append(f"{args['run']} {args['secret']}")
+    return "received"
+
+
+TOOLS = {"append": append, "slow": slow, "receive": receive}

@@ -4,11 +4,20 @@ process that binds it drives it."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+import uuid
 from pathlib import Path
 from typing import Any
 
-from qjsflow.runner import Bindings, Runner, StartRunInput
-from tests.conftest import start_source
+import pytest
+
+from qjsflow.bridge import InvalidInput
+from qjsflow.bridge.values import SecretRef
+from qjsflow.runner import Bindings, Runner, RunnerConfig, StartRunInput
+from qjsflow.runner.environment import ScopeEnvironment
+from tests.conftest import PROJECT_ROOT, start_source
 
 SYNC = """
 export default async (event, step) =>
@@ -100,3 +109,148 @@ async def test_an_unbound_tool_blocks_the_run_until_a_process_binds_it(tmp_path:
         await runner.serve(until_idle=True, bindings=Bindings(tools={"crm.push": push}))
         done = await runner.get(run.run_id, scope="acme")
         assert (done.status, done.output) == ("completed", 42)
+
+
+# -- env: vars and secrets -----------------------------------------------------------------------
+
+SECRET_VALUE = f"s3cr3t-{uuid.uuid4().hex}"
+GREETER = """
+import { WorkflowEntrypoint } from "cloudflare:workers";
+import { env as shared } from "qjsflow";
+export class Greeter extends WorkflowEntrypoint {
+  async run(event, step) {
+    console.log("key is", String(this.env.API_KEY), this.env.API_KEY, `${this.env.API_KEY}`);
+    this.ctx.waitUntil(Promise.resolve(1));
+    const called = await step.tool("call", "api.call", {
+      headers: { authorization: this.env.API_KEY }, greeting: this.env.GREETING,
+    });
+    let typo = "none";
+    try { this.env.GREETNG; } catch (e) { typo = e.message; }
+    let json = "none";
+    try { JSON.stringify({ key: this.env.API_KEY }); } catch (e) { json = e.message; }
+    return { called, same: shared === this.env, limit: this.env.LIMIT, typo, json };
+  }
+}
+"""
+
+
+def _environment() -> RunnerConfig:
+    environment = ScopeEnvironment(
+        vars={"GREETING": "hi", "LIMIT": 3}, secrets={"API_KEY": SECRET_VALUE}
+    )
+    return RunnerConfig(environments={"acme": environment})
+
+
+async def test_env_holds_vars_and_secret_handles_that_only_tools_see(tmp_path: Path) -> None:
+    received: list[Any] = []
+
+    async def call(args: Any) -> str:
+        received.append(args)
+        return "called"
+
+    journal = tmp_path / "j.db"
+    async with Runner.open(journal, _environment()) as runner:
+        published = await runner.publish("acme", {"workflows/greeter.ts": GREETER})
+        run = await runner.start(
+            StartRunInput("acme", "Greeter", published.snapshot_id),
+            Bindings(tools={"api.call": call}),
+        )
+        assert run.status == "completed", run.error
+        assert run.output == {
+            "called": "called", "same": True, "limit": 3,
+            "typo": "env.GREETNG is not a binding; the bindings are GREETING, LIMIT, API_KEY, db",
+            "json": "the secret API_KEY cannot be turned into JSON",
+        }  # fmt: skip
+        assert received == [{"headers": {"authorization": SECRET_VALUE}, "greeting": "hi"}]
+        [line] = await runner.list_logs(run.run_id, scope="acme")
+        assert line.text == "key is [secret API_KEY] [secret API_KEY] [secret API_KEY]"
+        [audit] = await runner.list_tool_calls(run.run_id, scope="acme")
+        assert audit.args["headers"]["authorization"] == SecretRef("API_KEY")
+    # The value is nowhere in the journal's files.
+    for path in tmp_path.glob("j.db*"):
+        assert SECRET_VALUE.encode() not in path.read_bytes(), path
+
+
+@pytest.mark.parametrize(
+    ("body", "where"),
+    [
+        ('await step.do("leak", async () => this.env.API_KEY);', 'the result of step "leak" (#1)'),
+        ("return { key: this.env.API_KEY };", "the workflow's result"),
+        ('await db.sql("SELECT ?", [this.env.API_KEY]);', "the params of db.sql"),
+    ],
+)
+async def test_a_secret_never_becomes_a_stored_value(tmp_path: Path, body: str, where: str) -> None:
+    source = (
+        'import { WorkflowEntrypoint } from "cloudflare:workers";\nimport { db } from "qjsflow";\n'
+        "export class Leak extends WorkflowEntrypoint {\n"
+        f"  async run(event, step) {{ {body} }}\n}}\n"
+    )
+    async with Runner.open(tmp_path / "j.db", _environment()) as runner:
+        published = await runner.publish("acme", {"workflows/leak.ts": source})
+        run = await runner.start(StartRunInput("acme", "Leak", published.snapshot_id))
+        assert run.status == "failed"
+        assert run.error == f"{where} holds the secret API_KEY, which can only be passed to a tool"
+    for path in tmp_path.glob("j.db*"):
+        assert SECRET_VALUE.encode() not in path.read_bytes()
+
+
+async def test_a_secret_this_process_lacks_is_an_error_naming_it(tmp_path: Path) -> None:
+    async with Runner.open(tmp_path / "j.db", _environment()) as runner:
+        published = await runner.publish("acme", {"workflows/greeter.ts": GREETER})
+        started = await runner.start(
+            StartRunInput("acme", "Greeter", published.snapshot_id), drive=False
+        )
+    # Another process, with the tool but without the scope's secrets, drives it.
+    async with Runner.open(tmp_path / "j.db") as other:
+
+        async def call(args: Any) -> str:
+            return "called"
+
+        run = await other.resume(started.run_id, Bindings(tools={"api.call": call}), scope="acme")
+        [step] = [s for s in await other.list_steps(run.run_id, scope="acme") if s.name == "call"]
+        assert step.error == (
+            "MissingSecretError: the secret 'API_KEY' is not configured in this process "
+            "for the scope"
+        )
+
+
+def test_binding_names_are_checked() -> None:
+    with pytest.raises(InvalidInput, match="invalid binding name 'bad name'"):
+        ScopeEnvironment(vars={"bad name": 1})
+    with pytest.raises(InvalidInput, match="'KEY' is declared as a var and as a secret"):
+        ScopeEnvironment(vars={"KEY": 1}, secrets={"KEY": "x"})
+    with pytest.raises(InvalidInput, match="db is taken"):
+        ScopeEnvironment(vars={"db": 1})
+
+
+def test_the_cli_takes_an_env_file_whose_secrets_come_from_the_host(tmp_path: Path) -> None:
+    tree = tmp_path / "tree" / "workflows"
+    tree.mkdir(parents=True)
+    (tree / "w.ts").write_text(
+        "export default async (event, step, env) =>\n"
+        '  step.tool("send", "receive", { run: env.GREETING, secret: env.API_KEY });\n'
+    )
+    env_file = tmp_path / "env.json"
+    env_file.write_text(
+        '{"acme": {"vars": {"GREETING": "hi"}, "secrets": {"API_KEY": "ACME_API_KEY"}}}'
+    )
+    tool_log = tmp_path / "tools.log"
+    environ = {**os.environ, "ACME_API_KEY": SECRET_VALUE, "QJSFLOW_TOOL_LOG": str(tool_log)}
+
+    def qjsflow(*args: str, env: dict[str, str] = environ) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "qjsflow.runner.cli", "--db", str(tmp_path / "j.db"),
+             "--env", str(env_file), "--tools", "tests.crash_tools:TOOLS", "--json", *args],
+            cwd=PROJECT_ROOT, env=env, capture_output=True, text=True, timeout=120, check=False,
+        )  # fmt: skip
+
+    assert qjsflow("publish", str(tree.parent), "--scope", "acme").returncode == 0
+    started = qjsflow("start", "w", "--scope", "acme", "--snapshot", "latest")
+    assert started.returncode == 0, started.stderr
+    assert tool_log.read_text() == f"hi {SECRET_VALUE}\n"
+    for path in tmp_path.glob("j.db*"):
+        assert SECRET_VALUE.encode() not in path.read_bytes()
+    without = {k: v for k, v in environ.items() if k != "ACME_API_KEY"}
+    refused = qjsflow("list", env=without)
+    assert refused.returncode == 2
+    assert "the host environment variable 'ACME_API_KEY' is not set" in refused.stderr

@@ -33,6 +33,9 @@ function runtime() {
   if (!installed) throw new Error("qjsflow: the workflow runtime is not installed here");
   return installed;
 }
+// The run's env (the same object as `this.env` of a WorkflowEntrypoint): the module is loaded
+// after the run's env is made.
+export const env = globalThis.__qjsflow ? globalThis.__qjsflow.env : undefined;
 export const db = Object.freeze({
   sql(sql, params) {
     return runtime().db.sql(sql, params);

@@ -90,6 +90,14 @@ declare module "qjsflow" {
     [binding: string]: unknown;
   }
 
+  /** A secret binding: an opaque handle, printed as "[secret NAME]", passed only to tools. */
+  export interface Secret {
+    readonly __secret: unique symbol;
+  }
+
+  /** The run's env: the same object as `this.env` of a WorkflowEntrypoint. */
+  export const env: WorkflowEnv;
+
   /** Fails the step (or the run) at once: no retries. */
   export class FatalError extends Error {
     constructor(message?: string, options?: { cause?: unknown });

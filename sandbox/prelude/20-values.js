@@ -6,7 +6,23 @@ function describeKind(value) {
   return typeof value === "function" ? "a function" : "a symbol";
 }
 
-function encode(value, where) {
+// ---- secrets: opaque handles -----------------------------------------------------------------
+// The sandbox never holds a secret's value: `env.API_KEY` is a handle that prints as
+// "[secret API_KEY]", refuses JSON, and may only be passed to a tool (the host puts the value
+// in, host-side). Step results, logs and the run's output refuse it.
+const secretNames = new RealWeakMap();
+const SECRET_PROTO = freeze(createObject(null, {
+  toString: { value() { return `[secret ${secretNames.get(this)}]`; } },
+  toJSON: { value() { throw new RealTypeError(`the secret ${secretNames.get(this)} cannot be turned into JSON`); } },
+  [RealSymbol.toPrimitive]: { value() { return `[secret ${secretNames.get(this)}]`; } },
+}));
+function secretHandle(name) {
+  const handle = freeze(createObject(SECRET_PROTO));
+  secretNames.set(handle, name);
+  return handle;
+}
+
+function encode(value, where, secrets) {
   const ancestors = [];
   const budget = limits.value_bytes;
   function refuse(problem) {
@@ -37,6 +53,13 @@ function encode(value, where) {
         return refuse(`holds ${describeKind(v)}, which cannot be stored`);
     }
     if (v === null) return null;
+    const secret = secretNames.get(v);
+    if (secret !== undefined) {
+      if (secrets !== "pass to the host") {
+        refuse(`holds the secret ${secret}, which can only be passed to a tool`);
+      }
+      return { $t: "secret", v: secret };
+    }
     for (let i = 0; i < ancestors.length; i++) {
       if (ancestors[i] === v) refuse("holds a cycle, which cannot be stored");
     }
@@ -182,6 +205,7 @@ function revive(v) {
       return error;
     }
     case "object": return plainObject(v.v);
+    case "secret": return secretHandle(v.v);
   }
   if (hasOwn(TYPED, v.$t)) {
     const bytes = fromHex(v.v);

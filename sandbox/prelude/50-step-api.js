@@ -194,7 +194,7 @@ function stepTool(name, address, args, config) {
     // the attempt with the tool's own error, and the enclosing step's policy decides.
     const given = config === undefined && currentScope.depth > 0 ? NESTED_TOOL_CONFIG : config;
     const [, policy] = stepConfig(given, `step.tool("${name}") config`);
-    const encoded = encode(args, `the arguments of step.tool("${name}")`);
+    const encoded = encode(args, `the arguments of step.tool("${name}")`, "pass to the host");
     const op = { op: "step.tool", step: name, address, args: encoded, config: policy };
     return request("tool", name, op, valueAnswer);
   } catch (error) {
@@ -263,6 +263,7 @@ function logger(level) {
       const arg = args[i];
       let part;
       if (typeof arg === "string") part = arg;
+      else if (secretNames.has(arg)) part = `[secret ${secretNames.get(arg)}]`;
       else if (arg !== null && typeof arg === "object") {
         try {
           part = stringify(arg);

@@ -59,7 +59,8 @@ const step = freeze({
 });
 let prepared = false;
 function prepare() {
-  lockdown(freeze({ db }));
+  // What the bundled "qjsflow" module reaches: db, and the run's env once boot has made it.
+  lockdown(freeze({ db, get env() { return moduleBody === null ? undefined : moduleBody.env; } }));
   prepared = true;
 }
 
@@ -77,9 +78,7 @@ function boot(request) {
   for (let i = 0; i < request.unsettled.length; i++) unsettled.add(request.unsettled[i]);
   logsSeen = request.logsSeen;
   reach(request.createdAtMs, "start");
-  const env = decode(request.env);
-  defineProperty(env, "db", { value: db, enumerable: true });
-  freeze(env);
+  const env = guardedEnv(decode(request.env));
   const event = freeze({
     payload: decode(request.input),
     timestamp: new RealDate(request.createdAtMs),
@@ -88,6 +87,25 @@ function boot(request) {
   });
   moduleBody = { step, env, event };
 }
+
+// The run's env: the bindings the host declared (vars, secret handles) and db, frozen. A name
+// that is not a binding is an error naming the ones that are (a typo otherwise reads as
+// undefined and fails far from its cause).
+const ENV_PROBES = new RealSet(["then", "toJSON", "constructor", "asymmetricMatch", "$$typeof", "nodeType"]);
+function guardedEnv(declared) {
+  defineProperty(declared, "db", { value: db, enumerable: true });
+  freeze(declared);
+  return new RealProxy(declared, {
+    get(target, key) {
+      if (typeof key === "string" && !hasOwn(target, key) && !ENV_PROBES.has(key)) {
+        const names = objectKeys(target);
+        throw new RealTypeError(`env.${key} is not a binding; the bindings are ${names.length ? names.join(", ") : "none"}`);
+      }
+      return target[key];
+    },
+  });
+}
+const CTX = freeze({ waitUntil() {} }); // this.ctx of a WorkflowEntrypoint: nothing to wait for
 
 const BUNDLE_PAD = call(strRepeat, "\n", RULES.bundle_first_line - 1);
 function load(code) {
@@ -117,7 +135,7 @@ function start() {
   let body;
   try {
     if (isClass(entry)) {
-      const instance = new entry(freeze({}), env);
+      const instance = new entry(CTX, env);
       body = instance.run(event, step);
     } else {
       body = entry(event, step, env);

@@ -1,0 +1,110 @@
+"""What a run's `env` holds, declared by the host per scope (docs/ARCHITECTURE.md, Env):
+vars (plain JSON values) and secrets (a name the sandbox sees as an opaque handle; the value
+stays in this process and is put in place only when the host calls a tool).
+
+A run's env is pinned when it starts (vars and secret names go into its persisted bindings),
+so a replay sees what the first execution saw; secret values are looked up, each time a tool
+is called, in the process that calls it, and never enter the journal, a log, an error or an
+executor.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from qjsflow.bridge import CodecError, InvalidInput, loads
+from qjsflow.bridge.values import SecretRef
+from qjsflow.runner.scopes import validate_scope
+
+__all__ = ["MissingSecret", "ScopeEnvironment", "env_of", "load_environments", "reveal"]
+
+_BINDING = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
+
+
+@dataclass(frozen=True)
+class ScopeEnvironment:
+    vars: Mapping[str, Any] = field(default_factory=dict)
+    secrets: Mapping[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for name in (*self.vars, *self.secrets):
+            if not _BINDING.fullmatch(name) or name == "db":
+                raise InvalidInput(
+                    f"invalid binding name {name[:80]!r}: use a letter or _, then letters, "
+                    "digits or _ (64 at most; db is taken)"
+                )
+        both = set(self.vars) & set(self.secrets)
+        if both:
+            raise InvalidInput(f"{sorted(both)[0]!r} is declared as a var and as a secret")
+
+
+class MissingSecret(InvalidInput):
+    def __init__(self, name: str) -> None:
+        super().__init__(f"the secret {name!r} is not configured in this process for the scope")
+
+
+def load_environments(
+    path: str | os.PathLike[str], host_env: Mapping[str, str] | None = None
+) -> dict[str, ScopeEnvironment]:
+    """An operator's env file (JSON): `{"scope": {"vars": {...}, "secrets": {"NAME":
+    "HOST_VARIABLE"}}}`. The file names, for each secret, the host environment variable that
+    holds its value, so the file itself holds no secret."""
+    host_env = os.environ if host_env is None else host_env
+    try:
+        document = loads(Path(path).read_bytes(), max_bytes=1024 * 1024)
+    except OSError as error:
+        raise InvalidInput(
+            f"cannot read the env file {os.fspath(path)!r}: {error.strerror}"
+        ) from None
+    except CodecError as error:
+        raise InvalidInput(f"the env file is not JSON: {error}") from None
+    if not isinstance(document, dict):
+        raise InvalidInput("the env file must hold an object of scopes")
+    environments = {}
+    for scope, declared in document.items():
+        validate_scope(scope)
+        if not isinstance(declared, dict) or set(declared) - {"vars", "secrets"}:
+            raise InvalidInput(f"scope {scope!r} of the env file: use the keys vars and secrets")
+        secrets = declared.get("secrets", {})
+        vars_ = declared.get("vars", {})
+        if not isinstance(secrets, dict) or not isinstance(vars_, dict):
+            raise InvalidInput(f"scope {scope!r} of the env file: vars and secrets are objects")
+        values = {}
+        for name, variable in secrets.items():
+            if not isinstance(variable, str) or variable not in host_env:
+                raise InvalidInput(
+                    f"secret {name!r} of scope {scope!r}: the host environment variable "
+                    f"{str(variable)[:80]!r} is not set"
+                )
+            values[name] = host_env[variable]
+        environments[scope] = ScopeEnvironment(vars=vars_, secrets=values)
+    return environments
+
+
+def env_of(environment: ScopeEnvironment | None, given: Mapping[str, Any] | None) -> dict[str, Any]:
+    """A run's env at its start: the scope's vars and secret handles, then what the caller
+    passed (which wins)."""
+    env: dict[str, Any] = {}
+    if environment is not None:
+        env.update(environment.vars)
+        env.update({name: SecretRef(name) for name in environment.secrets})
+    env.update(given or {})
+    return env
+
+
+def reveal(value: Any, secrets: Mapping[str, str]) -> Any:
+    """Tool arguments with every secret handle replaced by its value (host-side only)."""
+    if isinstance(value, SecretRef):
+        if value.name not in secrets:
+            raise MissingSecret(value.name)
+        return secrets[value.name]
+    if isinstance(value, list):
+        return [reveal(item, secrets) for item in value]
+    if isinstance(value, dict):
+        return {key: reveal(item, secrets) for key, item in value.items()}
+    return value
