@@ -30,9 +30,10 @@ _PUBLISH = (
 )
 _RUN = (
     (
-        re.compile(r"^ReferenceError: '?(fetch|Request|Response|Headers|WebSocket|XMLHttpRequest)"
+        re.compile(r"^ReferenceError: '?(Request|WebSocket|XMLHttpRequest|EventSource)"
                    r"'? is not defined"),
-        "workflows have no network: call HTTP APIs through step.tool",
+        "call HTTP APIs with fetch(url, init) (the scope's egress policy decides where) or "
+        "through step.tool",
     ),
     (
         re.compile(r"^ReferenceError: '?(setTimeout|setInterval|setImmediate)'? is not defined"),

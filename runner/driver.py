@@ -18,7 +18,7 @@ import dataclasses
 import os
 import secrets
 import socket
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator
 from functools import partial
 
 from qjsflow.bridge import dumps_text
@@ -191,7 +191,7 @@ class RunDriver:
         host = DriveHost(
             self.store, lease, bindings, self.config.limits, self.now_ms, scopes=self.scopes,
             journal_bytes=recorded, monotonic=self.config.monotonic,
-            secrets=self._secrets(run.scope),
+            environment=self.config.environments.get(run.scope),
         )  # fmt: skip
         try:
             bundle = await self._bundle(run)
@@ -216,10 +216,6 @@ class RunDriver:
         if isinstance(outcome, Failed) and outcome.stack is not None:
             outcome = dataclasses.replace(outcome, stack=host.locate(outcome.stack))
         return outcome, host
-
-    def _secrets(self, scope: str) -> Mapping[str, str]:
-        environment = self.config.environments.get(scope)
-        return {} if environment is None else environment.secrets
 
     def _locator(self, bundle: BundleRecord) -> Locator:
         """Maps the engine's frames in `bundle` to the author's; its source map is read on

@@ -19,6 +19,7 @@ from typing import Any
 
 from qjsflow.bridge import CodecError, InvalidInput, loads
 from qjsflow.bridge.values import SecretRef
+from qjsflow.runner.egress import EgressPolicy
 from qjsflow.runner.scopes import validate_scope
 
 __all__ = ["MissingSecret", "ScopeEnvironment", "env_of", "load_environments", "reveal"]
@@ -30,6 +31,7 @@ _BINDING = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
 class ScopeEnvironment:
     vars: Mapping[str, Any] = field(default_factory=dict)
     secrets: Mapping[str, str] = field(default_factory=dict)
+    egress: EgressPolicy = field(default_factory=EgressPolicy)  # where `fetch` may go
 
     def __post_init__(self) -> None:
         for name in (*self.vars, *self.secrets):

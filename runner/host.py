@@ -13,8 +13,9 @@ import asyncio
 import contextlib
 import dataclasses
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from qjsflow.bridge import dumps_text
 from qjsflow.bridge.hints import with_run_hint
@@ -46,7 +47,8 @@ from qjsflow.runner.bindings import (
     bind_tool_call,
     unbind_tool_call,
 )
-from qjsflow.runner.environment import MissingSecret, reveal
+from qjsflow.runner.egress import FETCH_ADDRESS, fetch
+from qjsflow.runner.environment import MissingSecret, ScopeEnvironment, reveal
 from qjsflow.runner.errors import FatalToolError
 from qjsflow.runner.locations import Locator
 from qjsflow.runner.scopedb import ScopeDatabases, SqlOutcome
@@ -88,9 +90,10 @@ class DriveHost:
         journal_bytes: int = 0,
         monotonic: Callable[[], float] = time.monotonic,
         locate: Locator = lambda stack: None,
-        secrets: Mapping[str, str] | None = None,
+        environment: ScopeEnvironment | None = None,
     ) -> None:
-        self.secrets = secrets or {}  # this scope's secret values: only tool calls see them
+        # The run's scope's env: secret values (only tool calls see them) and egress policy.
+        self.environment = environment or ScopeEnvironment()
         self.monotonic = monotonic
         self.locate = locate  # the engine's frames -> the author's (runner/locations.py)
         self.scopes = scopes
@@ -225,7 +228,7 @@ class DriveHost:
     async def _tool(self, op: StepTool) -> Answered:
         key = step_key("tool", op.count, op.step)
         now = self.now()
-        tool = self.bindings.tool(op.address)
+        tool = self._fetch if op.address == FETCH_ADDRESS else self.bindings.tool(op.address)
 
         def begin(tx: JournalTransaction) -> Answered | _ToolCall | None:
             if tool is None:
@@ -275,12 +278,17 @@ class DriveHost:
 
         return await self.store.transact(end, self.lease)
 
+    async def _fetch(self, args: Any) -> Any:
+        """The sandbox's `fetch`, under the scope's egress policy (runner/egress.py)."""
+        scope = split_run_key(self.run_id)[0]
+        return await fetch(args, self.environment.egress, scope, self.environment.secrets)
+
     async def _call_tool(
         self, op: StepTool, tool: ToolFn
     ) -> tuple[str | None, StepFailure | None, int]:
         started = self.monotonic()
         try:
-            args = reveal(to_python(op.args), self.secrets)
+            args = reveal(to_python(op.args), self.environment.secrets)
         except MissingSecret as missing:  # an operator's problem: said, never retried blindly
             return None, StepFailure("MissingSecretError", str(missing), False), 0
         try:

@@ -142,7 +142,7 @@ def test_source_map_segments_decode_as_the_spec_says() -> None:
 @pytest.mark.parametrize(
     ("code", "hint"),
     [
-        ('await fetch("https://example.com");', "call HTTP APIs through step.tool"),
+        ('await new Request("https://example.com");', "call HTTP APIs with fetch(url, init)"),
         ("await new Promise((r) => setTimeout(r, 10));", "wait with step.sleep"),
         ("return process.env.HOME;", "read configuration from env"),
     ],
@@ -162,12 +162,15 @@ async def test_globals_workflows_lack_fail_with_a_hint(
 async def test_a_step_error_gets_the_hint_too(runner: Runner) -> None:
     source = (
         "export default async (e, step) =>"
-        ' step.do("get", { retries: { limit: 0, delay: 0 } }, async () => fetch("x"));'
+        ' step.do("get", { retries: { limit: 0, delay: 0 } }, async () => new WebSocket("x"));'
     )
     run = await start_source(runner, source)
     [step] = await runner.list_steps(run.run_id, scope="acme")
     assert step.error is not None
-    hint = "(hint: workflows have no network: call HTTP APIs through step.tool)"
+    hint = (
+        "(hint: call HTTP APIs with fetch(url, init) (the scope's egress policy decides where)"
+        " or through step.tool)"
+    )
     assert step.error.endswith(hint)
     assert run.error is not None
     assert run.error.count(hint) == 1  # the body threw the step's error again: one hint

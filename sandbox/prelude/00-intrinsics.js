@@ -39,6 +39,7 @@ const imul = Math.imul;
 const strReplace = String.prototype.replace;
 const strSlice = String.prototype.slice;
 const strIndexOf = String.prototype.indexOf;
+const strToLower = String.prototype.toLowerCase;
 const strCharCodeAt = String.prototype.charCodeAt;
 const strTest = RealRegExp.prototype.test;
 const isWellFormed = String.prototype.isWellFormed;

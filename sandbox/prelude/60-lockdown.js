@@ -86,6 +86,10 @@ function lockdown(runtime) {
     writable: false, configurable: false, enumerable: false,
   });
   defineProperty(G, "__qjsflow", { value: runtime, writable: false, configurable: false, enumerable: false });
+  const fixed = { writable: false, configurable: false, enumerable: false };
+  defineProperty(G, "fetch", { value: fetchFunction, ...fixed });
+  defineProperty(G, "Headers", { value: Headers, ...fixed });
+  defineProperty(G, "Response", { value: Response, ...fixed });
   const roots = [];
   const names = ownKeys(G);
   for (let i = 0; i < names.length; i++) {

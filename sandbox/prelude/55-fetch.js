@@ -1,0 +1,121 @@
+// fetch, Headers and Response: a fetch is a journaled host call (runner/egress.py does it
+// under the scope's egress policy), so a replayed step never fetches again.
+
+const FETCH_ADDRESS = "qjsflow.fetch";
+const headerLists = new RealWeakMap(); // Headers -> [[lowercased name, value], ...]
+
+class Headers {
+  constructor(init) {
+    headerLists.set(this, []);
+    if (init !== undefined && init !== null) {
+      const pairs = headerPairs(init);
+      for (let i = 0; i < pairs.length; i++) this.append(pairs[i][0], pairs[i][1]);
+    }
+  }
+  append(name, value) {
+    append(headerLists.get(this), [call(strToLower, "" + name), value]);
+  }
+  set(name, value) {
+    this.delete(name);
+    this.append(name, value);
+  }
+  delete(name) {
+    const key = call(strToLower, "" + name);
+    const list = headerLists.get(this);
+    const kept = [];
+    for (let i = 0; i < list.length; i++) if (list[i][0] !== key) append(kept, list[i]);
+    headerLists.set(this, kept);
+  }
+  get(name) {
+    const key = call(strToLower, "" + name);
+    const values = [];
+    const list = headerLists.get(this);
+    for (let i = 0; i < list.length; i++) if (list[i][0] === key) append(values, "" + list[i][1]);
+    return values.length === 0 ? null : values.join(", ");
+  }
+  has(name) {
+    return this.get(name) !== null;
+  }
+  forEach(callback) {
+    const list = headerLists.get(this);
+    for (let i = 0; i < list.length; i++) callback(list[i][1], list[i][0], this);
+  }
+  entries() {
+    return headerLists.get(this).slice()[RealSymbol.iterator]();
+  }
+  [RealSymbol.iterator]() {
+    return this.entries();
+  }
+}
+
+// Header pairs from what fetch accepts: Headers, an array of pairs, or an object. Values
+// stay as they are, so a secret handle reaches the host as a handle.
+function headerPairs(init) {
+  if (init === undefined || init === null) return [];
+  if (headerLists.has(init)) return headerLists.get(init).slice();
+  if (isArray(init)) {
+    const pairs = [];
+    for (let i = 0; i < init.length; i++) append(pairs, ["" + init[i][0], init[i][1]]);
+    return pairs;
+  }
+  const names = objectKeys(init);
+  const pairs = [];
+  for (let i = 0; i < names.length; i++) append(pairs, [names[i], init[names[i]]]);
+  return pairs;
+}
+
+class Response {
+  constructor(body, init) {
+    const options = init === undefined ? {} : init;
+    this.status = options.status === undefined ? 200 : options.status;
+    this.statusText = options.statusText === undefined ? "" : options.statusText;
+    this.ok = this.status >= 200 && this.status < 300;
+    this.headers = new Headers(options.headers);
+    this.url = options.url === undefined ? "" : options.url;
+    this.redirected = options.redirected === true;
+    this.bodyUsed = false;
+    responseBodies.set(this, { text: body === undefined || body === null ? "" : "" + body, base64: options.base64 === true });
+  }
+  text() {
+    const body = takeBody(this);
+    return P.resolve(body.base64 ? atob(body.text) : body.text);
+  }
+  json() {
+    return call(promiseThen, this.text(), (text) => parseJSON(text));
+  }
+  arrayBuffer() {
+    const body = takeBody(this);
+    const bytes = body.base64 ? atob(body.text) : unescape(encodeURIComponent(body.text));
+    const out = new RealUint8Array(bytes.length);
+    for (let i = 0; i < bytes.length; i++) out[i] = bytes.charCodeAt(i);
+    return P.resolve(out.buffer);
+  }
+}
+const responseBodies = new RealWeakMap();
+function takeBody(response) {
+  if (response.bodyUsed) throw new RealTypeError("the response body was already read");
+  response.bodyUsed = true;
+  return responseBodies.get(response);
+}
+
+function fetchFunction(input, init) {
+  try {
+    const url = typeof input === "string" ? input : input !== null && typeof input === "object" && typeof input.url === "string" ? input.url : "" + input;
+    const options = init === undefined || init === null ? {} : init;
+    const body = options.body === undefined || options.body === null ? null : options.body;
+    if (body !== null && typeof body !== "string") {
+      throw new RealTypeError("fetch: give the body as a string (JSON.stringify an object)");
+    }
+    const args = { url, method: options.method === undefined ? "GET" : "" + options.method, headers: headerPairs(options.headers), body };
+    return call(promiseThen, stepTool("fetch", FETCH_ADDRESS, args, FETCH_CONFIG), (answer) =>
+      new Response(answer.body, {
+        status: answer.status, statusText: answer.statusText, headers: answer.headers, url: answer.url,
+        redirected: answer.redirected, base64: answer.bodyEncoding === "base64",
+      }));
+  } catch (error) {
+    return reject(error);
+  }
+}
+// A fetch is one call: a step around it retries it (and a failed one runs again in the step's
+// next attempt).
+const FETCH_CONFIG = freeze({ retries: freeze({ limit: 0 }) });
