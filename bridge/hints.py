@@ -36,8 +36,8 @@ _RUN = (
         "through step.tool",
     ),
     (
-        re.compile(r"^ReferenceError: '?(setTimeout|setInterval|setImmediate)'? is not defined"),
-        "wait with step.sleep (a timer would not survive a restart)",
+        re.compile(r"^ReferenceError: '?(setImmediate|requestAnimationFrame)'? is not defined"),
+        "use setTimeout(fn, 0) within a drive, or step.sleep to wait durably",
     ),
     (
         re.compile(r"^ReferenceError: '?(process|require|Buffer|__dirname|__filename)'? is not "

@@ -18,6 +18,8 @@ class Limits:
     memory_bytes: int = 64 * MiB
     compute_per_drive_s: float = 5.0
     compute_per_run_s: float = 30.0
+    # Wall-clock time of one drive: what timers (setTimeout) may wait, sleeping, in all.
+    drive_wall_s: float = 30.0
     stack_bytes: int = 1 * MiB
     value_bytes: int = 1 * MiB  # a step result, tool args or result, event payload, run output
     value_depth: int = 64

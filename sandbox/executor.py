@@ -89,6 +89,8 @@ class Drive:
             else f"compute limit per run of {limits['compute_per_run_s']:g} s"
         )
         self.started = time.process_time()
+        self.wall_started = time.monotonic()
+        self.wall_budget_s = float(limits["drive_wall_s"])
         self.jobs = 0
         self.context = prepared.context
         self.dispatch = prepared.dispatch
@@ -118,10 +120,29 @@ class Drive:
                 continue
             ops = self._call("take")
             if not ops:
+                if self._wait_for_timer():
+                    continue
                 return _outcome(self._call("finish"))
             for answer in self._exchange(ops):
                 self._call("answer", dumps_text(answer))
                 self._drain()
+
+    def _wait_for_timer(self) -> bool:
+        """Nothing else to do: sleep until the next timer is due and fire it (False when
+        none is set). Sleeping costs no compute; the drive's wall-clock budget bounds it."""
+        delay_ms = int(self._call("nextTimer"))
+        if delay_ms < 0:
+            return False
+        waited = time.monotonic() - self.wall_started
+        if waited + delay_ms / 1000 > self.wall_budget_s:
+            raise DriveStopped(
+                f"a timer of {delay_ms} ms would outlive the drive's wall-clock budget of "
+                f"{self.wall_budget_s:g} s: wait with step.sleep instead",
+                limit=False,
+            )
+        time.sleep(delay_ms / 1000)
+        self._call("fireTimer", what="a timer")
+        return True
 
     def _exchange(self, ops: str) -> list[Any]:
         """Send a batch of ops to the parent and return its answers (none for an empty batch)."""

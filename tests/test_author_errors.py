@@ -143,7 +143,7 @@ def test_source_map_segments_decode_as_the_spec_says() -> None:
     ("code", "hint"),
     [
         ('await new Request("https://example.com");', "call HTTP APIs with fetch(url, init)"),
-        ("await new Promise((r) => setTimeout(r, 10));", "wait with step.sleep"),
+        ("await new Promise((r) => setImmediate(r));", "or step.sleep to wait durably"),
         ("return process.env.HOME;", "read configuration from env"),
     ],
 )

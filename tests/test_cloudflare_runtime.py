@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -14,6 +15,7 @@ from typing import Any
 import pytest
 
 from qjsflow.bridge import InvalidInput
+from qjsflow.bridge.limits import Limits
 from qjsflow.bridge.values import SecretRef
 from qjsflow.runner import Bindings, Runner, RunnerConfig, StartRunInput
 from qjsflow.runner.environment import ScopeEnvironment
@@ -254,3 +256,51 @@ def test_the_cli_takes_an_env_file_whose_secrets_come_from_the_host(tmp_path: Pa
     refused = qjsflow("list", env=without)
     assert refused.returncode == 2
     assert "the host environment variable 'ACME_API_KEY' is not set" in refused.stderr
+
+
+# -- timers inside a drive -------------------------------------------------------------------
+
+
+async def test_timers_fire_in_a_deterministic_order_and_clear(runner: Runner) -> None:
+    source = """
+    export default async (event, step) => {
+      const order = [];
+      setTimeout(() => order.push("second"), 20);
+      setTimeout(() => order.push("first"), 10);
+      setTimeout(() => order.push("tie-1"), 30);
+      setTimeout(() => order.push("tie-2"), 30);
+      clearTimeout(setTimeout(() => order.push("cleared"), 5));
+      await new Promise((resolve) => setTimeout(resolve, 40));
+      const polled = await step.do("poll", async () => {
+        let n = 0;
+        await new Promise((resolve) => {
+          const every = setInterval(() => { n += 1; if (n === 3) { clearInterval(every); resolve(); } }, 5);
+        });
+        return n;
+      });
+      return { order, polled };
+    };
+    """
+    run = await start_source(runner, source)
+    assert run.output == {"order": ["first", "second", "tie-1", "tie-2"], "polled": 3}
+
+
+async def test_a_timer_past_the_drives_wall_budget_points_to_step_sleep(tmp_path: Path) -> None:
+    config = RunnerConfig(limits=Limits(drive_wall_s=1.0))
+    async with Runner.open(tmp_path / "j.db", config) as runner:
+        started = time.monotonic()
+        source = "export default async () => new Promise((r) => setTimeout(r, 60_000));"
+        run = await start_source(runner, source)
+    assert run.error == (
+        "a timer of 60000 ms would outlive the drive's wall-clock budget of 1 s: wait with "
+        "step.sleep instead"
+    )
+    assert time.monotonic() - started < 30  # refused at once, not after waiting
+
+
+async def test_waiting_on_a_timer_costs_no_compute(tmp_path: Path) -> None:
+    config = RunnerConfig(limits=Limits(compute_per_drive_s=0.5, drive_wall_s=5.0))
+    async with Runner.open(tmp_path / "j.db", config) as runner:
+        source = "export default async () => { await new Promise((r) => setTimeout(r, 1500)); return 1; };"
+        run = await start_source(runner, source)
+    assert (run.status, run.output) == ("completed", 1)

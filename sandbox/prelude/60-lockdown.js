@@ -90,6 +90,10 @@ function lockdown(runtime) {
   defineProperty(G, "fetch", { value: fetchFunction, ...fixed });
   defineProperty(G, "Headers", { value: Headers, ...fixed });
   defineProperty(G, "Response", { value: Response, ...fixed });
+  defineProperty(G, "setTimeout", { value: setTimeoutFunction, ...fixed });
+  defineProperty(G, "setInterval", { value: setIntervalFunction, ...fixed });
+  defineProperty(G, "clearTimeout", { value: clearTimer, ...fixed });
+  defineProperty(G, "clearInterval", { value: clearTimer, ...fixed });
   const roots = [];
   const names = ownKeys(G);
   for (let i = 0; i < names.length; i++) {
