@@ -304,3 +304,52 @@ async def test_waiting_on_a_timer_costs_no_compute(tmp_path: Path) -> None:
         source = "export default async () => { await new Promise((r) => setTimeout(r, 1500)); return 1; };"
         run = await start_source(runner, source)
     assert (run.status, run.output) == ("completed", 1)
+
+
+# -- the Web APIs Cloudflare code uses ------------------------------------------------------
+
+
+async def test_crypto_text_and_url_apis(runner: Runner) -> None:
+    source = """
+    export default async (event, step) => {
+      const bytes = new TextEncoder().encode("h\\u00e9llo \\u20ac");
+      const url = new URL("/v1/items?x=1", "https://api.example.com/base/");
+      url.searchParams.set("page", "2");
+      const rel = new URL("../up?q=1#frag", "https://a.example:8443/one/two/three");
+      const uuid = crypto.randomUUID();
+      return {
+        bytes: Array.from(bytes), back: new TextDecoder().decode(bytes),
+        href: url.href, host: url.host, page: url.searchParams.get("page"),
+        rel: rel.href, origin: rel.origin,
+        form: new URLSearchParams({ a: "1", b: "x y" }).toString(),
+        parsed: new URLSearchParams("?a=1&a=2&b=x+y").getAll("a"),
+        uuid: /^[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}$/.test(uuid),
+        filled: crypto.getRandomValues(new Uint8Array(4)).length,
+        canParse: [URL.canParse("nope"), URL.canParse("https://x.y")],
+      };
+    };
+    """
+    run = await start_source(runner, source)
+    assert run.output == {
+        "bytes": [104, 195, 169, 108, 108, 111, 32, 226, 130, 172], "back": "h\u00e9llo \u20ac",
+        "href": "https://api.example.com/v1/items?x=1&page=2", "host": "api.example.com",
+        "page": "2", "rel": "https://a.example:8443/one/up?q=1#frag",
+        "origin": "https://a.example:8443", "form": "a=1&b=x+y", "parsed": ["1", "2"],
+        "uuid": True, "filled": 4, "canParse": [False, True],
+    }  # fmt: skip
+
+
+async def test_random_uuids_replay_as_they_were(runner: Runner) -> None:
+    """crypto is seeded like Math.random: the body's ids survive a replay unchanged."""
+    source = """
+    export default async (event, step) => {
+      const id = crypto.randomUUID();
+      console.log(id);
+      await step.sleep("pause", 1);
+      return id;
+    };
+    """
+    run = await start_source(runner, source)
+    [line] = await runner.list_logs(run.run_id, scope="acme")
+    assert run.status == "completed"
+    assert run.output == line.text  # replayed after the sleep, the same id

@@ -40,6 +40,7 @@ const strReplace = String.prototype.replace;
 const strSlice = String.prototype.slice;
 const strIndexOf = String.prototype.indexOf;
 const strToLower = String.prototype.toLowerCase;
+const regexpExec = RegExp.prototype.exec;
 const strCharCodeAt = String.prototype.charCodeAt;
 const strTest = RealRegExp.prototype.test;
 const isWellFormed = String.prototype.isWellFormed;

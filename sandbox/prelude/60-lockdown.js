@@ -94,6 +94,11 @@ function lockdown(runtime) {
   defineProperty(G, "setInterval", { value: setIntervalFunction, ...fixed });
   defineProperty(G, "clearTimeout", { value: clearTimer, ...fixed });
   defineProperty(G, "clearInterval", { value: clearTimer, ...fixed });
+  defineProperty(G, "crypto", { value: webCrypto, ...fixed });
+  defineProperty(G, "TextEncoder", { value: TextEncoder, ...fixed });
+  defineProperty(G, "TextDecoder", { value: TextDecoder, ...fixed });
+  defineProperty(G, "URL", { value: URL, ...fixed });
+  defineProperty(G, "URLSearchParams", { value: URLSearchParams, ...fixed });
   const roots = [];
   const names = ownKeys(G);
   for (let i = 0; i < names.length; i++) {
