@@ -23,6 +23,7 @@ vectors both sides are tested with.
 | RegExp, Error | {"$t":"RegExp"…}, {"$t":"Error",…} | dict of source/flags, name/message | object |
 | object with its own "$t" key | {"$t":"object","v":{…}} | dict | the tag |
 | secret handle (`env.KEY`) | {"$t":"secret","v":name} | `SecretRef` (no value) | the tag |
+| binding object (`env.KV`) | {"$t":"binding","kind":k,"v":name} | `BindingRef` | the tag |
 
 A Map whose keys Python cannot hash (objects) or does not tell apart (1, 1n, true) becomes a
 list of (key, value) pairs; an invalid Date is a `JsValue` too.
@@ -40,7 +41,15 @@ from typing import Any
 from qjsflow.bridge.codec import dumps_text, loads
 from qjsflow.bridge.errors import InvalidInput
 
-__all__ = ["JsValue", "SecretRef", "from_python", "tagged_date", "to_json_form", "to_python"]
+__all__ = [
+    "BindingRef",
+    "JsValue",
+    "SecretRef",
+    "from_python",
+    "tagged_date",
+    "to_json_form",
+    "to_python",
+]
 
 _TYPED = {
     "Int8Array": "b",
@@ -65,6 +74,15 @@ class SecretRef:
     """A secret binding by name: what the sandbox holds and the journal stores. Only the host,
     calling a tool, puts the value in its place (runner/environment.py)."""
 
+    name: str
+
+
+@dataclass(frozen=True, slots=True)
+class BindingRef:
+    """A binding object of the run's env (a KV namespace, a queue) by kind and name: the
+    sandbox makes the object; its methods are journaled host calls."""
+
+    kind: str
     name: str
 
 
@@ -144,6 +162,8 @@ def _tag(value: Any, what: str, depth: int, lenient: bool) -> Any:
         return value.encoded
     if isinstance(value, SecretRef):
         return {"$t": "secret", "v": value.name}
+    if isinstance(value, BindingRef):
+        return {"$t": "binding", "kind": value.kind, "v": value.name}
     if isinstance(value, bytes | bytearray):
         return {"$t": "Uint8Array", "v": bytes(value).hex()}
     if isinstance(value, list | tuple):
@@ -204,6 +224,8 @@ def _revive_tagged(value: Any) -> Any:
             return -0.0
         case "secret":
             return SecretRef(str(value["v"]))
+        case "binding":
+            return BindingRef(str(value["kind"]), str(value["v"]))
         case "bigint":
             text = value["v"]
             return -int(text[1:], 16) if text.startswith("-") else int(text, 16)

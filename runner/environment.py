@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from qjsflow.bridge import CodecError, InvalidInput, loads
-from qjsflow.bridge.values import SecretRef
+from qjsflow.bridge.values import BindingRef, SecretRef
 from qjsflow.runner.egress import EgressPolicy
 from qjsflow.runner.scopes import validate_scope
 
@@ -32,17 +32,23 @@ class ScopeEnvironment:
     vars: Mapping[str, Any] = field(default_factory=dict)
     secrets: Mapping[str, str] = field(default_factory=dict)
     egress: EgressPolicy = field(default_factory=EgressPolicy)  # where `fetch` may go
+    # Binding objects by name: KV namespaces (`env.CACHE.get(key)`) and queues
+    # (`env.EMAILS.send(body)`), kept in the journal's database unless an operator binds the
+    # tools `qjsflow.kv` / `qjsflow.queue` (runner/cloudflare_bindings.py).
+    kv: tuple[str, ...] = ()
+    queues: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
-        for name in (*self.vars, *self.secrets):
+        for name in (*self.vars, *self.secrets, *self.kv, *self.queues):
             if not _BINDING.fullmatch(name) or name == "db":
                 raise InvalidInput(
                     f"invalid binding name {name[:80]!r}: use a letter or _, then letters, "
                     "digits or _ (64 at most; db is taken)"
                 )
-        both = set(self.vars) & set(self.secrets)
-        if both:
-            raise InvalidInput(f"{sorted(both)[0]!r} is declared as a var and as a secret")
+        names = [*self.vars, *self.secrets, *self.kv, *self.queues]
+        twice = sorted({name for name in names if names.count(name) > 1})
+        if twice:
+            raise InvalidInput(f"{twice[0]!r} is declared as two bindings")
 
 
 class MissingSecret(InvalidInput):
@@ -95,6 +101,8 @@ def env_of(environment: ScopeEnvironment | None, given: Mapping[str, Any] | None
     if environment is not None:
         env.update(environment.vars)
         env.update({name: SecretRef(name) for name in environment.secrets})
+        env.update({name: BindingRef("kv", name) for name in environment.kv})
+        env.update({name: BindingRef("queue", name) for name in environment.queues})
     env.update(given or {})
     return env
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -47,6 +48,7 @@ from qjsflow.runner.bindings import (
     bind_tool_call,
     unbind_tool_call,
 )
+from qjsflow.runner.cloudflare_bindings import KV_ADDRESS, QUEUE_ADDRESS, kv_tool, queue_tool
 from qjsflow.runner.egress import FETCH_ADDRESS, fetch
 from qjsflow.runner.environment import MissingSecret, ScopeEnvironment, reveal
 from qjsflow.runner.errors import FatalToolError
@@ -228,7 +230,7 @@ class DriveHost:
     async def _tool(self, op: StepTool) -> Answered:
         key = step_key("tool", op.count, op.step)
         now = self.now()
-        tool = self._fetch if op.address == FETCH_ADDRESS else self.bindings.tool(op.address)
+        tool = self.bindings.tool(op.address) or self._builtin(op.address)
 
         def begin(tx: JournalTransaction) -> Answered | _ToolCall | None:
             if tool is None:
@@ -277,6 +279,16 @@ class DriveHost:
             )  # fmt: skip
 
         return await self.store.transact(end, self.lease)
+
+    def _builtin(self, address: str) -> ToolFn | None:
+        """fetch, and the local KV and queue bindings, unless the operator bound these."""
+        scope = split_run_key(self.run_id)[0]
+        if address == FETCH_ADDRESS:
+            return self._fetch
+        if address in (KV_ADDRESS, QUEUE_ADDRESS):
+            local = kv_tool if address == KV_ADDRESS else queue_tool
+            return functools.partial(local, self.store, scope, now=self.now)
+        return None
 
     async def _fetch(self, args: Any) -> Any:
         """The sandbox's `fetch`, under the scope's egress policy (runner/egress.py)."""

@@ -219,7 +219,7 @@ async def test_a_secret_this_process_lacks_is_an_error_naming_it(tmp_path: Path)
 def test_binding_names_are_checked() -> None:
     with pytest.raises(InvalidInput, match="invalid binding name 'bad name'"):
         ScopeEnvironment(vars={"bad name": 1})
-    with pytest.raises(InvalidInput, match="'KEY' is declared as a var and as a secret"):
+    with pytest.raises(InvalidInput, match="'KEY' is declared as two bindings"):
         ScopeEnvironment(vars={"KEY": 1}, secrets={"KEY": "x"})
     with pytest.raises(InvalidInput, match="db is taken"):
         ScopeEnvironment(vars={"db": 1})
@@ -353,3 +353,63 @@ async def test_random_uuids_replay_as_they_were(runner: Runner) -> None:
     [line] = await runner.list_logs(run.run_id, scope="acme")
     assert run.status == "completed"
     assert run.output == line.text  # replayed after the sleep, the same id
+
+
+# -- binding objects: KV and queues --------------------------------------------------------------
+
+SIGNUP = """
+import { WorkflowEntrypoint } from "cloudflare:workers";
+export class Signup extends WorkflowEntrypoint {
+  async run(event, step) {
+    const before = await this.env.CACHE.get("user:1");
+    await step.do("store", async () => {
+      await this.env.CACHE.put("user:1", JSON.stringify({ n: 1 }));
+      return 1;
+    });
+    const after = await this.env.CACHE.get("user:1", "json");
+    const listed = await this.env.CACHE.list({ prefix: "user:" });
+    await this.env.EMAILS.send({ to: "a@b.c" });
+    await this.env.EMAILS.sendBatch([{ body: 1 }, { body: 2 }]);
+    await this.env.CACHE.delete("user:1");
+    return { before, after, listed, gone: await this.env.CACHE.get("user:1") };
+  }
+}
+"""
+
+
+def _with_bindings() -> RunnerConfig:
+    environment = ScopeEnvironment(kv=("CACHE",), queues=("EMAILS",))
+    return RunnerConfig(environments={"acme": environment})
+
+
+async def test_kv_and_queue_bindings_work_with_no_operator_code(tmp_path: Path) -> None:
+    async with Runner.open(tmp_path / "j.db", _with_bindings()) as runner:
+        published = await runner.publish("acme", {"workflows/signup.ts": SIGNUP})
+        run = await runner.start(StartRunInput("acme", "Signup", published.snapshot_id))
+        assert run.output == {
+            "before": None, "after": {"n": 1},
+            "listed": {"keys": [{"name": "user:1"}], "list_complete": True}, "gone": None,
+        }  # fmt: skip
+        assert await runner.store.queue_messages("acme", "EMAILS") == ['{"to":"a@b.c"}', "1", "2"]
+        assert await runner.store.queue_messages("other", "EMAILS") == []
+        calls = await runner.list_tool_calls(run.run_id, scope="acme")
+        assert [c.step for c in calls][:3] == ["CACHE.get", "do:1:store/CACHE.put", "CACHE.get"]
+
+
+async def test_an_operator_can_replace_a_local_binding(tmp_path: Path) -> None:
+    seen: list[Any] = []
+
+    async def own_kv(args: Any) -> Any:
+        seen.append((args["op"], args.get("key")))
+        return '{"n": 7}' if args["op"] == "get" else None
+
+    async def own_queue(args: Any) -> None:
+        seen.append(("send", args["bodies"]))
+
+    tools = Bindings(tools={"qjsflow.kv": own_kv, "qjsflow.queue": own_queue})
+    async with Runner.open(tmp_path / "j.db", _with_bindings()) as runner:
+        published = await runner.publish("acme", {"workflows/signup.ts": SIGNUP})
+        run = await runner.start(StartRunInput("acme", "Signup", published.snapshot_id), tools)
+        assert run.output["after"] == {"n": 7}
+        assert ("put", "user:1") in seen
+        assert await runner.store.queue_messages("acme", "EMAILS") == []

@@ -271,6 +271,43 @@ class JournalStore:
         )
         return [str(row[0]) for row in rows]
 
+    # -- the local Cloudflare bindings (runner/cloudflare_bindings.py) ----------------------
+
+    async def kv_get(self, scope: str, namespace: str, key: str) -> str | None:
+        rows = await self._all(
+            "SELECT value FROM kv_entries WHERE scope = ? AND namespace = ? AND key = ?",
+            (scope, namespace, key),
+        )
+        return str(rows[0][0]) if rows else None
+
+    async def kv_list(self, scope: str, namespace: str, prefix: str, limit: int) -> list[str]:
+        rows = await self._all(
+            "SELECT key FROM kv_entries WHERE scope = ? AND namespace = ?"
+            " AND substr(key, 1, ?) = ? ORDER BY key LIMIT ?",
+            (scope, namespace, len(prefix), prefix, limit),
+        )
+        return [str(row[0]) for row in rows]
+
+    async def kv_put(
+        self, scope: str, namespace: str, key: str, value: str | None, now: int
+    ) -> None:
+        """Set a key (None deletes it)."""
+
+        def write(tx: JournalTransaction) -> None:
+            tx.kv_put(scope, namespace, key, value, now)
+
+        await self.transact(write)
+
+    async def queue_send(self, scope: str, queue: str, bodies: list[str], now: int) -> None:
+        await self.transact(lambda tx: tx.queue_send(scope, queue, bodies, now))
+
+    async def queue_messages(self, scope: str, queue: str, limit: int = 1000) -> list[str]:
+        rows = await self._all(
+            "SELECT body FROM queue_messages WHERE scope = ? AND queue = ? ORDER BY seq LIMIT ?",
+            (scope, queue, limit),
+        )
+        return [str(row[0]) for row in rows]
+
     async def blocked_runs(self, now: int, limit: int) -> list[tuple[str, str]]:
         """Blocked runs no live driver holds, with the tool address each is missing."""
         clock, at = lease_now(self._backend.dialect.lease_clock, now)

@@ -221,6 +221,22 @@ MIGRATIONS: tuple[tuple[int, str, str], ...] = (
         " ALTER TABLE bundles ADD COLUMN source_map TEXT NOT NULL DEFAULT '';"
         " ALTER TABLE runs ADD COLUMN error_stack TEXT",
     ),
+    (
+        9,
+        "the local Cloudflare bindings: a KV namespace and a queue per scope",
+        """
+        CREATE TABLE kv_entries (
+            scope TEXT NOT NULL, namespace TEXT NOT NULL, key TEXT NOT NULL,
+            value TEXT NOT NULL, updated_at INTEGER NOT NULL,
+            PRIMARY KEY (scope, namespace, key)
+        ) STRICT;
+        CREATE TABLE queue_messages (
+            seq INTEGER PRIMARY KEY, scope TEXT NOT NULL, queue TEXT NOT NULL,
+            body TEXT NOT NULL, sent_at INTEGER NOT NULL
+        ) STRICT;
+        CREATE INDEX queue_messages_by_queue ON queue_messages (scope, queue, seq)
+        """,
+    ),
 )
 
 

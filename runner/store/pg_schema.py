@@ -88,4 +88,20 @@ PG_MIGRATIONS: tuple[Migration, ...] = (
         " ALTER TABLE bundles ADD COLUMN source_map TEXT NOT NULL DEFAULT '';"
         " ALTER TABLE runs ADD COLUMN error_stack TEXT",
     ),
+    (
+        4,
+        "the local Cloudflare bindings (SQLite migration 9)",
+        """
+        CREATE TABLE kv_entries (
+            scope TEXT NOT NULL, namespace TEXT NOT NULL, key TEXT NOT NULL,
+            value TEXT NOT NULL, updated_at BIGINT NOT NULL,
+            PRIMARY KEY (scope, namespace, key)
+        );
+        CREATE TABLE queue_messages (
+            seq BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY, scope TEXT NOT NULL,
+            queue TEXT NOT NULL, body TEXT NOT NULL, sent_at BIGINT NOT NULL
+        );
+        CREATE INDEX queue_messages_by_queue ON queue_messages (scope, queue, seq)
+        """,
+    ),
 )

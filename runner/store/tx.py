@@ -237,6 +237,26 @@ class JournalTransaction:
             (*fields.values(), run_id, kind, name, count),
         )
 
+    def kv_put(self, scope: str, namespace: str, key: str, value: str | None, now: int) -> None:
+        if value is None:
+            self._db.execute(
+                "DELETE FROM kv_entries WHERE scope = ? AND namespace = ? AND key = ?",
+                (scope, namespace, key),
+            )
+            return
+        self._db.execute(
+            "INSERT INTO kv_entries (scope, namespace, key, value, updated_at)"
+            " VALUES (?, ?, ?, ?, ?) ON CONFLICT (scope, namespace, key)"
+            " DO UPDATE SET value = excluded.value, updated_at = excluded.updated_at",
+            (scope, namespace, key, value, now),
+        )
+
+    def queue_send(self, scope: str, queue: str, bodies: list[str], now: int) -> None:
+        self._db.executemany(
+            "INSERT INTO queue_messages (scope, queue, body, sent_at) VALUES (?, ?, ?, ?)",
+            [(scope, queue, body, now) for body in bodies],
+        )
+
     def reopen_failed_steps(self, run_id: str, prefix: str) -> None:
         """Failed calls named under `prefix` (those inside a step whose next attempt begins)
         become due again: they run anew in that attempt, as they would on Cloudflare."""

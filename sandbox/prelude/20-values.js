@@ -206,6 +206,7 @@ function revive(v) {
     }
     case "object": return plainObject(v.v);
     case "secret": return secretHandle(v.v);
+    case "binding": return bindingObject(v.kind, v.v);
   }
   if (hasOwn(TYPED, v.$t)) {
     const bytes = fromHex(v.v);

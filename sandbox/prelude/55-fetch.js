@@ -119,3 +119,45 @@ function fetchFunction(input, init) {
 // A fetch is one call: a step around it retries it (and a failed one runs again in the step's
 // next attempt).
 const FETCH_CONFIG = freeze({ retries: freeze({ limit: 0 }) });
+
+// ---- binding objects: env.KV and env.QUEUE ---------------------------------------------------
+// Each method is a journaled tool call (the host keeps a KV namespace and a queue per scope in
+// its journal, or calls the operator's own tools at these addresses).
+const KV_ADDRESS = "qjsflow.kv";
+const QUEUE_ADDRESS = "qjsflow.queue";
+function bindingObject(kind, name) {
+  const use = (address, op, args) => stepTool(`${name}.${op}`, address, { binding: name, op, ...args });
+  if (kind === "kv") {
+    return freeze({
+      get(key, type) {
+        const asked = typeof type === "object" && type !== null ? type.type : type;
+        return call(promiseThen, use(KV_ADDRESS, "get", { key }), (value) =>
+          value !== null && asked === "json" ? parseJSON(value) : value);
+      },
+      put(key, value) {
+        if (typeof value !== "string") return reject(new RealTypeError(`${name}.put takes a string value`));
+        return call(promiseThen, use(KV_ADDRESS, "put", { key, value }), () => undefined);
+      },
+      delete(key) {
+        return call(promiseThen, use(KV_ADDRESS, "delete", { key }), () => undefined);
+      },
+      list(options) {
+        const given = options === undefined || options === null ? {} : options;
+        return use(KV_ADDRESS, "list", { prefix: given.prefix === undefined ? "" : "" + given.prefix, limit: given.limit === undefined ? 1000 : given.limit });
+      },
+    });
+  }
+  if (kind === "queue") {
+    return freeze({
+      send(body) {
+        return call(promiseThen, use(QUEUE_ADDRESS, "send", { bodies: [body] }), () => undefined);
+      },
+      sendBatch(messages) {
+        const bodies = [];
+        for (let i = 0; i < messages.length; i++) append(bodies, messages[i].body);
+        return call(promiseThen, use(QUEUE_ADDRESS, "send", { bodies }), () => undefined);
+      },
+    });
+  }
+  throw new DriveError(`unknown binding kind ${kind}`);
+}

@@ -1,0 +1,61 @@
+"""The local Cloudflare bindings: a KV namespace and a queue per scope, kept in the journal's
+database, so workflows written against `env.KV` and `env.QUEUE` run with no operator code.
+
+The sandbox's binding objects call the tools `qjsflow.kv` and `qjsflow.queue` (journaled like
+any tool call); an operator who binds those addresses replaces these with their own.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from qjsflow.bridge import dumps_text
+from qjsflow.bridge.values import to_json_form
+from qjsflow.runner.errors import FatalToolError
+from qjsflow.runner.store import JournalStore
+
+__all__ = ["KV_ADDRESS", "QUEUE_ADDRESS", "kv_tool", "queue_tool"]
+
+KV_ADDRESS = "qjsflow.kv"
+QUEUE_ADDRESS = "qjsflow.queue"
+_MAX_LIST = 1000
+
+
+async def kv_tool(
+    store: JournalStore, scope: str, args: dict[str, Any], now: Callable[[], int]
+) -> Any:
+    """`get`, `put`, `delete` and `list` on the scope's KV namespace `args["binding"]`."""
+    namespace, op = str(args.get("binding")), args.get("op")
+    key = args.get("key")
+    if op == "list":
+        prefix = str(args.get("prefix") or "")
+        limit = min(int(args.get("limit") or _MAX_LIST), _MAX_LIST)
+        keys = await store.kv_list(scope, namespace, prefix, limit)
+        return {"keys": [{"name": name} for name in keys], "list_complete": len(keys) < limit}
+    if not isinstance(key, str) or not key:
+        raise FatalToolError(f"{namespace}.{op}: the key must be a non-empty string")
+    if op == "get":
+        return await store.kv_get(scope, namespace, key)
+    if op == "put":
+        value = args.get("value")
+        if not isinstance(value, str):
+            raise FatalToolError(f"{namespace}.put: the value must be a string")
+        await store.kv_put(scope, namespace, key, value, now())
+        return None
+    if op == "delete":
+        await store.kv_put(scope, namespace, key, None, now())
+        return None
+    raise FatalToolError(f"{namespace}: no method {str(op)[:40]!r}")
+
+
+async def queue_tool(
+    store: JournalStore, scope: str, args: dict[str, Any], now: Callable[[], int]
+) -> Any:
+    """`send` of one or more message bodies to the scope's queue `args["binding"]`."""
+    bodies = args.get("bodies")
+    if not isinstance(bodies, list) or not bodies:
+        raise FatalToolError(f"{args.get('binding')}.send: nothing to send")
+    texts = [dumps_text(to_json_form(body)) for body in bodies]
+    await store.queue_send(scope, str(args.get("binding")), texts, now())
+    return None
