@@ -225,6 +225,7 @@ def test_binding_names_are_checked() -> None:
         ScopeEnvironment(vars={"db": 1})
 
 
+@pytest.mark.slow
 def test_the_cli_takes_an_env_file_whose_secrets_come_from_the_host(tmp_path: Path) -> None:
     tree = tmp_path / "tree" / "workflows"
     tree.mkdir(parents=True)
@@ -299,9 +300,9 @@ async def test_a_timer_past_the_drives_wall_budget_points_to_step_sleep(tmp_path
 
 
 async def test_waiting_on_a_timer_costs_no_compute(tmp_path: Path) -> None:
-    config = RunnerConfig(limits=Limits(compute_per_drive_s=0.5, drive_wall_s=5.0))
+    config = RunnerConfig(limits=Limits(compute_per_drive_s=0.2, drive_wall_s=5.0))
     async with Runner.open(tmp_path / "j.db", config) as runner:
-        source = "export default async () => { await new Promise((r) => setTimeout(r, 1500)); return 1; };"
+        source = "export default async () => { await new Promise((r) => setTimeout(r, 600)); return 1; };"
         run = await start_source(runner, source)
     assert (run.status, run.output) == ("completed", 1)
 

@@ -93,6 +93,7 @@ async def test_hostile_statements_are_refused(sql_runner: Runner, tmp_path: Path
         assert connection.execute("SELECT v FROM secrets").fetchall() == [("s",)]
 
 
+@pytest.mark.slow  # in `make test`; heavy for the fast tier
 async def test_runaway_statements_stop_and_the_process_stays_responsive(sql_runner: Runner) -> None:
     outcomes = await _probe(
         sql_runner,

@@ -225,6 +225,7 @@ export default async (event, step) => {
 """
 
 
+@pytest.mark.slow  # in `make test`; heavy for the fast tier
 async def test_a_run_that_ran_once_can_always_be_replayed(
     clocked_runner: Runner, clock: FakeClock
 ) -> None:

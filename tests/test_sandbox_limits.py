@@ -93,6 +93,7 @@ HOSTILE = {
 }
 
 
+@pytest.mark.slow  # each case runs to a compute limit: in `make test`
 @pytest.mark.parametrize("case", sorted(HOSTILE))
 @pytest.mark.timeout(60)
 async def test_hostile_code_fails_naming_the_limit(

@@ -5,6 +5,8 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
+import pytest
+
 from qjsflow.bundles.toolchain import find_toolchain, tsc_path
 from tests.conftest import FIXTURES, PROJECT_ROOT
 
@@ -23,11 +25,13 @@ def _tsc(*files: Path) -> subprocess.CompletedProcess[str]:
     )  # fmt: skip
 
 
+@pytest.mark.slow  # in `make test`; heavy for the fast tier
 def test_fixtures_type_check_against_the_shipped_types() -> None:
     done = _tsc(*sorted(FIXTURES.rglob("*.ts")))
     assert done.returncode == 0, done.stdout + done.stderr
 
 
+@pytest.mark.slow  # in `make test`; heavy for the fast tier
 def test_the_types_catch_a_wrong_call(tmp_path: Path) -> None:
     wrong = tmp_path / "wrong.ts"
     wrong.write_text(

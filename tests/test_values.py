@@ -70,6 +70,7 @@ async def test_every_vector_round_trips_through_quickjs_and_the_journal(
     assert repr(run.output) == repr(exact)
 
 
+@pytest.mark.slow  # in `make test`; heavy for the fast tier
 def test_views_and_json_output_of_hostile_values(tmp_path: Path) -> None:
     """The CLI's status, steps and unscoped list never fail on a stored value."""
     root = tmp_path / "src" / "workflows"
