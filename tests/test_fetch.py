@@ -74,7 +74,11 @@ def server() -> Iterator[str]:
 @pytest.fixture
 async def fetching(tmp_path: Path, server: str) -> AsyncIterator[Runner]:
     policy = EgressPolicy(allow=(f"{server}/",), allow_private=True)
-    environment = ScopeEnvironment(vars={"BASE": server}, secrets={"TOKEN": SECRET}, egress=policy)
+    environment = ScopeEnvironment(
+        vars={"BASE": server, "API_BASE": server},
+        secrets={"TOKEN": SECRET, "API_TOKEN": SECRET},
+        egress=policy,
+    )
     config = RunnerConfig(environments={"acme": environment})
     async with Runner.open(tmp_path / "j.db", config) as runner:
         yield runner
@@ -181,3 +185,67 @@ async def test_nothing_is_allowed_by_default(runner: Runner) -> None:
     run = await _run(runner, 'return await fetch("https://example.com/");')
     assert run.error is not None
     assert "add it to the scope's egress allowlist" in run.error
+
+
+STARTER = """
+import { WorkflowEntrypoint, WorkflowStep, WorkflowEvent } from "cloudflare:workers";
+
+type Env = { MY_WORKFLOW: unknown; API_BASE: string; API_TOKEN: string };
+type Params = { email: string; metadata: Record<string, string> };
+
+export class MyWorkflow extends WorkflowEntrypoint<Env, Params> {
+  async run(event: WorkflowEvent<Params>, step: WorkflowStep) {
+    const files = await step.do("my first step", async () => {
+      return { inputParams: event.payload, files: ["doc_7392_rev3.pdf", "report_x29_final.pdf"] };
+    });
+
+    const apiResponse = await step.do("some other step", async () => {
+      const resp = await fetch(`${this.env.API_BASE}/json`, {
+        headers: { Authorization: `Bearer ${this.env.API_TOKEN}` },
+      });
+      return await resp.json<any>();
+    });
+
+    await step.do("settle", async () => {
+      await new Promise((resolve) => setTimeout(resolve, 20));
+    });
+
+    await step.sleep("wait on something", "1 second");
+
+    await step.do(
+      "make a call to write that could maybe, just might, fail",
+      { retries: { limit: 5, delay: "1 second", backoff: "exponential" }, timeout: "15 minutes" },
+      async () => {
+        if (Math.random() > 2) throw new Error("API call to $STORAGE_SYSTEM failed");
+      },
+    );
+    return { files: files.files, api: apiResponse };
+  }
+}
+
+export default {
+  async fetch(req: Request, env: Env): Promise<Response> {
+    return Response.json({ status: "not run here" });
+  },
+};
+"""
+
+
+async def test_the_cloudflare_starter_shape_runs_unchanged(
+    fetching: Runner, tmp_path: Path
+) -> None:
+    published = await fetching.publish("acme", {"src/index.ts": STARTER}, ["src/index.ts"])
+    assert [w.workflow for w in published.workflows] == ["MyWorkflow"]
+    payload = {"email": "a@b.c", "metadata": {"k": "v"}}
+    run = await fetching.start(
+        StartRunInput("acme", "MyWorkflow", published.snapshot_id, payload, run_id="starter")
+    )
+    assert run.status == "sleeping"
+    await fetching.serve(until_idle=True)
+    done = await fetching.get("starter", scope="acme")
+    assert (done.status, done.output) == (
+        "completed",
+        {"files": ["doc_7392_rev3.pdf", "report_x29_final.pdf"],
+         "api": {"ok": True, "greeting": "hello"}},
+    )  # fmt: skip
+    assert [s["authorization"] for s in _Handler.seen] == [f"Bearer {SECRET}"]

@@ -83,6 +83,12 @@ class Response {
   json() {
     return call(promiseThen, this.text(), (text) => parseJSON(text));
   }
+  static json(data, init) {
+    const options = init === undefined ? {} : init;
+    const headers = new Headers(options.headers);
+    if (!headers.has("content-type")) headers.set("content-type", "application/json");
+    return new Response(stringify(data), { ...options, headers });
+  }
   arrayBuffer() {
     const body = takeBody(this);
     const bytes = body.base64 ? atob(body.text) : unescape(encodeURIComponent(body.text));
