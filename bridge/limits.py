@@ -20,6 +20,8 @@ class Limits:
     compute_per_run_s: float = 30.0
     # Wall-clock time of one drive: what timers (setTimeout) may wait, sleeping, in all.
     drive_wall_s: float = 30.0
+    # A step's retry due within this is waited for inside the drive, in the same context.
+    retry_in_drive_ms: int = 1000
     stack_bytes: int = 1 * MiB
     value_bytes: int = 1 * MiB  # a step result, tool args or result, event payload, run output
     value_depth: int = 64

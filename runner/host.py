@@ -181,7 +181,11 @@ class DriveHost:
             case StepRecord():
                 began = self._attempts.get((op.step, op.count, op.attempt))
                 elapsed = None if began is None else int((self.monotonic() - began) * 1000)
-                return Answer(envelope.id, *steps.record(tx, self.run_id, op, now, elapsed))
+                answer = steps.record(
+                    tx, self.run_id, op, now, elapsed_ms=elapsed,
+                    retry_in_drive_ms=self.limits.retry_in_drive_ms,
+                )  # fmt: skip
+                return Answer(envelope.id, *answer)
             case StepSleep():
                 return Answer(envelope.id, *steps.sleep(tx, self.run_id, op, now))
             case StepWaitForEvent():

@@ -195,15 +195,32 @@ def fail_attempt(
 
 
 def record(
-    tx: JournalTransaction, run_id: str, op: StepRecord, now: int, elapsed_ms: int | None = None
+    tx: JournalTransaction,
+    run_id: str,
+    op: StepRecord,
+    now: int,
+    *,
+    elapsed_ms: int | None = None,
+    retry_in_drive_ms: int = 0,
 ) -> Answered:
+    """The end of an attempt of a step.do. A retry due within `retry_in_drive_ms` is answered
+    with `{"retryIn": ms}`: the sandbox waits and runs the next attempt in the same context
+    (the step's closure keeps its state, as on Cloudflare); the retry is journaled as any
+    other, so a drive that ends meanwhile leaves it to the next one."""
     row = tx.get_step(run_id, "do", op.step, op.count)
     if row is None:
         raise ProtocolError(f"step {op.step!r} #{op.count} was recorded without a check")
-    return settle_call(
+    answer = settle_call(
         tx, row, attempt=op.attempt, value=op.value, failure=op.error, now=now,
         elapsed_ms=elapsed_ms,
     )  # fmt: skip
+    if isinstance(answer[0], Suspend) and op.error is not None:
+        retried = tx.get_step(run_id, "do", op.step, op.count)
+        due = None if retried is None else loads(retried.detail or "{}").get("retryAt")
+        wait = due - now if isinstance(due, int) else retry_in_drive_ms + 1
+        if retried is not None and retried.status == "retrying" and wait <= retry_in_drive_ms:
+            return Value({"retryIn": max(0, wait)}), None
+    return answer
 
 
 def settle_call(

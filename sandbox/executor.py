@@ -130,11 +130,14 @@ class Drive:
     def _wait_for_timer(self) -> bool:
         """Nothing else to do: sleep until the next timer is due and fire it (False when
         none is set). Sleeping costs no compute; the drive's wall-clock budget bounds it."""
-        delay_ms = int(self._call("nextTimer"))
+        delay, _, kind = self._call("nextTimer").partition(",")
+        delay_ms = int(delay)
         if delay_ms < 0:
             return False
         waited = time.monotonic() - self.wall_started
         if waited + delay_ms / 1000 > self.wall_budget_s:
+            if kind == "retry":  # a step's retry: journaled, so the next drive makes it
+                return False
             raise DriveStopped(
                 f"a timer of {delay_ms} ms would outlive the drive's wall-clock budget of "
                 f"{self.wall_budget_s:g} s: wait with step.sleep instead",

@@ -20,6 +20,7 @@ from qjsflow.bridge.values import SecretRef
 from qjsflow.runner import Bindings, Runner, RunnerConfig, StartRunInput
 from qjsflow.runner.environment import ScopeEnvironment
 from tests.conftest import PROJECT_ROOT, start_source
+from tests.journal_reads import query
 
 SYNC = """
 export default async (event, step) =>
@@ -414,3 +415,37 @@ async def test_an_operator_can_replace_a_local_binding(tmp_path: Path) -> None:
         assert run.output["after"] == {"n": 7}
         assert ("put", "user:1") in seen
         assert await runner.store.queue_messages("acme", "EMAILS") == []
+
+
+# -- short retries inside the drive --------------------------------------------------------------
+
+CLOSURE_RETRY = """
+export default async (event, step) => {
+  let calls = 0; // state in the step's closure, as Cloudflare keeps it between quick retries
+  const value = await step.do("flaky", { retries: { limit: 3, delay: DELAY, backoff: "constant" } },
+    async () => {
+      calls += 1;
+      if (calls < 3) throw new Error(`busy (call ${calls})`);
+      return calls;
+    });
+  return value;
+};
+"""
+
+
+async def test_a_short_retry_runs_in_the_same_context(runner: Runner) -> None:
+    run = await start_source(runner, CLOSURE_RETRY.replace("DELAY", "50"))
+    assert (run.status, run.output) == ("completed", 3)
+    drives = query(
+        runner.store.location, "SELECT count(*) FROM events WHERE type = 'drive_started'"
+    )
+    assert drives == [(1,)]  # all three attempts in one drive
+    [step] = await runner.list_steps(run.run_id, scope="acme")
+    assert step.attempt == 3
+
+
+async def test_a_long_retry_suspends_and_replays_as_before(runner: Runner) -> None:
+    run = await start_source(runner, CLOSURE_RETRY.replace("DELAY", '"5 seconds"'))
+    assert run.status == "sleeping"  # the retry is due in 5 s: the run waits for it, parked
+    [step] = await runner.list_steps(run.run_id, scope="acme")
+    assert (step.status, step.error) == ("retrying", "Error: busy (call 1)")

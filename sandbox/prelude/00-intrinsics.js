@@ -41,6 +41,7 @@ const strSlice = String.prototype.slice;
 const strIndexOf = String.prototype.indexOf;
 const strToLower = String.prototype.toLowerCase;
 const regexpExec = RegExp.prototype.exec;
+const arrayIndexOf = Array.prototype.indexOf;
 const strCharCodeAt = String.prototype.charCodeAt;
 const strTest = RealRegExp.prototype.test;
 const isWellFormed = String.prototype.isWellFormed;

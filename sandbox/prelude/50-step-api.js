@@ -12,26 +12,34 @@ function stepDo(name, configOrFn, maybeFn) {
     // A step the journal has never seen starts at once, announcing itself with a step.begin
     // that the host writes ahead of anything the body sends; a step with a row (retrying,
     // or in flight when a driver died) asks the host first.
+    // After a short retry delay waited inside the drive: ask for the next attempt again.
+    const again = (key, count, fullName, resolve, rejectStep) => () => send(
+      { op: "step.check", step: fullName, count, kind: "do", config: policy },
+      (result, at) => onCheck(result, at, key, count, resolve, rejectStep, fullName),
+    );
     const begin = (key, count, fullName, resolve, rejectStep) => {
       send({ op: "step.begin", step: fullName, count, kind: "do", config: policy }, null);
-      runAttempt(name, fullName, count, 1, merged, fn, key, resolve, rejectStep);
+      const retry = again(key, count, fullName, resolve, rejectStep);
+      runAttempt(name, fullName, count, 1, merged, fn, key, resolve, rejectStep, undefined, retry);
     };
-    return request("do", name, op, (result, at, key, count, resolve, rejectStep, fullName) => {
+    const onCheck = (result, at, key, count, resolve, rejectStep, fullName) => {
       if (hasOwn(result, "value") && result.value !== null && result.value.hit === false) {
         const { attempt, now } = result.value;
-        runAttempt(name, fullName, count, attempt, merged, fn, key, resolve, rejectStep, now);
+        const retry = again(key, count, fullName, resolve, rejectStep);
+        runAttempt(name, fullName, count, attempt, merged, fn, key, resolve, rejectStep, now, retry);
       } else if (hasOwn(result, "value") && result.value !== null && result.value.hit === true) {
         reach(at, key);
         resolve(decode(result.value.value));
       } else {
         valueAnswer(result, at, key, count, resolve, rejectStep);
       }
-    }, begin);
+    };
+    return request("do", name, op, onCheck, begin);
   } catch (error) {
     return reject(error);
   }
 }
-function runAttempt(name, fullName, count, attempt, config, fn, key, resolve, rejectStep, startedAt) {
+function runAttempt(name, fullName, count, attempt, config, fn, key, resolve, rejectStep, startedAt, retry) {
   const ctx = freeze({ step: freeze({ name, count }), attempt, config: deepFreeze(config) });
   const where = `step "${name}" (#${count})`;
   const outer = currentScope; // the caller's scope: the step's own promise resumes it
@@ -46,7 +54,17 @@ function runAttempt(name, fullName, count, attempt, config, fn, key, resolve, re
   };
   const recordIn = (fields) => {
     send({ op: "step.record", step: fullName, count, attempt, ...fields }, (result, at) => {
-      if (hasOwn(result, "value")) {
+      if (hasOwn(result, "value") && result.value !== null && typeof result.value === "object") {
+        // A short retry: wait inside the drive, then run the next attempt in this context. If
+        // the drive ends first, the marker suspends the run on the (journaled) retry.
+        const marker = { suspend: "retry", event: undefined };
+        append(markers, marker);
+        addTimer(() => {
+          const at = call(arrayIndexOf, markers, marker);
+          if (at >= 0) markers.splice(at, 1);
+          retry();
+        }, result.value.retryIn + 2, [], false, true); // +2: past the due time, at ms precision
+      } else if (hasOwn(result, "value")) {
         reach(at, key);
         // A string is the value another writer settled first: the first writer wins.
         if (typeof result.value === "string") resolve(decode(result.value));

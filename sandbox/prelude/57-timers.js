@@ -13,7 +13,7 @@ function timerDelay(delay) {
   const ms = +delay;
   return ms > 0 && ms === ms ? Math.floor(ms) : 0;
 }
-function addTimer(callback, delay, args, repeat) {
+function addTimer(callback, delay, args, repeat, internal) {
   if (typeof callback !== "function") {
     throw new RealTypeError("setTimeout and setInterval take a function (not code as a string)");
   }
@@ -22,7 +22,7 @@ function addTimer(callback, delay, args, repeat) {
   const id = nextTimerId++;
   append(timers, {
     id, due: timerClock + ms, seq: timerSeq++, callback, args, every: repeat ? (ms || 1) : 0,
-    scope: currentScope,
+    scope: currentScope, internal: internal === true,
   });
   return id;
 }
@@ -51,10 +51,13 @@ function earliestTimer() {
   }
   return first;
 }
-// Milliseconds until the next timer is due, or -1 when none is set.
+// "ms" until the next timer is due ("ms,retry" for a step's in-drive retry, which the
+// executor may leave to a later drive), or "-1" when none is set.
 function nextTimerDelay() {
   const first = earliestTimer();
-  return first < 0 ? -1 : timers[first].due - timerClock;
+  if (first < 0) return "-1";
+  const delay = timers[first].due - timerClock;
+  return timers[first].internal ? `${delay},retry` : `${delay}`;
 }
 function fireTimer() {
   const first = earliestTimer();

@@ -11,7 +11,7 @@ return function dispatch(command, argument) {
       case "load": load(argument); return "{}";
       case "start": start(); return "{}";
       case "hit": return nextHit() ? "1" : "0";
-      case "nextTimer": return "" + nextTimerDelay();
+      case "nextTimer": return nextTimerDelay();
       case "fireTimer": fireTimer(); return "{}";
       case "answer": answer(parseJSON(argument)); return "{}";
       case "take": {
