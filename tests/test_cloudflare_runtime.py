@@ -19,6 +19,7 @@ from qjsflow.bridge.limits import Limits
 from qjsflow.bridge.values import SecretRef
 from qjsflow.runner import Bindings, Runner, RunnerConfig, StartRunInput
 from qjsflow.runner.environment import ScopeEnvironment
+from qjsflow.sandbox import pool as pool_module
 from tests.conftest import PROJECT_ROOT, start_source
 from tests.journal_reads import query
 
@@ -449,3 +450,33 @@ async def test_a_long_retry_suspends_and_replays_as_before(runner: Runner) -> No
     assert run.status == "sleeping"  # the retry is due in 5 s: the run waits for it, parked
     [step] = await runner.list_steps(run.run_id, scope="acme")
     assert (step.status, step.error) == ("retrying", "Error: busy (call 1)")
+
+
+async def test_no_frame_sent_to_an_executor_holds_a_secret_value(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The executor's whole input is these frames: the request (with the run's env), the
+    bundle and the answers to its ops. The secret's value is in none of them."""
+    sent: list[bytes] = []
+    original = pool_module._Executor.send
+
+    async def recording(self: Any, payload: bytes) -> None:
+        sent.append(payload)
+        await original(self, payload)
+
+    monkeypatch.setattr(pool_module._Executor, "send", recording)
+
+    async def call(args: Any) -> str:
+        assert args["headers"]["authorization"] == SECRET_VALUE  # the tool did get it
+        return "called"
+
+    async with Runner.open(tmp_path / "j.db", _environment()) as runner:
+        published = await runner.publish("acme", {"workflows/greeter.ts": GREETER})
+        run = await runner.start(
+            StartRunInput("acme", "Greeter", published.snapshot_id),
+            Bindings(tools={"api.call": call}),
+        )
+    assert run.status == "completed"
+    assert len(sent) >= 2
+    assert not [frame for frame in sent if SECRET_VALUE.encode() in frame]
+    assert any(b"secret" in frame and b"API_KEY" in frame for frame in sent)  # by name
