@@ -15,10 +15,11 @@ from qjsflow.bridge.values import to_json_form
 from qjsflow.runner.errors import FatalToolError
 from qjsflow.runner.store import JournalStore
 
-__all__ = ["KV_ADDRESS", "QUEUE_ADDRESS", "kv_tool", "queue_tool"]
+__all__ = ["KV_ADDRESS", "QUEUE_ADDRESS", "R2_ADDRESS", "kv_tool", "queue_tool", "r2_tool"]
 
 KV_ADDRESS = "qjsflow.kv"
 QUEUE_ADDRESS = "qjsflow.queue"
+R2_ADDRESS = "qjsflow.r2"
 _MAX_LIST = 1000
 
 
@@ -59,3 +60,19 @@ async def queue_tool(
     texts = [dumps_text(to_json_form(body)) for body in bodies]
     await store.queue_send(scope, str(args.get("binding")), texts, now())
     return None
+
+
+async def r2_tool(
+    store: JournalStore, scope: str, args: dict[str, Any], now: Callable[[], int]
+) -> Any:
+    """An R2 bucket's `get`, `head`, `put`, `delete`, `list`, kept beside the KV namespaces (a
+    bucket `B` is the namespace `r2:B`); objects are text."""
+    bucket = f"r2:{args.get('binding')}"
+    op = args.get("op")
+    if op == "list":
+        listed = await kv_tool(store, scope, {**args, "binding": bucket}, now)
+        return {"objects": [{"key": k["name"]} for k in listed["keys"]],
+                "truncated": not listed["list_complete"]}  # fmt: skip
+    if op == "head":
+        op = "get"
+    return await kv_tool(store, scope, {**args, "binding": bucket, "op": op}, now)

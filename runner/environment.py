@@ -37,18 +37,27 @@ class ScopeEnvironment:
     # tools `qjsflow.kv` / `qjsflow.queue` (runner/cloudflare_bindings.py).
     kv: tuple[str, ...] = ()
     queues: tuple[str, ...] = ()
+    r2: tuple[str, ...] = ()  # buckets: objects as text, kept like KV (`qjsflow.r2`)
+    # Durable Object namespaces: `env.COUNTER.get(env.COUNTER.idFromName("x")).add(1)` calls
+    # the tool `qjsflow.durable_object`, which only an operator can bind (until one does, a
+    # run that calls it is blocked).
+    durable_objects: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
-        for name in (*self.vars, *self.secrets, *self.kv, *self.queues):
+        for name in self._names():
             if not _BINDING.fullmatch(name) or name == "db":
                 raise InvalidInput(
                     f"invalid binding name {name[:80]!r}: use a letter or _, then letters, "
                     "digits or _ (64 at most; db is taken)"
                 )
-        names = [*self.vars, *self.secrets, *self.kv, *self.queues]
+        names = self._names()
         twice = sorted({name for name in names if names.count(name) > 1})
         if twice:
             raise InvalidInput(f"{twice[0]!r} is declared as two bindings")
+
+    def _names(self) -> list[str]:
+        objects = (*self.kv, *self.queues, *self.r2, *self.durable_objects)
+        return [*self.vars, *self.secrets, *objects]
 
 
 class MissingSecret(InvalidInput):
@@ -95,14 +104,19 @@ def load_environments(
 
 
 def env_of(environment: ScopeEnvironment | None, given: Mapping[str, Any] | None) -> dict[str, Any]:
-    """A run's env at its start: the scope's vars and secret handles, then what the caller
-    passed (which wins)."""
+    """A run's env at its start: the scope's vars, secret handles and binding objects, then
+    what the caller passed (which wins)."""
     env: dict[str, Any] = {}
     if environment is not None:
         env.update(environment.vars)
         env.update({name: SecretRef(name) for name in environment.secrets})
-        env.update({name: BindingRef("kv", name) for name in environment.kv})
-        env.update({name: BindingRef("queue", name) for name in environment.queues})
+        for kind, names in (
+            ("kv", environment.kv),
+            ("queue", environment.queues),
+            ("r2", environment.r2),
+            ("durable_object", environment.durable_objects),
+        ):
+            env.update({name: BindingRef(kind, name) for name in names})
     env.update(given or {})
     return env
 

@@ -48,7 +48,14 @@ from qjsflow.runner.bindings import (
     bind_tool_call,
     unbind_tool_call,
 )
-from qjsflow.runner.cloudflare_bindings import KV_ADDRESS, QUEUE_ADDRESS, kv_tool, queue_tool
+from qjsflow.runner.cloudflare_bindings import (
+    KV_ADDRESS,
+    QUEUE_ADDRESS,
+    R2_ADDRESS,
+    kv_tool,
+    queue_tool,
+    r2_tool,
+)
 from qjsflow.runner.egress import FETCH_ADDRESS, fetch
 from qjsflow.runner.environment import MissingSecret, ScopeEnvironment, reveal
 from qjsflow.runner.errors import FatalToolError
@@ -289,8 +296,8 @@ class DriveHost:
         scope = split_run_key(self.run_id)[0]
         if address == FETCH_ADDRESS:
             return self._fetch
-        if address in (KV_ADDRESS, QUEUE_ADDRESS):
-            local = kv_tool if address == KV_ADDRESS else queue_tool
+        local = {KV_ADDRESS: kv_tool, QUEUE_ADDRESS: queue_tool, R2_ADDRESS: r2_tool}.get(address)
+        if local is not None:
             return functools.partial(local, self.store, scope, now=self.now)
         return None
 

@@ -480,3 +480,40 @@ async def test_no_frame_sent_to_an_executor_holds_a_secret_value(
     assert len(sent) >= 2
     assert not [frame for frame in sent if SECRET_VALUE.encode() in frame]
     assert any(b"secret" in frame and b"API_KEY" in frame for frame in sent)  # by name
+
+
+async def test_r2_buckets_and_durable_object_stubs(tmp_path: Path) -> None:
+    source = """
+    import { WorkflowEntrypoint } from "cloudflare:workers";
+    export class Files extends WorkflowEntrypoint {
+      async run(event, step) {
+        await this.env.BUCKET.put("reports/1.json", JSON.stringify({ total: 3 }));
+        const object = await this.env.BUCKET.get("reports/1.json");
+        const listed = await this.env.BUCKET.list({ prefix: "reports/" });
+        const missing = await this.env.BUCKET.get("nope");
+        const counter = this.env.COUNTER.get(this.env.COUNTER.idFromName("team-a"));
+        const count = await counter.increment(2);
+        return { total: (await object.json()).total, size: object.size, keys: listed.objects,
+                 missing, count };
+      }
+    }
+    """
+    environment = ScopeEnvironment(r2=("BUCKET",), durable_objects=("COUNTER",))
+    config = RunnerConfig(environments={"acme": environment})
+    calls: list[Any] = []
+
+    async def durable_object(args: Any) -> int:
+        calls.append(args)
+        return 40 + int(args["args"][0])
+
+    async with Runner.open(tmp_path / "j.db", config) as runner:
+        published = await runner.publish("acme", {"workflows/files.ts": source})
+        run = await runner.start(StartRunInput("acme", "Files", published.snapshot_id))
+        # No process binds Durable Objects here: the run waits for one that does.
+        assert (run.status, run.waiting_for) == ("blocked", "qjsflow.durable_object")
+        tools = Bindings(tools={"qjsflow.durable_object": durable_object})
+        done = await runner.resume(run.run_id, tools, scope="acme")
+    assert done.output == {
+        "total": 3, "size": 11, "keys": [{"key": "reports/1.json"}], "missing": None, "count": 42,
+    }  # fmt: skip
+    assert calls == [{"binding": "COUNTER", "op": "increment", "id": "team-a", "args": [2]}]

@@ -165,5 +165,48 @@ function bindingObject(kind, name) {
       },
     });
   }
+  if (kind === "r2") {
+    const object = (key, text) => text === null ? null : freeze({
+      key, size: text.length,
+      text: () => P.resolve(text),
+      json: () => P.resolve(parseJSON(text)),
+    });
+    return freeze({
+      get(key) {
+        return call(promiseThen, use(R2_ADDRESS, "get", { key }), (text) => object(key, text));
+      },
+      head(key) {
+        return call(promiseThen, use(R2_ADDRESS, "head", { key }), (text) => object(key, text));
+      },
+      put(key, value) {
+        if (typeof value !== "string") return reject(new RealTypeError(`${name}.put takes a string value here`));
+        return call(promiseThen, use(R2_ADDRESS, "put", { key, value }), () => object(key, value));
+      },
+      delete(key) {
+        return call(promiseThen, use(R2_ADDRESS, "delete", { key }), () => undefined);
+      },
+      list(options) {
+        const given = options === undefined || options === null ? {} : options;
+        return use(R2_ADDRESS, "list", { prefix: given.prefix === undefined ? "" : "" + given.prefix, limit: given.limit === undefined ? 1000 : given.limit });
+      },
+    });
+  }
+  if (kind === "durable_object") {
+    // Stubs whose every method is a call to the operator's `qjsflow.durable_object` tool.
+    const stub = (id) => new RealProxy(freeze({ id }), {
+      get(target, method) {
+        if (typeof method !== "string" || method === "then") return undefined;
+        if (method === "id") return target.id;
+        return (...args) => use(DURABLE_OBJECT_ADDRESS, method, { id: target.id, args });
+      },
+    });
+    return freeze({
+      idFromName: (objectName) => freeze({ name: "" + objectName, toString: () => "" + objectName }),
+      get: (id) => stub(typeof id === "object" && id !== null ? id.name : "" + id),
+      getByName: (objectName) => stub("" + objectName),
+    });
+  }
   throw new DriveError(`unknown binding kind ${kind}`);
 }
+const R2_ADDRESS = "qjsflow.r2";
+const DURABLE_OBJECT_ADDRESS = "qjsflow.durable_object";
