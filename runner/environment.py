@@ -62,6 +62,7 @@ class ScopeEnvironment:
 
 class MissingSecret(InvalidInput):
     def __init__(self, name: str) -> None:
+        self.name = name
         super().__init__(f"the secret {name!r} is not configured in this process for the scope")
 
 

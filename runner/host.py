@@ -242,9 +242,10 @@ class DriveHost:
         key = step_key("tool", op.count, op.step)
         now = self.now()
         tool = self.bindings.tool(op.address) or self._builtin(op.address)
+        missing = None if tool is None else self._missing_secret(op)
 
         def begin(tx: JournalTransaction) -> Answered | _ToolCall | None:
-            if tool is None:
+            if tool is None or missing is not None:
                 # Not bound in this process: an operator's problem, never the author's final
                 # result. A recorded result still answers; otherwise the run is blocked.
                 row = tx.get_step(self.run_id, "tool", op.step, op.count)
@@ -262,7 +263,7 @@ class DriveHost:
 
         started = await self.store.transact(begin, self.lease)
         if started is None or tool is None:
-            self.blocked_on = op.address
+            self.blocked_on = op.address if missing is None else f"secret {missing}"
             return Suspend("retry"), None
         if not isinstance(started, _ToolCall):
             return started
@@ -291,6 +292,16 @@ class DriveHost:
 
         return await self.store.transact(end, self.lease)
 
+    def _missing_secret(self, op: StepTool) -> str | None:
+        """A secret the call's arguments name that this process is not configured with (an
+        operator's problem, like an unbound tool: the run is blocked until a process that
+        has it drives it)."""
+        try:
+            reveal(to_python(op.args), self.environment.secrets)
+        except MissingSecret as missing:
+            return missing.name
+        return None
+
     def _builtin(self, address: str) -> ToolFn | None:
         """fetch, and the local KV and queue bindings, unless the operator bound these."""
         scope = split_run_key(self.run_id)[0]
@@ -310,10 +321,7 @@ class DriveHost:
         self, op: StepTool, tool: ToolFn
     ) -> tuple[str | None, StepFailure | None, int]:
         started = self.monotonic()
-        try:
-            args = reveal(to_python(op.args), self.environment.secrets)
-        except MissingSecret as missing:  # an operator's problem: said, never retried blindly
-            return None, StepFailure("MissingSecretError", str(missing), False), 0
+        args = reveal(to_python(op.args), self.environment.secrets)  # checked by _missing_secret
         try:
             result = await asyncio.wait_for(tool(args), op.config.timeout_ms / 1000)
             value = from_python(result, max_bytes=self.limits.value_bytes, what="the tool result")

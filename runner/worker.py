@@ -19,6 +19,7 @@ from typing import Any
 from qjsflow.runner.bindings import Bindings
 from qjsflow.runner.driver import RunDriver
 from qjsflow.runner.errors import JournalUnavailable
+from qjsflow.runner.scopes import split_run_key
 from qjsflow.runner.store import JournalStore
 
 __all__ = ["Worker", "worker_command"]
@@ -117,7 +118,7 @@ class Worker:
         claimable = await self.store.claimable_runs(now, free + len(tasks))
         # A blocked run is this worker's to drive only if it has the tool the run is missing.
         blocked = await self.store.blocked_runs(now, _BLOCKED_LOOKED_AT)
-        claimable += [run_id for run_id, tool in blocked if self.bindings.tool(tool) is not None]
+        claimable += [run_id for run_id, missing in blocked if self._can_unblock(run_id, missing)]
         for run_id in claimable:
             if run_id in tasks or len(tasks) >= self.concurrency:
                 continue
@@ -125,6 +126,13 @@ class Worker:
             tasks[run_id] = task
             task.add_done_callback(functools.partial(_forget, tasks, run_id))
         return claimable
+
+    def _can_unblock(self, run_id: str, missing: str) -> bool:
+        """Whether this worker has what a blocked run is missing: a tool, or a secret."""
+        if missing.startswith("secret "):
+            environment = self.driver.config.environments.get(split_run_key(run_id)[0])
+            return environment is not None and missing[len("secret ") :] in environment.secrets
+        return self.bindings.tool(missing) is not None
 
     async def _drive(self, run_id: str) -> None:
         try:

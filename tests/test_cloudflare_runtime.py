@@ -198,24 +198,31 @@ async def test_a_secret_never_becomes_a_stored_value(tmp_path: Path, body: str, 
         assert SECRET_VALUE.encode() not in path.read_bytes()
 
 
-async def test_a_secret_this_process_lacks_is_an_error_naming_it(tmp_path: Path) -> None:
+async def test_a_secret_this_process_lacks_blocks_the_run_until_one_has_it(
+    tmp_path: Path,
+) -> None:
     async with Runner.open(tmp_path / "j.db", _environment()) as runner:
         published = await runner.publish("acme", {"workflows/greeter.ts": GREETER})
         started = await runner.start(
             StartRunInput("acme", "Greeter", published.snapshot_id), drive=False
         )
-    # Another process, with the tool but without the scope's secrets, drives it.
+
+    async def call(args: Any) -> str:
+        return "called"
+
+    tools = Bindings(tools={"api.call": call})
+    # Another process, with the tool but without the scope's secrets, drives it: blocked.
     async with Runner.open(tmp_path / "j.db") as other:
-
-        async def call(args: Any) -> str:
-            return "called"
-
-        run = await other.resume(started.run_id, Bindings(tools={"api.call": call}), scope="acme")
-        [step] = [s for s in await other.list_steps(run.run_id, scope="acme") if s.name == "call"]
-        assert step.error == (
-            "MissingSecretError: the secret 'API_KEY' is not configured in this process "
-            "for the scope"
-        )
+        run = await other.resume(started.run_id, tools, scope="acme")
+        assert (run.status, run.waiting_for, run.error) == ("blocked", "secret API_KEY", None)
+        await other.serve(until_idle=True, bindings=tools)  # its worker leaves it alone
+        assert (await other.get(run.run_id, scope="acme")).status == "blocked"
+    # A worker configured with the secret continues it.
+    async with Runner.open(tmp_path / "j.db", _environment()) as configured:
+        await configured.serve(until_idle=True, bindings=tools)
+        done = await configured.get(run.run_id, scope="acme")
+        assert done.status == "completed"
+        assert done.output["called"] == "called"
 
 
 def test_binding_names_are_checked() -> None:
