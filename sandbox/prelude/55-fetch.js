@@ -2,49 +2,66 @@
 // under the scope's egress policy), so a replayed step never fetches again.
 
 const FETCH_ADDRESS = "qjsflow.fetch";
-const headerLists = new RealWeakMap(); // Headers -> [[lowercased name, value], ...]
-
-class Headers {
-  constructor(init) {
-    headerLists.set(this, []);
-    if (init !== undefined && init !== null) {
-      const pairs = headerPairs(init);
-      for (let i = 0; i < pairs.length; i++) this.append(pairs[i][0], pairs[i][1]);
-    }
+// The name/value lists behind Headers and URLSearchParams: one shape, kept out of reach.
+const pairLists = new RealWeakMap(); // PairList -> [[name, value], ...]
+class PairList {
+  constructor() {
+    pairLists.set(this, []);
+  }
+  _key(name) {
+    return "" + name;
   }
   append(name, value) {
-    append(headerLists.get(this), [call(strToLower, "" + name), value]);
+    append(pairLists.get(this), [this._key(name), value]);
+    this._changed();
   }
   set(name, value) {
     this.delete(name);
     this.append(name, value);
   }
   delete(name) {
-    const key = call(strToLower, "" + name);
-    const list = headerLists.get(this);
+    const key = this._key(name);
     const kept = [];
+    const list = pairLists.get(this);
     for (let i = 0; i < list.length; i++) if (list[i][0] !== key) append(kept, list[i]);
-    headerLists.set(this, kept);
+    pairLists.set(this, kept);
+    this._changed();
   }
-  get(name) {
-    const key = call(strToLower, "" + name);
+  getAll(name) {
+    const key = this._key(name);
     const values = [];
-    const list = headerLists.get(this);
-    for (let i = 0; i < list.length; i++) if (list[i][0] === key) append(values, "" + list[i][1]);
-    return values.length === 0 ? null : values.join(", ");
+    const list = pairLists.get(this);
+    for (let i = 0; i < list.length; i++) if (list[i][0] === key) append(values, list[i][1]);
+    return values;
   }
   has(name) {
-    return this.get(name) !== null;
+    return this.getAll(name).length > 0;
   }
   forEach(callback) {
-    const list = headerLists.get(this);
+    const list = pairLists.get(this);
     for (let i = 0; i < list.length; i++) callback(list[i][1], list[i][0], this);
   }
   entries() {
-    return headerLists.get(this).slice()[RealSymbol.iterator]();
+    return pairLists.get(this).slice()[RealSymbol.iterator]();
   }
   [RealSymbol.iterator]() {
     return this.entries();
+  }
+  _changed() {}
+}
+
+class Headers extends PairList {
+  constructor(init) {
+    super();
+    const pairs = headerPairs(init);
+    for (let i = 0; i < pairs.length; i++) this.append(pairs[i][0], pairs[i][1]);
+  }
+  _key(name) {
+    return call(strToLower, "" + name);
+  }
+  get(name) {
+    const values = this.getAll(name);
+    return values.length === 0 ? null : values.map((value) => "" + value).join(", ");
   }
 }
 
@@ -52,7 +69,7 @@ class Headers {
 // stay as they are, so a secret handle reaches the host as a handle.
 function headerPairs(init) {
   if (init === undefined || init === null) return [];
-  if (headerLists.has(init)) return headerLists.get(init).slice();
+  if (pairLists.has(init)) return pairLists.get(init).slice();
   if (isArray(init)) {
     const pairs = [];
     for (let i = 0; i < init.length; i++) append(pairs, ["" + init[i][0], init[i][1]]);
@@ -133,6 +150,16 @@ const KV_ADDRESS = "qjsflow.kv";
 const QUEUE_ADDRESS = "qjsflow.queue";
 function bindingObject(kind, name) {
   const use = (address, op, args) => stepTool(`${name}.${op}`, address, { binding: name, op, ...args });
+  const keyed = (address) => ({ // what a KV namespace and an R2 bucket have alike
+    delete(key) {
+      return call(promiseThen, use(address, "delete", { key }), () => undefined);
+    },
+    list(options) {
+      const given = options === undefined || options === null ? {} : options;
+      const prefix = given.prefix === undefined ? "" : "" + given.prefix;
+      return use(address, "list", { prefix, limit: given.limit === undefined ? 1000 : given.limit });
+    },
+  });
   if (kind === "kv") {
     return freeze({
       get(key, type) {
@@ -144,13 +171,7 @@ function bindingObject(kind, name) {
         if (typeof value !== "string") return reject(new RealTypeError(`${name}.put takes a string value`));
         return call(promiseThen, use(KV_ADDRESS, "put", { key, value }), () => undefined);
       },
-      delete(key) {
-        return call(promiseThen, use(KV_ADDRESS, "delete", { key }), () => undefined);
-      },
-      list(options) {
-        const given = options === undefined || options === null ? {} : options;
-        return use(KV_ADDRESS, "list", { prefix: given.prefix === undefined ? "" : "" + given.prefix, limit: given.limit === undefined ? 1000 : given.limit });
-      },
+      ...keyed(KV_ADDRESS),
     });
   }
   if (kind === "queue") {
@@ -182,13 +203,7 @@ function bindingObject(kind, name) {
         if (typeof value !== "string") return reject(new RealTypeError(`${name}.put takes a string value here`));
         return call(promiseThen, use(R2_ADDRESS, "put", { key, value }), () => object(key, value));
       },
-      delete(key) {
-        return call(promiseThen, use(R2_ADDRESS, "delete", { key }), () => undefined);
-      },
-      list(options) {
-        const given = options === undefined || options === null ? {} : options;
-        return use(R2_ADDRESS, "list", { prefix: given.prefix === undefined ? "" : "" + given.prefix, limit: given.limit === undefined ? 1000 : given.limit });
-      },
+      ...keyed(R2_ADDRESS),
     });
   }
   if (kind === "durable_object") {

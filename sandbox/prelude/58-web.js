@@ -57,12 +57,10 @@ class TextDecoder {
 
 const formEncode = (text) => call(strReplace, encodeURIComponent(text), /%20/g, "+");
 const formDecode = (text) => decodeURIComponent(call(strReplace, text, /\+/g, " "));
-const paramLists = new RealWeakMap();
 const paramOwners = new RealWeakMap(); // URLSearchParams -> the URL whose search it is
-class URLSearchParams {
+class URLSearchParams extends PairList {
   constructor(init) {
-    const list = [];
-    paramLists.set(this, list);
+    super();
     if (init === undefined || init === null) return;
     if (typeof init === "string") {
       const text = call(strSlice, init, 0, 1) === "?" ? call(strSlice, init, 1) : init;
@@ -70,61 +68,27 @@ class URLSearchParams {
       for (let i = 0; i < parts.length; i++) {
         if (parts[i] === "") continue;
         const at = call(strIndexOf, parts[i], "=");
-        append(list, at < 0 ? [formDecode(parts[i]), ""]
-          : [formDecode(call(strSlice, parts[i], 0, at)), formDecode(call(strSlice, parts[i], at + 1))]);
+        if (at < 0) this.append(formDecode(parts[i]), "");
+        else this.append(formDecode(call(strSlice, parts[i], 0, at)), formDecode(call(strSlice, parts[i], at + 1)));
       }
     } else {
       const pairs = headerPairs(init);
-      for (let i = 0; i < pairs.length; i++) append(list, ["" + pairs[i][0], "" + pairs[i][1]]);
+      for (let i = 0; i < pairs.length; i++) this.append(pairs[i][0], "" + pairs[i][1]);
     }
   }
   append(name, value) {
-    append(paramLists.get(this), ["" + name, "" + value]);
-    this._changed();
-  }
-  set(name, value) {
-    this.delete(name);
-    this.append(name, value);
-  }
-  delete(name) {
-    const key = "" + name;
-    const list = paramLists.get(this);
-    const kept = [];
-    for (let i = 0; i < list.length; i++) if (list[i][0] !== key) append(kept, list[i]);
-    paramLists.set(this, kept);
-    this._changed();
+    super.append(name, "" + value);
   }
   get(name) {
-    const list = paramLists.get(this);
-    for (let i = 0; i < list.length; i++) if (list[i][0] === "" + name) return list[i][1];
-    return null;
-  }
-  getAll(name) {
-    const list = paramLists.get(this);
-    const values = [];
-    for (let i = 0; i < list.length; i++) if (list[i][0] === "" + name) append(values, list[i][1]);
-    return values;
-  }
-  has(name) {
-    return this.get(name) !== null;
-  }
-  forEach(callback) {
-    const list = paramLists.get(this);
-    for (let i = 0; i < list.length; i++) callback(list[i][1], list[i][0], this);
-  }
-  entries() {
-    return paramLists.get(this).slice()[RealSymbol.iterator]();
-  }
-  [RealSymbol.iterator]() {
-    return this.entries();
+    const values = this.getAll(name);
+    return values.length === 0 ? null : values[0];
   }
   get size() {
-    return paramLists.get(this).length;
+    return pairLists.get(this).length;
   }
   toString() {
-    const list = paramLists.get(this);
     const parts = [];
-    for (let i = 0; i < list.length; i++) append(parts, formEncode(list[i][0]) + "=" + formEncode(list[i][1]));
+    this.forEach((value, name) => append(parts, formEncode(name) + "=" + formEncode(value)));
     return parts.join("&");
   }
   _changed() {
