@@ -86,8 +86,10 @@ def load_environments(
     environments = {}
     for scope, declared in document.items():
         validate_scope(scope)
-        if not isinstance(declared, dict) or set(declared) - {"vars", "secrets"}:
-            raise InvalidInput(f"scope {scope!r} of the env file: use the keys vars and secrets")
+        if not isinstance(declared, dict) or set(declared) - _FILE_KEYS:
+            raise InvalidInput(
+                f"scope {scope!r} of the env file: use the keys {', '.join(sorted(_FILE_KEYS))}"
+            )
         secrets = declared.get("secrets", {})
         vars_ = declared.get("vars", {})
         if not isinstance(secrets, dict) or not isinstance(vars_, dict):
@@ -100,8 +102,34 @@ def load_environments(
                     f"{str(variable)[:80]!r} is not set"
                 )
             values[name] = host_env[variable]
-        environments[scope] = ScopeEnvironment(vars=vars_, secrets=values)
+        objects = {key: _names(declared.get(key, []), scope, key) for key in _OBJECT_KEYS}
+        environments[scope] = ScopeEnvironment(
+            vars=vars_, secrets=values, egress=_egress(declared.get("egress", {}), scope),
+            **objects,
+        )  # fmt: skip
     return environments
+
+
+_OBJECT_KEYS = ("kv", "queues", "r2", "durable_objects")
+_FILE_KEYS = frozenset({"vars", "secrets", "egress", *_OBJECT_KEYS})
+
+
+def _names(value: object, scope: str, key: str) -> tuple[str, ...]:
+    if not isinstance(value, list) or not all(isinstance(name, str) for name in value):
+        raise InvalidInput(f"scope {scope!r} of the env file: {key} is a list of names")
+    return tuple(value)
+
+
+def _egress(value: object, scope: str) -> EgressPolicy:
+    if not isinstance(value, dict) or set(value) - {"allow", "allow_private"}:
+        raise InvalidInput(
+            f"scope {scope!r} of the env file: egress holds allow (a list) and allow_private"
+        )
+    allow = _names(value.get("allow", []), scope, "egress.allow")
+    allow_private = value.get("allow_private", False)
+    if not isinstance(allow_private, bool):
+        raise InvalidInput(f"scope {scope!r} of the env file: egress.allow_private is a boolean")
+    return EgressPolicy(allow=allow, allow_private=allow_private)
 
 
 def env_of(environment: ScopeEnvironment | None, given: Mapping[str, Any] | None) -> dict[str, Any]:

@@ -18,7 +18,8 @@ from qjsflow.bridge import InvalidInput
 from qjsflow.bridge.limits import Limits
 from qjsflow.bridge.values import SecretRef
 from qjsflow.runner import Bindings, Runner, RunnerConfig, StartRunInput
-from qjsflow.runner.environment import ScopeEnvironment
+from qjsflow.runner.egress import EgressPolicy
+from qjsflow.runner.environment import ScopeEnvironment, load_environments
 from qjsflow.sandbox import pool as pool_module
 from tests.conftest import PROJECT_ROOT, start_source
 from tests.journal_reads import query
@@ -524,3 +525,24 @@ async def test_r2_buckets_and_durable_object_stubs(tmp_path: Path) -> None:
         "total": 3, "size": 11, "keys": [{"key": "reports/1.json"}], "missing": None, "count": 42,
     }  # fmt: skip
     assert calls == [{"binding": "COUNTER", "op": "increment", "id": "team-a", "args": [2]}]
+
+
+def test_an_env_file_declares_every_kind_of_binding(tmp_path: Path) -> None:
+    env_file = tmp_path / "env.json"
+    env_file.write_text(
+        '{"acme": {"vars": {"A": 1}, "secrets": {"K": "HOST_K"}, "kv": ["CACHE"],'
+        ' "queues": ["Q"], "r2": ["B"], "durable_objects": ["D"],'
+        ' "egress": {"allow": ["api.example.com"], "allow_private": false}}}'
+    )
+    [(scope, environment)] = load_environments(env_file, {"HOST_K": "v"}).items()
+    assert scope == "acme"
+    assert (environment.vars, environment.secrets) == ({"A": 1}, {"K": "v"})
+    assert (environment.kv, environment.queues, environment.r2) == (("CACHE",), ("Q",), ("B",))
+    assert environment.durable_objects == ("D",)
+    assert environment.egress == EgressPolicy(allow=("api.example.com",))
+    env_file.write_text('{"acme": {"kvs": []}}')
+    with pytest.raises(InvalidInput, match="use the keys durable_objects, egress, kv"):
+        load_environments(env_file, {})
+    env_file.write_text('{"acme": {"egress": {"allow": "api.example.com"}}}')
+    with pytest.raises(InvalidInput, match=r"egress\.allow is a list of names"):
+        load_environments(env_file, {})
