@@ -30,7 +30,7 @@ _PUBLISH = (
 )
 _RUN = (
     (
-        re.compile(r"^ReferenceError: '?(Request|WebSocket|XMLHttpRequest|EventSource)"
+        re.compile(r"^ReferenceError: '?(WebSocket|XMLHttpRequest|EventSource)"
                    r"'? is not defined"),
         "call HTTP APIs with fetch(url, init) (the scope's egress policy decides where) or "
         "through step.tool",

@@ -131,6 +131,20 @@ async def test_fetch_inside_a_step_is_done_once_with_the_secret_put_in(
     assert call == ("qjsflow.fetch",)
 
 
+async def test_fetch_takes_a_request(fetching: Runner) -> None:
+    run = await _run(
+        fetching,
+        """
+        const request = new Request(`${env.BASE}/json`, { method: "post", body: "x=1",
+                                                          headers: { "x-kind": "form" } });
+        const response = await fetch(request);
+        return { status: response.status, method: request.method };
+        """,
+    )
+    assert run.output == {"status": 200, "method": "POST"}
+    assert [(s["method"], s["body"]) for s in _Handler.seen] == [("POST", "x=1")]
+
+
 async def test_redirects_are_followed_and_checked_again(fetching: Runner) -> None:
     run = await _run(
         fetching,

@@ -40,6 +40,7 @@ const strReplace = String.prototype.replace;
 const strSlice = String.prototype.slice;
 const strIndexOf = String.prototype.indexOf;
 const strToLower = String.prototype.toLowerCase;
+const strToUpper = String.prototype.toUpperCase;
 const regexpExec = RegExp.prototype.exec;
 const arrayIndexOf = Array.prototype.indexOf;
 const strCharCodeAt = String.prototype.charCodeAt;

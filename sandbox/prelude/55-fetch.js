@@ -81,6 +81,17 @@ function headerPairs(init) {
   return pairs;
 }
 
+class Request {
+  constructor(input, init) {
+    const base = input instanceof Request ? input : null;
+    const options = init === undefined || init === null ? {} : init;
+    this.url = base !== null ? base.url : "" + input;
+    this.method = call(strToUpper, "" + (options.method !== undefined ? options.method : base !== null ? base.method : "GET"));
+    this.headers = new Headers(options.headers !== undefined ? options.headers : base !== null ? base.headers : undefined);
+    this.body = options.body !== undefined ? options.body : base !== null ? base.body : null;
+  }
+}
+
 class Response {
   constructor(body, init) {
     const options = init === undefined ? {} : init;
@@ -123,8 +134,9 @@ function takeBody(response) {
 
 function fetchFunction(input, init) {
   try {
-    const url = typeof input === "string" ? input : input !== null && typeof input === "object" && typeof input.url === "string" ? input.url : "" + input;
-    const options = init === undefined || init === null ? {} : init;
+    const request = new Request(input instanceof Request ? input : typeof input === "string" ? input : input !== null && typeof input === "object" && typeof input.url === "string" ? input.url : "" + input, init);
+    const url = request.url;
+    const options = { method: request.method, headers: request.headers, body: request.body };
     const body = options.body === undefined || options.body === null ? null : options.body;
     if (body !== null && typeof body !== "string") {
       throw new RealTypeError("fetch: give the body as a string (JSON.stringify an object)");

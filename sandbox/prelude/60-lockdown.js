@@ -90,6 +90,7 @@ function lockdown(runtime) {
   defineProperty(G, "fetch", { value: fetchFunction, ...fixed });
   defineProperty(G, "Headers", { value: Headers, ...fixed });
   defineProperty(G, "Response", { value: Response, ...fixed });
+  defineProperty(G, "Request", { value: Request, ...fixed });
   defineProperty(G, "setTimeout", { value: setTimeoutFunction, ...fixed });
   defineProperty(G, "setInterval", { value: setIntervalFunction, ...fixed });
   defineProperty(G, "clearTimeout", { value: clearTimer, ...fixed });
