@@ -13,6 +13,7 @@ import asyncio
 import importlib
 import importlib.metadata
 import math
+import os
 import signal
 import sys
 import traceback
@@ -26,12 +27,15 @@ from qjsflow.bundles import ESBUILD_VERSION, PublishError, find_toolchain, setup
 from qjsflow.runner.bindings import Bindings, ToolFn
 from qjsflow.runner.cli_output import (
     printable,
+    render_history,
     render_json,
+    render_logs,
     render_publish,
     render_run,
     render_runs,
     render_snapshots,
     render_steps,
+    render_tool_calls,
 )
 from qjsflow.runner.config import RunnerConfig
 from qjsflow.runner.demo import run_demo
@@ -41,7 +45,7 @@ from qjsflow.runner.runner import PublishResult, Runner
 from qjsflow.runner.scopes import ALL_SCOPES
 from qjsflow.runner.store import SnapshotRecord
 from qjsflow.runner.store.backends import is_postgres_url
-from qjsflow.runner.views import RunView, StartRunInput, StepView
+from qjsflow.runner.views import RUN_STATUSES, RunView, StartRunInput, StepView
 
 __all__ = ["main"]
 
@@ -57,43 +61,64 @@ class _Parser(argparse.ArgumentParser):
         raise SystemExit(EXIT_USAGE)
 
 
-def _parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="qjsflow", description="Durable, sandboxed JS/TS workflows.")
-    parser.add_argument(
-        "--db",
-        default="./qjsflow.db",
-        help="the journal: a SQLite path or sqlite:///path (./qjsflow.db), or postgresql://…",
-    )
-    parser.add_argument("--version", action="version", version=f"qjsflow {_version()}")
-    parser.add_argument("--json", action="store_true", help="print one JSON document on stdout")
-    parser.add_argument("--debug", action="store_true", help="show tracebacks of failures")
-    parser.add_argument(
-        "--lease-ttl",
-        type=float,
-        default=30.0,
-        metavar="SECONDS",
+# Options every command takes, before or after its name (`qjsflow status RUN --json`). The
+# environment gives defaults: QJSFLOW_DB, QJSFLOW_TOOLS, QJSFLOW_ENV (and QJSFLOW_SCOPE for
+# --scope).
+_GLOBAL_DEFAULTS = {"db": "./qjsflow.db", "json": False, "debug": False, "lease_ttl": 30.0,
+                    "env": None, "tools": None}  # fmt: skip
+
+
+def _global_options(*, suppress: bool) -> _Parser:
+    """The global options; under a command their defaults are suppressed, so an option given
+    before the command's name is not overwritten by the command's parser."""
+    options = _Parser(add_help=False)
+    default = (lambda name: argparse.SUPPRESS) if suppress else _GLOBAL_DEFAULTS.get
+    options.add_argument(
+        "--db", default=default("db"),
+        help="the journal: a SQLite path or sqlite:///path (./qjsflow.db), or postgresql://… "
+        "(QJSFLOW_DB)",
+    )  # fmt: skip
+    options.add_argument("--json", action="store_true", default=default("json"),
+                         help="print one JSON document on stdout")  # fmt: skip
+    options.add_argument("--debug", action="store_true", default=default("debug"),
+                         help="show tracebacks of failures")  # fmt: skip
+    options.add_argument(
+        "--lease-ttl", type=float, default=default("lease_ttl"), metavar="SECONDS",
         help="how long a driver's lease on a run lasts without a heartbeat (30)",
-    )
-    parser.add_argument(
-        "--env",
-        metavar="FILE",
-        help="what runs find in env, per scope (JSON): vars, and secrets as the names of host "
-        "environment variables holding their values",
-    )
-    parser.add_argument(
-        "--tools",
-        metavar="MODULE:ATTRIBUTE",
-        help="a mapping of tool address to async function, for step.tool",
-    )
+    )  # fmt: skip
+    options.add_argument(
+        "--env", metavar="FILE", default=default("env"),
+        help="what runs find in env, per scope (JSON): vars, secrets (as the names of host "
+        "environment variables holding their values), binding objects, egress (QJSFLOW_ENV)",
+    )  # fmt: skip
+    options.add_argument(
+        "--tools", metavar="MODULE:ATTRIBUTE", default=default("tools"),
+        help="a mapping of tool address to async function, for step.tool (QJSFLOW_TOOLS)",
+    )  # fmt: skip
+    return options
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog="qjsflow", description="Durable, sandboxed JS/TS workflows.",
+        parents=[_global_options(suppress=False)],
+    )  # fmt: skip
+    parser.add_argument("--version", action="version", version=f"qjsflow {_version()}")
     commands = parser.add_subparsers(
         dest="command", required=True, metavar="COMMAND", parser_class=_Parser
     )
-    publish = commands.add_parser("publish", help="publish a source folder as a snapshot")
+    common = [_global_options(suppress=True)]
+
+    def add(name: str, **kwargs: Any) -> argparse.ArgumentParser:
+        """A command; it takes the global options after its name as well."""
+        return commands.add_parser(name, parents=common, **kwargs)
+
+    publish = add("publish", help="publish a source folder as a snapshot")
     publish.add_argument("dir", help="the folder holding workflows/ and the code it imports")
-    publish.add_argument("--scope", required=True, help="the tenant the snapshot belongs to")
-    start = commands.add_parser("start", help="start a run pinned to a snapshot")
+    publish.add_argument("--scope", help="the tenant the snapshot belongs to (QJSFLOW_SCOPE)")
+    start = add("start", help="start a run pinned to a snapshot")
     start.add_argument("workflow")
-    start.add_argument("--scope", required=True)
+    start.add_argument("--scope", help="the run's tenant (QJSFLOW_SCOPE)")
     start.add_argument(
         "--snapshot",
         required=True,
@@ -106,11 +131,14 @@ def _parser() -> argparse.ArgumentParser:
         ("resume", "drive a run again"),
         ("cancel", "stop a run at its next suspension"),
         ("steps", "list a run's steps"),
+        ("logs", "show a run's console lines"),
+        ("tools", "show a run's tool calls (the audit)"),
+        ("history", "show every event of a run, in order"),
     ):
-        command = commands.add_parser(name, help=text)
+        command = add(name, help=text)
         command.add_argument("run")
         command.add_argument("--scope")
-    signal_ = commands.add_parser("signal", help="deliver an event to a run")
+    signal_ = add("signal", help="deliver an event to a run")
     signal_.add_argument("run")
     signal_.add_argument("type")
     signal_.add_argument("--payload", default="null", help="the event payload, as JSON")
@@ -118,21 +146,21 @@ def _parser() -> argparse.ArgumentParser:
     signal_.add_argument(
         "--event-id", help="an idempotency key: the same id delivered again adds nothing"
     )
-    snapshots = commands.add_parser("snapshots", help="list published snapshots, newest first")
+    snapshots = add("snapshots", help="list published snapshots, newest first")
     snapshots.add_argument("--scope")
-    listing = commands.add_parser("list", help="list runs")
+    listing = add("list", help="list runs")
     listing.add_argument("--scope")
     listing.add_argument("--workflow")
-    listing.add_argument("--status")
-    worker = commands.add_parser("worker", help="wake due runs and recover crashed ones")
+    listing.add_argument("--status", choices=RUN_STATUSES, help="one of: %(choices)s")
+    worker = add("worker", help="wake due runs and recover crashed ones")
     worker.add_argument(
         "--until-idle",
         action="store_true",
         help="exit once nothing is running and no timer is due within 1 s",
     )
     worker.add_argument("--concurrency", type=int, default=8, help="drives at once (8)")
-    commands.add_parser("demo", help="the whole story on a fresh database, with a timeline")
-    commands.add_parser(
+    add("demo", help="the whole story on a fresh database, with a timeline")
+    add(
         "setup-tools",
         help=f"fetch esbuild {ESBUILD_VERSION} (checksum-verified) into the per-user cache",
     )
@@ -249,10 +277,20 @@ _RUN_COMMANDS: dict[str, _Command] = {
 }
 
 
+# Read-only views of one run: the Runner method and how a person reads it.
+_VIEWS: dict[str, tuple[str, Callable[[Any], str]]] = {
+    "logs": ("list_logs", render_logs),
+    "tools": ("list_tool_calls", render_tool_calls),
+    "history": ("history", render_history),
+}
+
+
 def _run(args: argparse.Namespace) -> str:
     """Carry out one command; returns what to print."""
-    colour = sys.stdout.isatty() and not args.json
+    colour = sys.stdout.isatty() and not args.json and "NO_COLOR" not in os.environ
     command = args.command
+    if command in ("publish", "start") and not args.scope:
+        raise InvalidInput(f"{command} needs --scope (or QJSFLOW_SCOPE)")
     if command == "demo":
         return run_demo(as_json=args.json)
     if command == "setup-tools":
@@ -281,6 +319,10 @@ def _run(args: argparse.Namespace) -> str:
     if command == "steps":
         steps: list[StepView] = asyncio.run(_with_runner(args, _on_run("list_steps")))
         return render_json(steps) if args.json else render_steps(steps)
+    if command in _VIEWS:
+        method, render = _VIEWS[command]
+        rows = asyncio.run(_with_runner(args, _on_run(method)))
+        return render_json(rows) if args.json else render(rows)
     if command == "snapshots":
         found = asyncio.run(_with_runner(args, _snapshots))
         return render_json(found) if args.json else render_snapshots(found)
@@ -302,13 +344,27 @@ def _check_utf8(argv: Sequence[str]) -> None:
             raise InvalidInput(f"argument {position} ({shown}) is not valid UTF-8") from None
 
 
+def _with_environment(args: argparse.Namespace) -> argparse.Namespace:
+    """Defaults from the environment for what the command line left out."""
+    for option, variable in (
+        ("db", "QJSFLOW_DB"),
+        ("tools", "QJSFLOW_TOOLS"),
+        ("env", "QJSFLOW_ENV"),
+    ):
+        if getattr(args, option) == _GLOBAL_DEFAULTS[option] and os.environ.get(variable):
+            setattr(args, option, os.environ[variable])
+    if getattr(args, "scope", "given") is None and os.environ.get("QJSFLOW_SCOPE"):
+        args.scope = os.environ["QJSFLOW_SCOPE"]
+    return args
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     arguments = list(sys.argv[1:] if argv is None else argv)
     try:
         _check_utf8(arguments)
     except InvalidInput as error:
         return _fail(error, EXIT_USAGE, debug=False)
-    args = _parser().parse_args(arguments)
+    args = _with_environment(_parser().parse_args(arguments))
     try:
         print(_run(args))
         return EXIT_OK

@@ -11,8 +11,8 @@ from typing import Any
 from qjsflow.bridge.codec import dumps_text
 from qjsflow.bridge.values import JsValue, to_json_form
 from qjsflow.runner.runner import PublishResult
-from qjsflow.runner.store import SnapshotRecord
-from qjsflow.runner.views import RunView, StepView
+from qjsflow.runner.store import LogRecord, SnapshotRecord
+from qjsflow.runner.views import EventView, RunView, StepView, ToolCallView
 
 __all__ = [
     "printable",
@@ -144,6 +144,33 @@ def render_steps(steps: Sequence[StepView]) -> str:
          else _short(s.output))
         for s in steps
     ]  # fmt: skip
+    return "\n".join(table(rows))
+
+
+def render_logs(lines: Sequence[LogRecord]) -> str:
+    if not lines:
+        return "no console lines"
+    return "\n".join(f"{line.level:5}  {printable(line.text)}" for line in lines)
+
+
+def render_tool_calls(calls: Sequence[ToolCallView]) -> str:
+    if not calls:
+        return "no tool calls"
+    rows = [("STEP", "ATTEMPT", "ADDRESS", "OUTCOME", "TOOK")]
+    rows += [
+        (printable(c.step), str(c.attempt), printable(c.address),
+         printable(c.error) if c.error else _short(c.result),
+         "" if c.duration_s is None else f"{c.duration_s:.3f}s")
+        for c in calls
+    ]  # fmt: skip
+    return "\n".join(table(rows))
+
+
+def render_history(events: Sequence[EventView]) -> str:
+    if not events:
+        return "no events"
+    rows = [("#", "WHEN", "EVENT", "DETAILS")]
+    rows += [(str(e.seq), age(e.at), printable(e.type), _short(e.data, 80)) for e in events]
     return "\n".join(table(rows))
 
 

@@ -50,11 +50,13 @@ from qjsflow.runner.store import (
 )
 from qjsflow.runner.views import (
     TERMINAL,
+    EventView,
     PersistedRun,
     RunView,
     StartRunInput,
     StepView,
     ToolCallView,
+    event_view,
     run_view,
     step_view,
     tool_call_view,
@@ -362,6 +364,12 @@ class Runner:
         """The audit trail of `step.tool`: one row per call, in order."""
         run = await self._run(run_id, scope)
         return [tool_call_view(call) for call in await self._store.list_tool_calls(run.run_id)]
+
+    async def history(self, run_id: str, *, scope: str) -> builtins.list[EventView]:
+        """Every event of the run, in order: drives and their workers, step attempts, retries
+        with their reason and due time, sleeps, waits, signals."""
+        run = await self._run(run_id, scope)
+        return [event_view(event) for event in await self._store.list_events(run.run_id)]
 
     async def list_logs(self, run_id: str, *, scope: str) -> builtins.list[LogRecord]:
         run = await self._run(run_id, scope)

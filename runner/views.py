@@ -6,12 +6,13 @@ Values are decoded (bridge.values) and times are float seconds since the epoch.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
+from qjsflow.bridge import loads
 from qjsflow.bridge.values import to_python
 from qjsflow.runner.scopes import split_run_key
 from qjsflow.runner.steps import failure_from_json
-from qjsflow.runner.store import RunRecord, StepRow, ToolCallRecord
+from qjsflow.runner.store import EventRecord, RunRecord, StepRow, ToolCallRecord
 
 __all__ = [
     "PersistedRun",
@@ -28,6 +29,7 @@ __all__ = [
 # "blocked": a tool it calls is bound in no process that drove it (`waiting_for` names it).
 RunStatus = Literal["running", "sleeping", "waiting", "blocked", "completed", "failed", "cancelled"]
 TERMINAL: frozenset[str] = frozenset({"completed", "failed", "cancelled"})
+RUN_STATUSES: tuple[str, ...] = get_args(RunStatus)
 
 
 @dataclass(frozen=True, slots=True)
@@ -160,3 +162,21 @@ def tool_call_view(call: ToolCallRecord) -> ToolCallView:
         started_at=call.started_at / 1000,
         duration_s=_seconds(call.duration_ms),
     )
+
+
+@dataclass(frozen=True, slots=True)
+class EventView:
+    """One entry of a run's history, in order: what happened, when, and its details."""
+
+    seq: int
+    type: str
+    at: float
+    data: Any
+
+
+def event_view(event: EventRecord) -> EventView:
+    return EventView(event.seq, event.type, event.at / 1000, _json_or_none(event.data))
+
+
+def _json_or_none(text: str | None) -> Any:
+    return None if text is None else loads(text)

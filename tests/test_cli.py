@@ -276,3 +276,62 @@ def test_bad_arguments_exit_2(cli: Cli, args: tuple[str, ...], message: str) -> 
     )  # fmt: skip
     assert done.returncode == 2, done.stderr
     assert message in done.stderr.decode(), done.stderr
+
+
+def test_global_options_after_the_command_and_from_the_environment(tmp_path: Path) -> None:
+    tree = _tree(tmp_path)
+    env = {
+        **os.environ, "QJSFLOW_DB": str(tmp_path / "env.db"), "QJSFLOW_SCOPE": "acme",
+        "QJSFLOW_TOOLS": "tests.crash_tools:TOOLS", "QJSFLOW_TOOL_LOG": str(tmp_path / "t.log"),
+    }  # fmt: skip
+
+    def qjsflow(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "qjsflow.runner.cli", *args], cwd=PROJECT_ROOT, env=env,
+            capture_output=True, text=True, timeout=120, check=False,
+        )  # fmt: skip
+
+    published = qjsflow("publish", str(tree), "--json")  # --json after the command
+    assert published.returncode == 0, published.stderr
+    assert (tmp_path / "env.db").exists()  # QJSFLOW_DB
+    started = qjsflow("start", "greet", "--snapshot", "latest", "--run-id", "r1",
+                      "--input", '{"name": "ada"}', "--json")  # fmt: skip
+    assert started.returncode == 0, started.stderr  # QJSFLOW_SCOPE, QJSFLOW_TOOLS
+    assert orjson.loads(started.stdout)["status"] == "waiting"
+    history = orjson.loads(qjsflow("history", "r1", "--json").stdout)
+    types = [event["type"] for event in history]
+    assert types[:2] == ["run_created", "drive_started"]
+    assert "tool_called" in types
+    tools = orjson.loads(qjsflow("tools", "r1", "--json").stdout)
+    assert [(t["address"], t["result"]) for t in tools] == [("slow", "slow done")]
+    human = qjsflow("history", "r1").stdout
+    assert "run_created" in human
+    assert "run_suspended" in human
+    refused = qjsflow("list", "--status", "nope")
+    assert refused.returncode == 2
+    assert "choose from 'running', 'sleeping', 'waiting', 'blocked'" in refused.stderr
+    env.pop("QJSFLOW_SCOPE")
+    missing = qjsflow("start", "greet", "--snapshot", "latest")
+    assert (missing.returncode, missing.stderr.strip()) == (
+        2, "qjsflow: error: start needs --scope (or QJSFLOW_SCOPE)"
+    )  # fmt: skip
+
+
+def test_logs_shows_console_lines(tmp_path: Path) -> None:
+    tree = tmp_path / "tree"
+    (tree / "workflows").mkdir(parents=True)
+    (tree / "workflows" / "chatty.ts").write_text(
+        'export default async () => { console.log("hello"); console.warn("careful"); return 1; };\n'
+    )
+    db = str(tmp_path / "j.db")
+
+    def qjsflow(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "qjsflow.runner.cli", "--db", db, *args], cwd=PROJECT_ROOT,
+            capture_output=True, text=True, timeout=120, check=False,
+        )  # fmt: skip
+
+    assert qjsflow("publish", str(tree), "--scope", "a").returncode == 0
+    assert qjsflow("start", "chatty", "--scope", "a", "--snapshot", "latest",
+                   "--run-id", "c1").returncode == 0  # fmt: skip
+    assert qjsflow("logs", "c1").stdout.splitlines() == ["log    hello", "warn   careful"]
