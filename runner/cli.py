@@ -152,6 +152,9 @@ def _parser() -> argparse.ArgumentParser:
     listing.add_argument("--scope")
     listing.add_argument("--workflow")
     listing.add_argument("--status", choices=RUN_STATUSES, help="one of: %(choices)s")
+    listing.add_argument("--limit", type=int, default=50, help="runs per page (50)")
+    listing.add_argument("--offset", type=int, default=0, help="runs to skip (0)")
+    listing.add_argument("--desc", action="store_true", help="newest first")
     worker = add("worker", help="wake due runs and recover crashed ones")
     worker.add_argument(
         "--until-idle",
@@ -251,8 +254,12 @@ async def _signal(args: argparse.Namespace, runner: Runner) -> RunView:
 
 
 async def _list(args: argparse.Namespace, runner: Runner) -> list[RunView]:
+    """One page, and one run more to tell whether there are more."""
     scope = ALL_SCOPES if args.scope is None else args.scope
-    return await runner.list(scope=scope, workflow=args.workflow, status=args.status)
+    return await runner.list(
+        scope=scope, workflow=args.workflow, status=args.status, limit=args.limit + 1,
+        offset=args.offset, newest_first=args.desc,
+    )  # fmt: skip
 
 
 async def _snapshots(args: argparse.Namespace, runner: Runner) -> list[SnapshotRecord]:
@@ -327,8 +334,14 @@ def _run(args: argparse.Namespace) -> str:
         found = asyncio.run(_with_runner(args, _snapshots))
         return render_json(found) if args.json else render_snapshots(found)
     if command == "list":
-        runs = asyncio.run(_with_runner(args, _list))
-        return render_json(runs) if args.json else render_runs(runs, colour)
+        if args.limit < 1 or args.offset < 0:
+            raise InvalidInput("--limit must be 1 or more and --offset 0 or more")
+        page = asyncio.run(_with_runner(args, _list))
+        runs, more = page[: args.limit], len(page) > args.limit
+        if args.json:
+            return render_json({"runs": runs, "more": more, "next_offset": args.offset + len(runs)})
+        shown = render_runs(runs, colour)
+        return shown + (f"\n… more: --offset {args.offset + len(runs)}" if more else "")
     view = asyncio.run(_with_runner(args, _RUN_COMMANDS[command]))
     return render_json(view) if args.json else render_run(view, colour)
 

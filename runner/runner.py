@@ -315,11 +315,18 @@ class Runner:
         workflow: str | None = None,
         status: str | None = None,
         limit: int = 1000,
+        offset: int = 0,
+        newest_first: bool = False,
     ) -> list[RunView]:
-        """Runs of one scope, oldest first; an operator passes `scope=ALL_SCOPES` to see
-        every scope's (there is no default, so isolation is never off by omission)."""
+        """Runs of one scope, oldest first (or newest first), a page of `limit` from `offset`;
+        an operator passes `scope=ALL_SCOPES` to see every scope's (there is no default, so
+        isolation is never off by omission)."""
         chosen = None if scope is ALL_SCOPES else validate_scope(scope)
-        runs = await self._store.list_runs(chosen, workflow, status, limit)
+        if limit < 1 or offset < 0:
+            raise InvalidInput("limit must be 1 or more and offset 0 or more")
+        runs = await self._store.list_runs(
+            chosen, workflow, status, limit, offset=offset, newest_first=newest_first
+        )
         return [run_view(run) for run in runs]
 
     async def snapshots(

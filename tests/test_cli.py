@@ -117,7 +117,8 @@ def test_the_four_flows_from_a_shell(cli: Cli, tmp_path: Path) -> None:
         ("waitForEvent", "go", "completed", 1),
     ]
     listed = cli.ok("list", "--scope", "acme", "--status", "completed")
-    assert [r["run_id"] for r in listed] == ["cli-1"]
+    assert [r["run_id"] for r in listed["runs"]] == ["cli-1"]
+    assert listed["more"] is False
     assert cli.ok("cancel", "cli-1")["status"] == "completed"
     assert cli.ok("worker", "--until-idle") == {"drives": 0}
 
@@ -228,7 +229,7 @@ def test_an_unscoped_operator_command_asks_which_scope(cli: Cli, tmp_path: Path)
     assert "--scope" in ambiguous.stderr
     assert cli.ok("status", "same", "--scope", "globex")["scope"] == "globex"
     listed = cli.ok("list")
-    assert sorted(r["scope"] for r in listed) == ["acme", "globex"]
+    assert sorted(r["scope"] for r in listed["runs"]) == ["acme", "globex"]
     missing = cli.run("status", "nobody")
     assert missing.returncode == 2
     assert "no run 'nobody'" in missing.stderr
@@ -335,3 +336,23 @@ def test_logs_shows_console_lines(tmp_path: Path) -> None:
     assert qjsflow("start", "chatty", "--scope", "a", "--snapshot", "latest",
                    "--run-id", "c1").returncode == 0  # fmt: skip
     assert qjsflow("logs", "c1").stdout.splitlines() == ["log    hello", "warn   careful"]
+
+
+def test_list_pages_and_says_when_more_exist(tmp_path: Path) -> None:
+    cli = Cli(tmp_path)
+    tree = tmp_path / "tree"
+    (tree / "workflows").mkdir(parents=True)
+    (tree / "workflows" / "one.ts").write_text("export default async () => 1;\n")
+    assert cli.run("publish", str(tree), "--scope", "a").returncode == 0
+    for i in range(5):
+        cli.ok("start", "one", "--scope", "a", "--snapshot", "latest", "--run-id", f"r{i}")
+    first = cli.ok("list", "--limit", "2")
+    assert ([r["run_id"] for r in first["runs"]], first["more"]) == (["r0", "r1"], True)
+    last = cli.ok("list", "--limit", "2", "--offset", str(first["next_offset"] + 2))
+    assert ([r["run_id"] for r in last["runs"]], last["more"]) == (["r4"], False)
+    newest = cli.ok("list", "--limit", "1", "--desc")
+    assert [r["run_id"] for r in newest["runs"]] == ["r4"]
+    human = cli.run("list", "--limit", "3", json=False).stdout
+    assert human.rstrip().endswith("… more: --offset 3")
+    refused = cli.run("list", "--limit", "0")
+    assert (refused.returncode, "--limit must be 1 or more" in refused.stderr) == (2, True)

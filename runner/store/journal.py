@@ -424,7 +424,14 @@ class JournalStore:
         return [str(row[0]) for row in rows]
 
     async def list_runs(
-        self, scope: str | None, workflow: str | None, status: str | None, limit: int
+        self,
+        scope: str | None,
+        workflow: str | None,
+        status: str | None,
+        limit: int,
+        *,
+        offset: int = 0,
+        newest_first: bool = False,
     ) -> list[RunRecord]:
         clauses, args = [], []
         for column, value in (("scope", scope), ("workflow", workflow), ("status", status)):
@@ -432,9 +439,10 @@ class JournalStore:
                 clauses.append(f"{column} = ?")
                 args.append(value)
         where = f" WHERE {' AND '.join(clauses)}" if clauses else ""
+        order = "created_at DESC, run_id DESC" if newest_first else "created_at, run_id"
         rows = await self._all(
-            f"SELECT {RUN_COLUMNS} FROM runs{where} ORDER BY created_at, run_id LIMIT ?",
-            (*args, limit),
+            f"SELECT {RUN_COLUMNS} FROM runs{where} ORDER BY {order} LIMIT ? OFFSET ?",
+            (*args, limit, offset),
         )
         return [run_record(row) for row in rows]
 
