@@ -31,6 +31,7 @@ from qjsflow.runner.cli_output import (
     render_json,
     render_logs,
     render_publish,
+    render_retries,
     render_run,
     render_runs,
     render_snapshots,
@@ -342,8 +343,17 @@ def _run(args: argparse.Namespace) -> str:
             return render_json({"runs": runs, "more": more, "next_offset": args.offset + len(runs)})
         shown = render_runs(runs, colour)
         return shown + (f"\n… more: --offset {args.offset + len(runs)}" if more else "")
-    view = asyncio.run(_with_runner(args, _RUN_COMMANDS[command]))
-    return render_json(view) if args.json else render_run(view, colour)
+    view: RunView = asyncio.run(_with_runner(args, _RUN_COMMANDS[command]))
+    if args.json:
+        return render_json(view)
+    retries: list[tuple[str, str]] = []
+    if view.status == "sleeping":  # say which step waits to be retried, why and when
+
+        async def steps_of(_: argparse.Namespace, runner: Runner) -> list[StepView]:
+            return await runner.list_steps(view.run_id, scope=view.scope)
+
+        retries = render_retries(asyncio.run(_with_runner(args, steps_of)))
+    return render_run(view, colour, retries)
 
 
 def _check_utf8(argv: Sequence[str]) -> None:

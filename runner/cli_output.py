@@ -93,7 +93,18 @@ def render_snapshots(snapshots: Sequence[SnapshotRecord]) -> str:
     return "\n".join(table(rows))
 
 
-def render_run(run: RunView, colour: bool) -> str:
+def render_retries(steps: Sequence[StepView]) -> list[tuple[str, str]]:
+    """For a run's status: each step waiting for its next attempt, why, and when."""
+    return [
+        ("retry", printable(
+            f"step {s.name!r} attempt {s.attempt + 1} {age(s.retry_at)}"
+            + (f" after: {s.error}" if s.error else "")
+        ))
+        for s in steps if s.status == "retrying" and s.retry_at is not None
+    ]  # fmt: skip
+
+
+def render_run(run: RunView, colour: bool, retries: Sequence[tuple[str, str]] = ()) -> str:
     lines = [
         ("run", printable(run.run_id)),
         ("status", _status(run.status, colour)),
@@ -107,6 +118,7 @@ def render_run(run: RunView, colour: bool) -> str:
     next_up = _next(run)
     if next_up:
         lines.append(("next", next_up))
+    lines += retries
     lines.append(("input", _short(run.input)))
     if run.status == "completed":
         lines.append(("output", _short(run.output)))
@@ -137,11 +149,12 @@ def render_runs(runs: Sequence[RunView], colour: bool) -> str:
 def render_steps(steps: Sequence[StepView]) -> str:
     if not steps:
         return "no steps"
-    rows = [("KIND", "NAME", "#", "STATUS", "ATTEMPT", "RESULT")]
+    rows = [("KIND", "NAME", "#", "STATUS", "ATTEMPT", "STARTED", "TOOK", "RESULT")]
     rows += [
         (printable(s.kind), printable(s.name), str(s.count), printable(s.status),
-         str(s.attempt), printable(_located(s.error, s.error_stack)) if s.error
-         else _short(s.output))
+         str(s.attempt), "" if s.started_at is None else age(s.started_at),
+         "" if s.duration_s is None else f"{s.duration_s:.3f}s",
+         printable(_located(s.error, s.error_stack)) if s.error else _short(s.output))
         for s in steps
     ]  # fmt: skip
     return "\n".join(table(rows))

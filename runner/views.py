@@ -75,6 +75,15 @@ class StepView:
     attempt: int
     completed_at: float | None
     error_stack: tuple[str, ...] = ()  # where its last attempt threw, as in RunView
+    started_at: float | None = None  # when its latest attempt started
+    retry_at: float | None = None  # while retrying: when the next attempt is due
+
+    @property
+    def duration_s(self) -> float | None:
+        """How long its latest attempt took, once the step settled."""
+        if self.started_at is None or self.completed_at is None:
+            return None
+        return max(0.0, self.completed_at - self.started_at)
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,7 +156,10 @@ def step_view(step: StepRow) -> StepView:
         attempt=step.attempt,
         completed_at=_seconds(step.completed_at),
         error_stack=_frames(None if step.error is None else failure_from_json(step.error).stack),
-    )
+        started_at=_seconds(step.started_at),
+        retry_at=_seconds(loads(step.detail).get("retryAt")) if step.status == "retrying"
+        and step.detail else None,
+    )  # fmt: skip
 
 
 def tool_call_view(call: ToolCallRecord) -> ToolCallView:

@@ -356,3 +356,23 @@ def test_list_pages_and_says_when_more_exist(tmp_path: Path) -> None:
     assert human.rstrip().endswith("… more: --offset 3")
     refused = cli.run("list", "--limit", "0")
     assert (refused.returncode, "--limit must be 1 or more" in refused.stderr) == (2, True)
+
+
+def test_status_says_which_step_retries_when_and_why(tmp_path: Path) -> None:
+    cli = Cli(tmp_path)
+    tree = tmp_path / "tree"
+    (tree / "workflows").mkdir(parents=True)
+    (tree / "workflows" / "flaky.ts").write_text(
+        'export default async (e, step) => step.do("sync", { retries: { limit: 3, delay: "1 minute" } },\n'
+        '  async () => { throw new Error("CRM busy"); });\n'
+    )
+    assert cli.run("publish", str(tree), "--scope", "a").returncode == 0
+    cli.ok("start", "flaky", "--scope", "a", "--snapshot", "latest", "--run-id", "f1")
+    status = cli.run("status", "f1", json=False).stdout
+    assert "retry     step 'sync' attempt 2 in " in status
+    assert status.splitlines()[6].endswith("after: Error: CRM busy")
+    [step] = cli.ok("steps", "f1")
+    assert step["retry_at"] > step["started_at"] > 0
+    steps = cli.run("steps", "f1", json=False).stdout
+    assert "STARTED" in steps
+    assert "Error: CRM busy (at workflows/flaky.ts:2:" in steps
