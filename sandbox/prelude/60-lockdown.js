@@ -86,20 +86,17 @@ function lockdown(runtime) {
     writable: false, configurable: false, enumerable: false,
   });
   defineProperty(G, "__qjsflow", { value: runtime, writable: false, configurable: false, enumerable: false });
-  const fixed = { writable: false, configurable: false, enumerable: false };
-  defineProperty(G, "fetch", { value: fetchFunction, ...fixed });
-  defineProperty(G, "Headers", { value: Headers, ...fixed });
-  defineProperty(G, "Response", { value: Response, ...fixed });
-  defineProperty(G, "Request", { value: Request, ...fixed });
-  defineProperty(G, "setTimeout", { value: setTimeoutFunction, ...fixed });
-  defineProperty(G, "setInterval", { value: setIntervalFunction, ...fixed });
-  defineProperty(G, "clearTimeout", { value: clearTimer, ...fixed });
-  defineProperty(G, "clearInterval", { value: clearTimer, ...fixed });
-  defineProperty(G, "crypto", { value: webCrypto, ...fixed });
-  defineProperty(G, "TextEncoder", { value: TextEncoder, ...fixed });
-  defineProperty(G, "TextDecoder", { value: TextDecoder, ...fixed });
-  defineProperty(G, "URL", { value: URL, ...fixed });
-  defineProperty(G, "URLSearchParams", { value: URLSearchParams, ...fixed });
+  // The Web APIs the prelude provides (55-fetch, 57-timers, 58-web), fixed on the global.
+  /** @type {Record<string, unknown>} */
+  const web = {
+    fetch: fetchFunction, Headers, Request, Response, crypto: webCrypto, TextEncoder, TextDecoder,
+    URL, URLSearchParams, setTimeout: setTimeoutFunction, setInterval: setIntervalFunction,
+    clearTimeout: clearTimer, clearInterval: clearTimer,
+  };
+  const webNames = objectKeys(web);
+  for (let i = 0; i < webNames.length; i++) {
+    defineProperty(G, webNames[i], { value: web[webNames[i]], writable: false, configurable: false, enumerable: false });
+  }
   const roots = [];
   const names = ownKeys(G);
   for (let i = 0; i < names.length; i++) {
