@@ -37,6 +37,7 @@ from qjsflow.runner.cli_output import (
     render_snapshots,
     render_steps,
     render_tool_calls,
+    table,
 )
 from qjsflow.runner.config import RunnerConfig
 from qjsflow.runner.demo import run_demo
@@ -46,6 +47,7 @@ from qjsflow.runner.runner import PublishResult, Runner
 from qjsflow.runner.scopes import ALL_SCOPES
 from qjsflow.runner.store import SnapshotRecord
 from qjsflow.runner.store.backends import is_postgres_url
+from qjsflow.runner.timeline import timeline_rows
 from qjsflow.runner.views import RUN_STATUSES, RunView, StartRunInput, StepView
 
 __all__ = ["main"]
@@ -135,6 +137,7 @@ def _parser() -> argparse.ArgumentParser:
         ("logs", "show a run's console lines"),
         ("tools", "show a run's tool calls (the audit)"),
         ("history", "show every event of a run, in order"),
+        ("timeline", "show a run's steps with the drives that executed and replayed them"),
     ):
         command = add(name, help=text)
         command.add_argument("run")
@@ -267,6 +270,11 @@ async def _snapshots(args: argparse.Namespace, runner: Runner) -> list[SnapshotR
     return await runner.snapshots(scope=ALL_SCOPES if args.scope is None else args.scope)
 
 
+async def _timeline(args: argparse.Namespace, runner: Runner) -> list[tuple[str, ...]]:
+    run = await runner.get(args.run, scope=await _scope_of(args, runner))
+    return await timeline_rows(runner, run)
+
+
 def _on_run(method: str) -> _Command:
     """A command on one run: `Runner.<method>(run, scope=…)`, the scope found if not given."""
 
@@ -327,6 +335,12 @@ def _run(args: argparse.Namespace) -> str:
     if command == "steps":
         steps: list[StepView] = asyncio.run(_with_runner(args, _on_run("list_steps")))
         return render_json(steps) if args.json else render_steps(steps)
+    if command == "timeline":
+        rows = asyncio.run(_with_runner(args, _timeline))
+        if args.json:
+            names = [name.lower() for name in rows[0]]
+            return render_json([dict(zip(names, row, strict=True)) for row in rows[1:]])
+        return "\n".join(table([tuple(printable(cell) for cell in row) for row in rows]))
     if command in _VIEWS:
         method, render = _VIEWS[command]
         rows = asyncio.run(_with_runner(args, _on_run(method)))

@@ -21,9 +21,8 @@ from qjsflow.runner.bindings import Bindings
 from qjsflow.runner.cli_output import render_json, table
 from qjsflow.runner.config import RunnerConfig
 from qjsflow.runner.runner import Runner
-from qjsflow.runner.scopes import run_key
-from qjsflow.runner.store import EventRecord
-from qjsflow.runner.views import RunView, StartRunInput
+from qjsflow.runner.timeline import timeline_rows
+from qjsflow.runner.views import StartRunInput
 from qjsflow.runner.worker import worker_command
 
 __all__ = ["DEMO_TOOLS", "run_demo"]
@@ -139,7 +138,7 @@ async def _story(story: _Story) -> dict[str, Any]:
         done = await runner.get(run.run_id, scope="demo")
         story.say(f"8. the run is {done.status}: {render_json(done.output)}")
         story.stop_workers()
-        timeline = await _timeline(runner, done)
+        timeline = await timeline_rows(runner, done)
         story.say("")
         story.say("timeline (each drive replays the journal from the top):")
         for line in table(timeline):
@@ -154,42 +153,6 @@ async def _packing(runner: Runner, run_id: str) -> bool:
 
 async def _status_is(runner: Runner, run_id: str, status: str) -> bool:
     return (await runner.get(run_id, scope="demo")).status == status
-
-
-async def _timeline(runner: Runner, run: RunView) -> list[tuple[str, ...]]:
-    """One row per step: attempts, duration, and in which drives it ran or was replayed."""
-    key = run_key(run.scope, run.run_id)
-    events = await runner.store.list_events(key)
-    drive_of = _drive_numbers(events)
-    steps = await runner.store.list_steps(key)
-    rows: list[tuple[str, ...]] = [("STEP", "KIND", "ATTEMPT", "DURATION", "EXECUTED", "REPLAYED")]
-    total_drives = max(drive_of.values(), default=0)
-    for step in steps:
-        settled = next((e for e in events if e.seq == step.settled_seq), None)
-        executed_in = drive_of.get(step.settled_seq or 0, 0)
-        replayed = [str(n) for n in range(executed_in + 1, total_drives + 1)]
-        duration = (
-            ""
-            if step.completed_at is None
-            else f"{(step.completed_at - step.started_at) / 1000:.2f}s"
-        )
-        rows.append((
-            step.name or step.kind, step.kind, str(step.attempt), duration,
-            f"drive {executed_in}" if settled else "-",
-            ", ".join(replayed) if replayed else "-",
-        ))  # fmt: skip
-    return rows
-
-
-def _drive_numbers(events: list[EventRecord]) -> dict[int, int]:
-    """For each event, the number of the drive it happened in (1-based)."""
-    numbers: dict[int, int] = {}
-    drive = 0
-    for event in events:
-        if event.type == "drive_started":
-            drive += 1
-        numbers[event.seq] = drive
-    return numbers
 
 
 def run_demo(*, as_json: bool = False) -> str:

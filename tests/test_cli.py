@@ -373,6 +373,8 @@ def test_status_says_which_step_retries_when_and_why(tmp_path: Path) -> None:
     assert status.splitlines()[6].endswith("after: Error: CRM busy")
     [step] = cli.ok("steps", "f1")
     assert step["retry_at"] > step["started_at"] > 0
+    timeline = cli.ok("timeline", "f1")
+    assert [(row["step"], row["kind"], row["attempt"]) for row in timeline] == [("sync", "do", "1")]
     steps = cli.run("steps", "f1", json=False).stdout
     assert "STARTED" in steps
     assert "Error: CRM busy (at workflows/flaky.ts:2:" in steps
