@@ -48,7 +48,7 @@ from qjsflow.runner.scopes import ALL_SCOPES
 from qjsflow.runner.store import SnapshotRecord
 from qjsflow.runner.store.backends import is_postgres_url
 from qjsflow.runner.timeline import timeline_rows
-from qjsflow.runner.views import RUN_STATUSES, RunView, StartRunInput, StepView
+from qjsflow.runner.views import RUN_STATUSES, TERMINAL, RunView, StartRunInput, StepView
 
 __all__ = ["main"]
 
@@ -129,6 +129,16 @@ def _parser() -> argparse.ArgumentParser:
     )
     start.add_argument("--input", default="null", help="the event payload, as JSON")
     start.add_argument("--run-id", help="makes start idempotent")
+    start.add_argument(
+        "--no-wait", action="store_true", help="only record the run: a worker drives it"
+    )
+    result = add("result", help="a run's output once it has ended")
+    result.add_argument("run")
+    result.add_argument("--scope")
+    result.add_argument(
+        "--wait", action="store_true", help="wait for the run to end (a worker drives it)"
+    )
+    result.add_argument("--timeout", type=float, metavar="SECONDS", help="how long to wait")
     for name, text in (
         ("status", "show a run"),
         ("resume", "drive a run again"),
@@ -233,7 +243,14 @@ async def _serve(args: argparse.Namespace, runner: Runner) -> int:
 async def _start(args: argparse.Namespace, runner: Runner) -> RunView:
     payload = _json_arg(args.input, "--input")
     request = StartRunInput(args.scope, args.workflow, args.snapshot, payload, args.run_id)
-    return await runner.start(request)
+    return await runner.start(request, drive=not args.no_wait)
+
+
+async def _result(args: argparse.Namespace, runner: Runner) -> RunView:
+    scope = await _scope_of(args, runner)
+    if not args.wait:
+        return await runner.get(args.run, scope=scope)
+    return await runner.wait(args.run, scope=scope, timeout_s=args.timeout)
 
 
 async def _scope_of(args: argparse.Namespace, runner: Runner) -> str:
@@ -335,6 +352,13 @@ def _run(args: argparse.Namespace) -> str:
     if command == "steps":
         steps: list[StepView] = asyncio.run(_with_runner(args, _on_run("list_steps")))
         return render_json(steps) if args.json else render_steps(steps)
+    if command == "result":
+        ended: RunView = asyncio.run(_with_runner(args, _result))
+        if ended.status not in TERMINAL:
+            raise QjsflowError(f"run {ended.run_id!r} is {ended.status}: wait with --wait")
+        if ended.status != "completed":
+            raise QjsflowError(f"run {ended.run_id!r} {ended.status}: {ended.error or ''}")
+        return render_json(ended.output)
     if command == "timeline":
         rows = asyncio.run(_with_runner(args, _timeline))
         if args.json:

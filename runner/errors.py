@@ -26,6 +26,7 @@ __all__ = [
     "RunClosed",
     "RunConflict",
     "RunNotFound",
+    "RunTimeout",
     "SnapshotNotFound",
     "StoredCodeDamaged",
     "UnknownWorkflow",
@@ -95,3 +96,10 @@ class StoredCodeDamaged(QjsflowError):
             f"{scope}) does not match its checksum: it was changed after it was published. "
             "It will not run; publish the source again and start a new run"
         )
+
+
+class RunTimeout(QjsflowError):
+    """A wait for a run to end ran out of time; the run goes on."""
+
+    def __init__(self, run_id: str, status: str, timeout_s: float) -> None:
+        super().__init__(f"run {run_id!r} is still {status} after {timeout_s:g} s")

@@ -8,6 +8,7 @@ import dataclasses
 import os
 import re
 import secrets
+import time
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -27,6 +28,7 @@ from qjsflow.runner.errors import (
     RunClosed,
     RunConflict,
     RunNotFound,
+    RunTimeout,
     SnapshotNotFound,
     UnknownWorkflow,
 )
@@ -302,6 +304,20 @@ class Runner:
 
     async def get(self, run_id: str, *, scope: str) -> RunView:
         return run_view(await self._run(run_id, scope))
+
+    async def wait(
+        self, run_id: str, *, scope: str, timeout_s: float | None = None, poll_s: float = 0.2
+    ) -> RunView:
+        """The run once it has ended (completed, failed or cancelled), read from the journal
+        every `poll_s` while some process drives it; `RunTimeout` past `timeout_s`."""
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while True:
+            run = await self.get(run_id, scope=scope)
+            if run.status in TERMINAL:
+                return run
+            if deadline is not None and time.monotonic() >= deadline:
+                raise RunTimeout(run_id, run.status, timeout_s or 0.0)
+            await asyncio.sleep(poll_s)
 
     async def get_persisted(self, run_id: str, *, scope: str) -> PersistedRun:
         run = await self._run(run_id, scope)

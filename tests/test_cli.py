@@ -378,3 +378,28 @@ def test_status_says_which_step_retries_when_and_why(tmp_path: Path) -> None:
     steps = cli.run("steps", "f1", json=False).stdout
     assert "STARTED" in steps
     assert "Error: CRM busy (at workflows/flaky.ts:2:" in steps
+
+
+def test_start_without_waiting_then_wait_for_the_result(tmp_path: Path) -> None:
+    cli = Cli(tmp_path)
+    tree = tmp_path / "tree"
+    (tree / "workflows").mkdir(parents=True)
+    (tree / "workflows" / "nap.ts").write_text(
+        'export default async (e, step) => { await step.sleep("nap", "1 second"); return 7; };\n'
+    )
+    assert cli.run("publish", str(tree), "--scope", "a").returncode == 0
+    queued = cli.ok("start", "nap", "--scope", "a", "--snapshot", "latest", "--run-id", "n1",
+                    "--no-wait")  # fmt: skip
+    assert queued["status"] == "running"
+    not_yet = cli.run("result", "n1")
+    assert (not_yet.returncode, "is running: wait with --wait" in not_yet.stderr) == (1, True)
+    timed_out = cli.run("result", "n1", "--wait", "--timeout", "0.3")
+    assert (timed_out.returncode, "still running after 0.3 s" in timed_out.stderr) == (1, True)
+    worker = subprocess.Popen(
+        cli.argv("worker", "--until-idle"), cwd=PROJECT_ROOT, env=cli.env,
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        assert cli.ok("result", "n1", "--wait", "--timeout", "60") == 7
+    finally:
+        worker.wait(timeout=60)
