@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any, ClassVar
 
+import httpx
 import pytest
 
 from qjsflow.runner import Runner, RunnerConfig, StartRunInput
@@ -263,3 +264,20 @@ async def test_the_cloudflare_starter_shape_runs_unchanged(
          "api": {"ok": True, "greeting": "hello"}},
     )  # fmt: skip
     assert [s["authorization"] for s in _Handler.seen] == [f"Bearer {SECRET}"]
+
+
+@pytest.mark.parametrize(
+    ("allowed", "url", "allows"),
+    [
+        ("https://api.example.com", "https://api.example.com.evil.test/x", False),
+        ("https://api.example.com/v1/", "https://api.example.com/v2/x", False),
+        ("https://api.example.com/v1/", "https://api.example.com/v1/items", True),
+        ("https://api.example.com/v1/", "http://api.example.com/v1/items", False),
+        ("https://api.example.com/v1/", "https://api.example.com:8443/v1/items", False),
+        ("*.example.com", "https://a.example.com/", True),
+        ("*.example.com", "https://evilexample.com/", False),
+        ("api.example.com", "ftp://api.example.com/", False),
+    ],
+)
+def test_allowlist_entries_match_by_origin_and_path(allowed: str, url: str, allows: bool) -> None:
+    assert EgressPolicy(allow=(allowed,)).allows(httpx.URL(url)) is allows
