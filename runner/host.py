@@ -67,10 +67,6 @@ from qjsflow.runner.store import JournalStore, JournalTransaction, Lease
 
 __all__ = ["DriveHost"]
 
-# Set to a piece of SQL text in a worker's environment to SIGKILL it right after a db.sql call
-# holding that text was applied in the scope database and before the journal recorded it: the
-# window exactly-once must survive.
-
 
 @dataclass(frozen=True, slots=True)
 class _ToolCall:
@@ -110,6 +106,7 @@ class DriveHost:
         self.store = store
         self.lease = lease
         self.run_id = lease.run_id
+        self.scope = split_run_key(lease.run_id)[0]
         self.bindings = bindings
         self.limits = limits
         self.now = clock_ms
@@ -212,11 +209,11 @@ class DriveHost:
     def _located(self, envelope: OpEnvelope) -> OpEnvelope:
         """A step's error is journaled with the author's frames, not the engine's."""
         op = envelope.op
-        if not isinstance(op, StepRecord) or op.error is None or op.error.stack is None:
+        if not isinstance(op, StepRecord) or op.error is None:
             return envelope
         error = dataclasses.replace(
             op.error,
-            stack=self.locate(op.error.stack),
+            stack=self.locate(op.error.stack),  # None stays None
             message=with_run_hint(op.error.message, op.error.name),
         )
         return OpEnvelope(envelope.id, dataclasses.replace(op, error=error))
@@ -242,7 +239,11 @@ class DriveHost:
         key = step_key("tool", op.count, op.step)
         now = self.now()
         tool = self.bindings.tool(op.address) or self._builtin(op.address)
-        missing = None if tool is None else self._missing_secret(op)
+        try:  # decoded once; the values go only to the tool
+            args = reveal(to_python(op.args), self.environment.secrets)
+            missing = None
+        except MissingSecret as lacking:
+            args, missing = None, lacking.name
 
         def begin(tx: JournalTransaction) -> Answered | _ToolCall | None:
             if tool is None or missing is not None:
@@ -262,16 +263,17 @@ class DriveHost:
             return _ToolCall(begun, call)
 
         started = await self.store.transact(begin, self.lease)
-        if started is None or tool is None:
+        if started is None:
             self.blocked_on = op.address if missing is None else f"secret {missing}"
             return Suspend("retry"), None
         if not isinstance(started, _ToolCall):
-            return started
+            return started  # recorded already (another writer settled it): it answers
+        assert tool is not None  # begin() starts an attempt only with the tool in hand
         attempt, call = started.attempt, started.seq
         scope, run_id = split_run_key(self.run_id)
         token = bind_tool_call(ToolCall(scope, run_id, key, attempt, op.address))
         try:
-            value, failure, duration_ms = await self._call_tool(op, tool)
+            value, failure, duration_ms = await self._call_tool(op, tool, args)
         finally:
             unbind_tool_call(token)
         if value is not None:
@@ -292,36 +294,25 @@ class DriveHost:
 
         return await self.store.transact(end, self.lease)
 
-    def _missing_secret(self, op: StepTool) -> str | None:
-        """A secret the call's arguments name that this process is not configured with (an
-        operator's problem, like an unbound tool: the run is blocked until a process that
-        has it drives it)."""
-        try:
-            reveal(to_python(op.args), self.environment.secrets)
-        except MissingSecret as missing:
-            return missing.name
-        return None
-
     def _builtin(self, address: str) -> ToolFn | None:
-        """fetch, and the local KV and queue bindings, unless the operator bound these."""
-        scope = split_run_key(self.run_id)[0]
+        """fetch, and the local KV, queue and R2 bindings, unless the operator bound these."""
         if address == FETCH_ADDRESS:
             return self._fetch
         local = {KV_ADDRESS: kv_tool, QUEUE_ADDRESS: queue_tool, R2_ADDRESS: r2_tool}.get(address)
-        if local is not None:
-            return functools.partial(local, self.store, scope, now=self.now)
-        return None
+        return (
+            None
+            if local is None
+            else functools.partial(local, self.store, self.scope, now=self.now)
+        )
 
     async def _fetch(self, args: Any) -> Any:
         """The sandbox's `fetch`, under the scope's egress policy (runner/egress.py)."""
-        scope = split_run_key(self.run_id)[0]
-        return await fetch(args, self.environment.egress, scope, self.environment.secrets)
+        return await fetch(args, self.environment.egress, self.scope, self.environment.secrets)
 
     async def _call_tool(
-        self, op: StepTool, tool: ToolFn
+        self, op: StepTool, tool: ToolFn, args: Any
     ) -> tuple[str | None, StepFailure | None, int]:
         started = self.monotonic()
-        args = reveal(to_python(op.args), self.environment.secrets)  # checked by _missing_secret
         try:
             result = await asyncio.wait_for(tool(args), op.config.timeout_ms / 1000)
             value = from_python(result, max_bytes=self.limits.value_bytes, what="the tool result")
