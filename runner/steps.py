@@ -127,7 +127,7 @@ def begin_attempt(
             f"attempt {row.attempt} of step {row.name!r} was interrupted (its driver stopped)",
         )
         final = fail_attempt(tx, row, interrupted, now)
-        if final is not None:
+        if not isinstance(final, int):
             return final
         refreshed = tx.get_step(run_id, kind, name, count)
         assert refreshed is not None
@@ -168,8 +168,9 @@ def check(tx: JournalTransaction, run_id: str, op: StepCheck, now: int) -> Answe
 
 def fail_attempt(
     tx: JournalTransaction, row: StepRow, failure: StepFailure, now: int
-) -> Answered | None:
-    """Apply the retry policy to a failed attempt: None when a retry is scheduled."""
+) -> Answered | int:
+    """Apply the retry policy to a failed attempt: the time the retry is due when one is
+    scheduled, else the step's final answer."""
     policy = _policy_from_json(row.config)
     if failure.retryable and row.attempt <= policy.limit:
         delay = failure.retry_after_ms
@@ -185,7 +186,7 @@ def fail_attempt(
             tx, row.run_id, "step_retrying", now, row.key, attempt=row.attempt,
             retryAt=retry_at, error=failure.message,
         )  # fmt: skip
-        return None
+        return retry_at
     final = dataclasses.replace(failure, retryable=False, retry_after_ms=None)
     tx.settle_step(
         row, status="failed", output=None, error=failure_to_json(final), at=now,
@@ -210,17 +211,10 @@ def record(
     row = tx.get_step(run_id, "do", op.step, op.count)
     if row is None:
         raise ProtocolError(f"step {op.step!r} #{op.count} was recorded without a check")
-    answer = settle_call(
+    return settle_call(
         tx, row, attempt=op.attempt, value=op.value, failure=op.error, now=now,
-        elapsed_ms=elapsed_ms,
+        elapsed_ms=elapsed_ms, retry_in_drive_ms=retry_in_drive_ms,
     )  # fmt: skip
-    if isinstance(answer[0], Suspend) and op.error is not None:
-        retried = tx.get_step(run_id, "do", op.step, op.count)
-        due = None if retried is None else loads(retried.detail or "{}").get("retryAt")
-        wait = due - now if isinstance(due, int) else retry_in_drive_ms + 1
-        if retried is not None and retried.status == "retrying" and wait <= retry_in_drive_ms:
-            return Value({"retryIn": max(0, wait)}), None
-    return answer
 
 
 def settle_call(
@@ -232,9 +226,11 @@ def settle_call(
     failure: StepFailure | None,
     now: int,
     elapsed_ms: int | None = None,
+    retry_in_drive_ms: int = 0,
 ) -> Answered:
     """The end of an attempt of a step.do or step.tool: its value, or a failure that the retry
-    policy turns into a retry or the step's final error. An attempt that reports after its
+    policy turns into a retry (answered `{"retryIn": ms}` when due within `retry_in_drive_ms`,
+    which only step.do passes) or the step's final error. An attempt that reports after its
     timeout has failed. `elapsed_ms` is the attempt's duration on a monotonic clock when the
     process that started it measured it (a wall-clock jump then changes nothing); otherwise
     the journal's times are compared."""
@@ -257,7 +253,12 @@ def settle_call(
         )  # fmt: skip
         return (Value(None) if row.kind == "do" else Value(value)), now
     final = fail_attempt(tx, row, failure, now)
-    return final if final is not None else (Suspend("retry"), None)
+    if not isinstance(final, int):
+        return final
+    wait = final - now
+    if retry_in_drive_ms > 0 and wait <= retry_in_drive_ms:
+        return Value({"retryIn": max(0, wait)}), None
+    return Suspend("retry"), None
 
 
 # -- sleep and waitForEvent ---------------------------------------------------------------
