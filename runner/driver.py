@@ -73,7 +73,7 @@ class RunDriver:
         self.worker_id = f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(4)}"
         self._locks = _KeyedLocks()
         self._bundles: dict[tuple[str, str, str], BundleRecord] = {}
-        self._maps: dict[tuple[str, str, str], SourceMap] = {}
+        self._maps: dict[BundleRecord, SourceMap] = {}  # read on a bundle's first error
 
     def now_ms(self) -> int:
         return int(self.config.clock() * 1000)
@@ -220,16 +220,13 @@ class RunDriver:
     def _locator(self, bundle: BundleRecord) -> Locator:
         """Maps the engine's frames in `bundle` to the author's; its source map is read on
         the first error and kept with the bundle."""
-        key = (bundle.scope, bundle.snapshot_id, bundle.workflow)
 
         def locate(stack: str | None) -> str | None:
             if not stack or not bundle.source_map:
                 return None
-            source_map = self._maps.get(key)
+            source_map = self._maps.get(bundle)
             if source_map is None:
-                source_map = self._maps[key] = SourceMap(bundle.source_map)
-                while len(self._maps) > _BUNDLES_KEPT:
-                    del self._maps[next(iter(self._maps))]
+                source_map = self._maps[bundle] = SourceMap(bundle.source_map)
             return author_frames(stack, source_map)
 
         return locate
@@ -243,8 +240,8 @@ class RunDriver:
             if bundle is None:  # snapshots are never deleted; this is a broken journal
                 raise RuntimeError(f"run {run.run_id} names a bundle that is not stored")
         self._bundles[key] = bundle
-        while len(self._bundles) > _BUNDLES_KEPT:
-            del self._bundles[next(iter(self._bundles))]
+        while len(self._bundles) > _BUNDLES_KEPT:  # a map goes with its bundle
+            self._maps.pop(self._bundles.pop(next(iter(self._bundles))), None)
         return bundle
 
 
@@ -327,7 +324,7 @@ def _fail(
     tx.update_run(
         lease.run_id, status="failed", error=message, wake_at=None, waiting_for=None, **common
     )
-    tx.append_event(lease.run_id, "run_failed", now, None)
+    tx.append_event(lease.run_id, "run_failed", now, dumps_text({"reason": message}))
     return _release(tx, lease)
 
 
