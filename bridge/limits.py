@@ -3,8 +3,7 @@ sandbox."""
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
-from typing import Any
+from dataclasses import dataclass
 
 __all__ = ["Limits"]
 
@@ -46,6 +45,3 @@ class Limits:
                 "journal_bytes_per_run must be at most a quarter of memory_bytes: a replay "
                 "holds the whole journal in the executor's memory"
             )
-
-    def to_wire(self) -> dict[str, Any]:
-        return asdict(self)

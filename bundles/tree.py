@@ -61,9 +61,6 @@ class SourceTree:
 
     files: tuple[SourceFile, ...]
 
-    def paths(self) -> tuple[str, ...]:
-        return tuple(file.path for file in self.files)
-
     @property
     def total_bytes(self) -> int:
         return sum(len(file.content) for file in self.files)

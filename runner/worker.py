@@ -140,8 +140,8 @@ class Worker:
             self.drives += 1
             if run.status == "blocked":  # once: no worker without the tool drives it again
                 _log.warning(
-                    "run %s is blocked: no tool is bound at %r here; a worker that binds it "
-                    "will continue the run",
+                    "run %s is blocked: this worker lacks %s; a worker that has it will "
+                    "continue the run",
                     run_id,
                     run.waiting_for,
                 )

@@ -319,23 +319,18 @@ def test_global_options_after_the_command_and_from_the_environment(tmp_path: Pat
 
 
 def test_logs_shows_console_lines(tmp_path: Path) -> None:
+    cli = Cli(tmp_path)
     tree = tmp_path / "tree"
     (tree / "workflows").mkdir(parents=True)
     (tree / "workflows" / "chatty.ts").write_text(
         'export default async () => { console.log("hello"); console.warn("careful"); return 1; };\n'
     )
-    db = str(tmp_path / "j.db")
-
-    def qjsflow(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [sys.executable, "-m", "qjsflow.runner.cli", "--db", db, *args], cwd=PROJECT_ROOT,
-            capture_output=True, text=True, timeout=120, check=False,
-        )  # fmt: skip
-
-    assert qjsflow("publish", str(tree), "--scope", "a").returncode == 0
-    assert qjsflow("start", "chatty", "--scope", "a", "--snapshot", "latest",
-                   "--run-id", "c1").returncode == 0  # fmt: skip
-    assert qjsflow("logs", "c1").stdout.splitlines() == ["log    hello", "warn   careful"]
+    assert cli.run("publish", str(tree), "--scope", "a").returncode == 0
+    cli.ok("start", "chatty", "--scope", "a", "--snapshot", "latest", "--run-id", "c1")
+    assert cli.run("logs", "c1", json=False).stdout.splitlines() == [
+        "log    hello",
+        "warn   careful",
+    ]
 
 
 def test_list_pages_and_says_when_more_exist(tmp_path: Path) -> None:
