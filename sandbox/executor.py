@@ -56,6 +56,7 @@ class DriveStopped(Exception):
 
 
 _PREPARE_TIME_LIMIT_S = 5.0
+_COMPUTE_STOPPED = '"message":"compute limit exceeded"'  # the prelude's, 30-errors-and-config
 _LAST_LOOK_S = 0.05  # reading the prelude's outcome after the budget ran out
 _LAST_LOOK_JOBS = 16
 
@@ -114,6 +115,11 @@ class Drive:
             self._drain()
             outcome = self._call("outcome")
             if outcome:
+                if _COMPUTE_STOPPED in outcome:  # name the budget the prelude cannot know
+                    stopped = loads(outcome, max_depth=None)
+                    raise DriveStopped(
+                        f"{self.budget_name} exceeded", limit=True, stack=stopped.get("stack")
+                    )
                 self._exchange(self._call("takeLogs"))
                 return _outcome(outcome)
             if self._call("hit") == "1":

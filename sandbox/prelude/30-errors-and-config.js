@@ -36,8 +36,12 @@ function describe(thrown) {
 // Engine errors that mean a limit was hit are reported by the limit's name.
 // (`limits` is null until boot has read the request: a request too big to read is itself a
 // memory limit.)
+// The engine's interrupt, caught as a rejection before the executor saw its budget run out:
+// a limit (the executor names which budget), never a step's or the author's error.
+const COMPUTE_STOPPED = "compute limit exceeded";
 function limitMessage(error) {
   const { name, message } = describe(error);
+  if (name === "InternalError" && message === "interrupted") return COMPUTE_STOPPED;
   if (name === "InternalError" && (message === "out of memory" || message === "string too long")) {
     const bytes = limits === null ? "the run's" : `${limits.memory_bytes} bytes`;
     return `memory limit of ${bytes} exceeded (${message})`;
