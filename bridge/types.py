@@ -258,12 +258,14 @@ class DriveRequest:
 class Completed:
     output: Encoded
     cpu_s: float
+    replayed: int = 0  # journal entries the drive answered from the journal
 
 
 @dataclass(frozen=True, slots=True)
 class Suspended:
     markers: tuple[Suspend, ...]
     cpu_s: float
+    replayed: int = 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -76,13 +76,14 @@ def parse_outcome(raw: object, limits: Limits, cpu_s: float) -> DriveOutcome:
     """A drive's outcome from the sandbox; `cpu_s` is the compute the parent measured."""
     outcome = _object(raw, "outcome")
     status = outcome.get("status")
+    replayed = _int(outcome, "replayed", 0, 2**31) if "replayed" in outcome else 0
     if status == "completed":
-        return Completed(_encoded(outcome, "output", limits), cpu_s)
+        return Completed(_encoded(outcome, "output", limits), cpu_s, replayed)
     if status == "suspended":
         markers = outcome.get("markers")
         if not isinstance(markers, list) or not markers or len(markers) > limits.ops_per_drive:
             raise ProtocolError("a suspended outcome needs a non-empty list of markers")
-        return Suspended(tuple(_suspend(_object(m, "marker")) for m in markers), cpu_s)
+        return Suspended(tuple(_suspend(_object(m, "marker")) for m in markers), cpu_s, replayed)
     if status == "failed":
         return Failed(
             retryable=_bool(outcome, "retryable"),

@@ -40,6 +40,9 @@ from qjsflow.runner.scopedb import ScopeDatabases
 from qjsflow.runner.scopes import split_run_key
 from qjsflow.runner.steps import failure_from_json
 from qjsflow.runner.store import (
+    ENDED as TERMINAL,
+)
+from qjsflow.runner.store import (
     BundleRecord,
     JournalStore,
     JournalTransaction,
@@ -47,10 +50,9 @@ from qjsflow.runner.store import (
     LeaseLost,
     RunRecord,
 )
-from qjsflow.runner.views import TERMINAL
 from qjsflow.sandbox import ExecutorPool
 
-__all__ = ["SIGNAL_TIMER", "RunDriver"]
+__all__ = ["SIGNAL_TIMER", "RunDriver", "park_paused"]
 
 SIGNAL_TIMER = "signal"  # a timer key that wakes a waiting run when an event arrives
 _MAX_DRIVES_PER_CALL = 10_000
@@ -74,6 +76,8 @@ class RunDriver:
         self._locks = _KeyedLocks()
         self._bundles: dict[tuple[str, str, str], BundleRecord] = {}
         self._maps: dict[BundleRecord, SourceMap] = {}  # read on a bundle's first error
+        # Drives in progress in this process, to stop one at once when its run is taken away.
+        self._active: dict[str, tuple[asyncio.Event, asyncio.Task[object]]] = {}
 
     def now_ms(self) -> int:
         return int(self.config.clock() * 1000)
@@ -103,11 +107,25 @@ class RunDriver:
                 raise RunNotFound(run_id)
             return run
 
+    def driving(self, run_id: str) -> bool:
+        """Whether this process drives `run_id` now."""
+        return run_id in self._active
+
+    def stop(self, run_id: str) -> None:
+        """Stop this process's drive of `run_id`, if any, as if its lease were lost (an
+        operator terminated or restarted the run; drives elsewhere stop at their heartbeat)."""
+        active = self._active.get(run_id)
+        if active is not None:
+            lost, task = active
+            lost.set()
+            task.cancel()
+
     async def _drive_leased(self, lease: Lease, bindings: Bindings) -> RunRecord:
         lost = asyncio.Event()
-        heartbeat = asyncio.get_running_loop().create_task(
-            self._heartbeat(lease, lost, asyncio.current_task())
-        )
+        task = asyncio.current_task()
+        heartbeat = asyncio.get_running_loop().create_task(self._heartbeat(lease, lost, task))
+        if task is not None:
+            self._active[lease.run_id] = (lost, task)
         try:
             return await self._drive_loop(lease, bindings)
         except asyncio.CancelledError:
@@ -120,6 +138,7 @@ class RunDriver:
                 task.uncancel()
             raise LeaseLost(lease) from None
         finally:
+            self._active.pop(lease.run_id, None)
             heartbeat.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await heartbeat
@@ -191,10 +210,10 @@ class RunDriver:
         host = DriveHost(
             self.store, lease, bindings, self.config.limits, self.now_ms, scopes=self.scopes,
             journal_bytes=recorded, monotonic=self.config.monotonic,
-            environment=self.config.environments.get(run.scope),
+            environment=self.config.environments.get(run.scope), generation=run.generation,
         )  # fmt: skip
         try:
-            bundle = await self._bundle(run)
+            bundle = await self.bundle_of(run)
         except StoredCodeDamaged as damaged:  # never run code that is not what was published
             return Failed(False, str(damaged), 0.0), host
         host.locate = self._locator(bundle)
@@ -231,7 +250,7 @@ class RunDriver:
 
         return locate
 
-    async def _bundle(self, run: RunRecord) -> BundleRecord:
+    async def bundle_of(self, run: RunRecord) -> BundleRecord:
         """Bundles never change once published: keep the latest few in memory."""
         key = (run.scope, run.snapshot_id, run.workflow)
         bundle = self._bundles.pop(key, None)
@@ -255,6 +274,9 @@ def _begin_drive(
     if run.status in TERMINAL or run.cancel_requested:
         if run.status not in TERMINAL:
             _cancel(tx, run.run_id, now, {"updated_at": now})
+        return _release(tx, lease)
+    if run.pause_requested:
+        park_paused(tx, run, now)
         return _release(tx, lease)
     tx.delete_timers(run.run_id, (SIGNAL_TIMER, EXECUTOR_TIMER))  # the wake-ups this drive serves
     tx.update_run(run.run_id, status="running", error=None, updated_at=now)
@@ -359,6 +381,10 @@ def _finish(
             if current.cancel_requested:
                 _cancel(tx, run_id, now, common)
                 return _release(tx, lease)
+            if current.pause_requested:
+                tx.update_run(run_id, **common)
+                park_paused(tx, current, now)
+                return _release(tx, lease)
             events = sorted({m.event for m in markers if m.kind == "event" and m.event})
             if events and tx.has_unconsumed(run_id, events):
                 # An event arrived while this drive ran, after its wait looked: drive again
@@ -375,6 +401,15 @@ def _finish(
                 return None
             return _release(tx, lease)
     raise AssertionError("unreachable")
+
+
+def park_paused(tx: JournalTransaction, run: RunRecord, now: int) -> None:
+    """A run whose pause was asked, with no step under way: it waits for `resume`; its timers
+    keep their due times and events sent meanwhile stay in its inbox."""
+    if run.status == "paused":
+        return
+    tx.update_run(run.run_id, status="paused", updated_at=now, wake_at=tx.next_timer(run.run_id))
+    tx.append_event(run.run_id, "run_paused", now, None)
 
 
 def _cancel(tx: JournalTransaction, run_id: str, now: int, common: dict[str, object]) -> None:

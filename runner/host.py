@@ -65,7 +65,17 @@ from qjsflow.runner.scopes import split_run_key
 from qjsflow.runner.steps import Answered, failure_to_json
 from qjsflow.runner.store import JournalStore, JournalTransaction, Lease
 
-__all__ = ["DriveHost"]
+__all__ = ["PARKED", "DriveHost"]
+
+# The answer to the run's own calls while a pause is asked: the body waits there until the run
+# is resumed, and the drive ends as soon as the steps under way have recorded their results.
+PARKED = Suspend("retry")
+
+
+def _parks(tx: JournalTransaction, step: str) -> bool:
+    """Whether a call parks: a pause is asked and the call is the run's own, not one inside a
+    step under way (their names hold the step's key and a '/'; an author's '/' is escaped)."""
+    return tx.pause_requested and "/" not in step
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,7 +106,11 @@ class DriveHost:
         monotonic: Callable[[], float] = time.monotonic,
         locate: Locator = lambda stack: None,
         environment: ScopeEnvironment | None = None,
+        generation: int = 0,
     ) -> None:
+        # A restarted run's calls to its scope database and its console lines are new ones:
+        # `generation` (how many restarts) tells them from those of the attempts before.
+        self.generation = generation
         # The run's scope's env: secret values (only tool calls see them) and egress policy.
         self.environment = environment or ScopeEnvironment()
         self.monotonic = monotonic
@@ -168,11 +182,13 @@ class DriveHost:
         match op:
             case Log():
                 tx.insert_log(
-                    self.run_id, f"{op.source}#{op.count}", op.level, op.text, now,
+                    self.run_id, self._renewed(f"{op.source}#{op.count}"), op.level, op.text, now,
                     max_lines=self.limits.log_lines_per_run,
                 )  # fmt: skip
                 return None
-            case StepBegin():
+            case StepCheck() | StepSleep() | StepWaitForEvent() if _parks(tx, op.step):
+                return Answer(envelope.id, PARKED, None)
+            case StepBegin():  # under way in the sandbox already: it finishes, paused or not
                 steps.begin(tx, self.run_id, op, now)
                 self._attempts[(op.step, op.count, 1)] = self.monotonic()
                 return None
@@ -189,6 +205,8 @@ class DriveHost:
                     tx, self.run_id, op, now, elapsed_ms=elapsed,
                     retry_in_drive_ms=self.limits.retry_in_drive_ms,
                 )  # fmt: skip
+                if _parks(tx, op.step):  # recorded; the body goes on after the resume
+                    return Answer(envelope.id, PARKED, None)
                 return Answer(envelope.id, *answer)
             case StepSleep():
                 return Answer(envelope.id, *steps.sleep(tx, self.run_id, op, now))
@@ -196,6 +214,9 @@ class DriveHost:
                 room = self.limits.journal_bytes_per_run - self.journal_bytes
                 return Answer(envelope.id, *steps.wait_for_event(tx, self.run_id, op, now, room))
         raise AssertionError(f"not a journal op: {type(op).__name__}")
+
+    def _renewed(self, name: str) -> str:
+        return name if self.generation == 0 else f"{self.generation}@{name}"
 
     def _bounded(self, envelope: OpEnvelope) -> OpEnvelope:
         op = envelope.op
@@ -246,6 +267,8 @@ class DriveHost:
             args, missing = None, lacking.name
 
         def begin(tx: JournalTransaction) -> Answered | _ToolCall | None:
+            if _parks(tx, op.step):
+                return PARKED, None
             if tool is None or missing is not None:
                 # Not bound in this process: an operator's problem, never the author's final
                 # result. A recorded result still answers; otherwise the run is blocked.
@@ -287,10 +310,11 @@ class DriveHost:
             tx.finish_tool_call(call, value, error, duration_ms)
             row = tx.get_step(self.run_id, "tool", op.step, op.count)
             assert row is not None
-            return steps.settle_call(
+            answer = steps.settle_call(
                 tx, row, attempt=attempt, value=value, failure=failure, now=finished,
                 elapsed_ms=duration_ms,
             )  # fmt: skip
+            return (PARKED, None) if _parks(tx, op.step) else answer
 
         return await self.store.transact(end, self.lease)
 
@@ -336,6 +360,8 @@ class DriveHost:
         message = dumps_text({"title": op.title, "body": op.body, "link": op.link})
 
         def record_first(tx: JournalTransaction) -> tuple[Answered, bool]:
+            if _parks(tx, op.step):
+                return (PARKED, None), False
             row = tx.get_step(self.run_id, "notify", op.step, op.count)
             answer = steps.settled(row)
             if answer is not None:
@@ -369,6 +395,8 @@ class DriveHost:
         key = step_key("sql", op.count, op.step)
 
         def begin(tx: JournalTransaction) -> Answered | _SqlCall:
+            if _parks(tx, op.step):
+                return PARKED, None
             row = tx.get_step(self.run_id, "sql", op.step, op.count)
             answer = steps.settled(row)
             if answer is not None:
@@ -394,7 +422,7 @@ class DriveHost:
             outcome = SqlOutcome(None, "quota", message, 0.0)
         else:
             outcome = await self.scopes.execute(
-                scope, run_id=self.run_id, call_key=key, sql=op.sql, params=op.params,
+                scope, run_id=self.run_id, call_key=self._renewed(key), sql=op.sql, params=op.params,
                 deadline_s=min(sql_limits.deadline_s, left),
             )  # fmt: skip
         # Counted once, outside the transaction below (which may run again after a fault).
@@ -402,6 +430,10 @@ class DriveHost:
         finished = self.now()
 
         def end(tx: JournalTransaction) -> Answered:
+            answer = settle(tx)
+            return (PARKED, None) if _parks(tx, op.step) else answer
+
+        def settle(tx: JournalTransaction) -> Answered:
             run = tx.get_run(self.run_id)
             assert run is not None
             tx.update_run(self.run_id, sql_used_s=run.sql_used_s + outcome.elapsed_s)

@@ -12,6 +12,7 @@ import time
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 from qjsflow.bridge import InvalidInput, dumps_text
@@ -20,6 +21,14 @@ from qjsflow.bridge.values import from_python, to_python
 from qjsflow.bundles import build_snapshot, name_workflows
 from qjsflow.runner.bindings import Bindings
 from qjsflow.runner.config import RunnerConfig
+from qjsflow.runner.control import (
+    StepRef,
+    fork_run,
+    lift_pause,
+    request_pause,
+    restart_run,
+    terminate_run,
+)
 from qjsflow.runner.driver import SIGNAL_TIMER, RunDriver
 from qjsflow.runner.environment import env_of
 from qjsflow.runner.errors import (
@@ -32,6 +41,7 @@ from qjsflow.runner.errors import (
     SnapshotNotFound,
     UnknownWorkflow,
 )
+from qjsflow.runner.fork_check import check_fork
 from qjsflow.runner.inspect import describe_exports
 from qjsflow.runner.scopedb import ScopeDatabases
 from qjsflow.runner.scopes import (
@@ -212,11 +222,101 @@ class Runner:
             return run_view(record)
         return await self._drive(run_id, bindings)
 
-    async def resume(self, run_id: str, bindings: Bindings | None = None, *, scope: str) -> RunView:
-        """Drive a run again: after a crash, or once its timer is due. A finished run is
+    async def resume(
+        self, run_id: str, bindings: Bindings | None = None, *, scope: str, drive: bool = True
+    ) -> RunView:
+        """Make a paused run runnable again, and drive it (after a crash, or once its timer is
+        due, this drives any run; `drive=False` leaves it for a worker). A finished run is
         returned as it is."""
-        run = await self._run(run_id, scope)
-        return await self._drive(run.run_id, bindings)
+        key = _key(run_id, scope)
+        await self._store.transact(partial(lift_pause, key=key, now=self._driver.now_ms()))
+        if not drive:
+            return await self.get(run_id, scope=scope)
+        return await self._drive(key, bindings)
+
+    async def pause(self, run_id: str, *, scope: str) -> RunView:
+        """Park the run once the steps under way have recorded their results: no worker drives
+        it until `resume`; events sent meanwhile are kept, timers keep their due times."""
+        key = _key(run_id, scope)
+        await self._store.transact(partial(request_pause, key=key, now=self._driver.now_ms()))
+        if self._driver.driving(key):  # this process's drive parks it after its steps
+            return await self.get(run_id, scope=scope)
+        # Parks it now unless a driver elsewhere holds it (that one parks it after its steps).
+        return await self._drive(key, None)
+
+    async def terminate(self, run_id: str, *, scope: str, reason: str | None = None) -> RunView:
+        """End the run now (`terminated`), its executor stopped mid-step if need be; a tool
+        call in flight may or may not have acted (its audit row keeps no result)."""
+        key = _key(run_id, scope)
+        if reason is not None:
+            reason = _operator_text(reason, "--reason")
+        now = self._driver.now_ms()
+        await self._store.transact(partial(terminate_run, key=key, now=now, reason=reason))
+        self._driver.stop(key)
+        return await self.get(run_id, scope=scope)
+
+    async def restart(
+        self,
+        run_id: str,
+        bindings: Bindings | None = None,
+        *,
+        scope: str,
+        from_step: str | None = None,
+        drive: bool = True,
+    ) -> RunView:
+        """Run it again under the same id: from the beginning, or from `from_step`
+        (`KIND:NAME[:COUNT]`): the steps settled before it keep their recorded results (their
+        tools are not called again); it and everything after run again. The history keeps the
+        earlier attempts."""
+        key = _key(run_id, scope)
+        start = None if from_step is None else StepRef.parse(from_step)
+        now = self._driver.now_ms()
+        await self._store.transact(partial(restart_run, key=key, start=start, now=now))
+        self._driver.stop(key)
+        if not drive:
+            return await self.get(run_id, scope=scope)
+        return await self._drive(key, bindings)
+
+    async def fork(
+        self,
+        run_id: str,
+        bindings: Bindings | None = None,
+        *,
+        scope: str,
+        from_step: str | None = None,
+        snapshot_id: str | None = None,
+        new_run_id: str | None = None,
+        drive: bool = True,
+    ) -> RunView:
+        """A new run of the same workflow and input, with the results of the steps settled
+        before `from_step` copied (none without it); on `snapshot_id`, another snapshot of
+        the scope, if its code reaches those steps in the same order (else `ForkMismatch`,
+        naming the first difference)."""
+        source = await self._run(run_id, scope)
+        start = None if from_step is None else StepRef.parse(from_step)
+        snapshot = await self.find_snapshot(snapshot_id or source.snapshot_id, scope=scope)
+        entries = {w.workflow: w.entry_path for w in snapshot.workflows}
+        if source.workflow not in entries:
+            raise UnknownWorkflow(source.workflow, sorted(entries))
+        key = run_key(validate_scope(scope), self._run_id(new_run_id))
+        now = self._driver.now_ms()
+        fork = dataclasses.replace(
+            source, run_id=key, snapshot_id=snapshot.snapshot_id,
+            entry_path=entries[source.workflow], status="running", output=None, error=None,
+            created_at=now, updated_at=now, wake_at=None, waiting_for=None, cpu_used_s=0.0,
+            logs_count=0, cancel_requested=False, sql_used_s=0.0, executor_deaths=0,
+            error_stack=None, pause_requested=False, generation=0,
+        )  # fmt: skip
+        if snapshot.snapshot_id != source.snapshot_id:
+            await check_fork(self._driver, source, fork, start)
+        created = await self._store.transact(
+            partial(fork_run, source_key=source.run_id, fork=fork, start=start, now=now)
+        )
+        if not created:
+            raise RunConflict(split_run_key(key)[1], ["run_id (a run with this id exists)"])
+        if not drive:
+            return run_view(fork)
+        return await self._drive(key, bindings)
 
     async def signal(
         self,
@@ -422,6 +522,13 @@ def _default_scope_root(store: JournalStore) -> Path:
     if store.path is None:
         return Path("qjsflow.scopes").resolve()
     return store.path.with_name(store.path.name + ".scopes")
+
+
+def _operator_text(text: str, what: str) -> str:
+    """A short free text an operator gives (a reason): stored and shown, so bounded."""
+    if not isinstance(text, str) or len(text) > 500:
+        raise InvalidInput(f"{what} must be text of at most 500 characters")
+    return text
 
 
 def _check_names(run_id: str, scope: str | None) -> None:

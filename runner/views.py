@@ -12,7 +12,7 @@ from qjsflow.bridge import loads
 from qjsflow.bridge.values import to_python
 from qjsflow.runner.scopes import split_run_key
 from qjsflow.runner.steps import failure_from_json
-from qjsflow.runner.store import EventRecord, RunRecord, StepRow, ToolCallRecord
+from qjsflow.runner.store import ENDED, EventRecord, RunRecord, StepRow, ToolCallRecord
 
 __all__ = [
     "PersistedRun",
@@ -27,8 +27,12 @@ __all__ = [
 ]
 
 # "blocked": a tool it calls is bound in no process that drove it (`waiting_for` names it).
-RunStatus = Literal["running", "sleeping", "waiting", "blocked", "completed", "failed", "cancelled"]
-TERMINAL: frozenset[str] = frozenset({"completed", "failed", "cancelled"})
+# "paused": an operator paused it; it waits for `resume` (docs/OPERATIONS.md).
+RunStatus = Literal[
+    "running", "sleeping", "waiting", "blocked", "paused",
+    "completed", "failed", "cancelled", "terminated",
+]  # fmt: skip
+TERMINAL: frozenset[str] = ENDED  # the statuses of a run that has ended
 RUN_STATUSES: tuple[str, ...] = get_args(RunStatus)
 
 

@@ -3,6 +3,7 @@
 from qjsflow.runner.store.journal import BundleRecord, JournalStore, SnapshotRecord, WorkflowRecord
 from qjsflow.runner.store.migrations import MIGRATIONS
 from qjsflow.runner.store.records import (
+    ENDED,
     EventRecord,
     InboxRecord,
     JournalRow,
@@ -14,6 +15,7 @@ from qjsflow.runner.store.records import (
 from qjsflow.runner.store.tx import JournalTransaction, Lease, LeaseLost
 
 __all__ = [
+    "ENDED",
     "MIGRATIONS",
     "BundleRecord",
     "EventRecord",

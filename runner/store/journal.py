@@ -25,6 +25,7 @@ from qjsflow.bundles import Snapshot
 from qjsflow.runner.errors import JournalUnavailable, StoredCodeDamaged
 from qjsflow.runner.store.backends import Backend, is_postgres_url, open_backend
 from qjsflow.runner.store.records import (
+    ENDED_SQL,
     EventRecord,
     LogRecord,
     RunRecord,
@@ -33,7 +34,6 @@ from qjsflow.runner.store.records import (
 )
 from qjsflow.runner.store.tx import (
     RUN_COLUMNS,
-    STEP_COLUMNS,
     JournalTransaction,
     Lease,
     lease_now,
@@ -262,10 +262,10 @@ class JournalStore:
         clock, at = lease_now(self._backend.dialect.lease_clock, now)
         rows = await self._all(
             "SELECT run_id FROM runs r"
-            " WHERE status NOT IN ('completed', 'failed', 'cancelled')"
+            f" WHERE status NOT IN {ENDED_SQL}"
             f" AND (worker_id IS NULL OR lease_expires_at IS NULL OR lease_expires_at <= {clock})"
-            " AND (status = 'running' OR cancel_requested = 1 OR EXISTS"
-            "  (SELECT 1 FROM timers t WHERE t.run_id = r.run_id AND t.due_at <= ?))"
+            " AND (cancel_requested = 1 OR status <> 'paused' AND (status = 'running'"
+            "  OR EXISTS (SELECT 1 FROM timers t WHERE t.run_id = r.run_id AND t.due_at <= ?)))"
             " ORDER BY updated_at LIMIT ?",
             (*at, now, limit),
         )
@@ -323,7 +323,7 @@ class JournalStore:
         """The earliest timer of any unfinished run."""
         rows = await self._all(
             "SELECT min(t.due_at) FROM timers t JOIN runs r USING (run_id)"
-            " WHERE r.status NOT IN ('completed', 'failed', 'cancelled')"
+            f" WHERE r.status NOT IN {ENDED_SQL} AND r.status <> 'paused'"
         )
         return None if rows[0][0] is None else int(rows[0][0])
 
@@ -447,12 +447,7 @@ class JournalStore:
         return [run_record(row) for row in rows]
 
     async def list_steps(self, run_id: str) -> list[StepRow]:
-        rows = await self._all(
-            f"SELECT {STEP_COLUMNS} FROM steps WHERE run_id = ?"
-            " ORDER BY settled_seq IS NULL, settled_seq, started_at",
-            (run_id,),
-        )
-        return [StepRow(*row) for row in rows]
+        return await self._read(lambda tx: tx.list_steps(run_id))
 
     async def list_events(self, run_id: str) -> list[EventRecord]:
         rows = await self._all(

@@ -11,7 +11,14 @@ from typing import Any
 from qjsflow.runner.errors import JournalUnavailable
 from qjsflow.runner.store.dialect import Dialect
 
-__all__ = ["MIGRATIONS", "Migration", "current_version", "migrate", "scoped_run_keys"]
+__all__ = [
+    "MIGRATIONS",
+    "RUN_CONTROL",
+    "Migration",
+    "current_version",
+    "migrate",
+    "scoped_run_keys",
+]
 
 Migration = tuple[int, str, str]  # version, what it does, its statements
 
@@ -48,6 +55,16 @@ def scoped_run_keys(unkeyed: str) -> str:
         "CREATE UNIQUE INDEX inbox_event_ids ON inbox (run_id, event_id)"
         " WHERE event_id IS NOT NULL;\n"
     )
+
+
+# Migration 10 (PostgreSQL's 5): a pause asked of a run (its driver parks it after the step in
+# progress); how many times it was restarted (a restart's calls are new calls to the scope
+# database and its console lines new lines); ended runs found by age for pruning.
+RUN_CONTROL = (
+    "ALTER TABLE runs ADD COLUMN pause_requested INTEGER NOT NULL DEFAULT 0;"
+    " ALTER TABLE runs ADD COLUMN generation INTEGER NOT NULL DEFAULT 0;"
+    " CREATE INDEX runs_by_age ON runs (updated_at)"
+)
 
 
 MIGRATIONS: tuple[tuple[int, str, str], ...] = (
@@ -237,6 +254,7 @@ MIGRATIONS: tuple[tuple[int, str, str], ...] = (
         CREATE INDEX queue_messages_by_queue ON queue_messages (scope, queue, seq)
         """,
     ),
+    (10, "run control: pause requests, restarts; ended runs by age", RUN_CONTROL),
 )
 
 

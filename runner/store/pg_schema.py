@@ -7,7 +7,7 @@ serialize on an advisory lock (the dialect's migration prologue).
 
 from __future__ import annotations
 
-from qjsflow.runner.store.migrations import Migration, scoped_run_keys
+from qjsflow.runner.store.migrations import RUN_CONTROL, Migration, scoped_run_keys
 
 __all__ = ["PG_MIGRATIONS"]
 
@@ -104,4 +104,5 @@ PG_MIGRATIONS: tuple[Migration, ...] = (
         CREATE INDEX queue_messages_by_queue ON queue_messages (scope, queue, seq)
         """,
     ),
+    (5, "run control (SQLite migration 10)", RUN_CONTROL),
 )

@@ -10,6 +10,8 @@ from dataclasses import dataclass
 from qjsflow.bridge.types import step_key
 
 __all__ = [
+    "ENDED",
+    "ENDED_SQL",
     "EventRecord",
     "InboxRecord",
     "JournalRow",
@@ -18,6 +20,11 @@ __all__ = [
     "StepRow",
     "ToolCallRecord",
 ]
+
+
+# The statuses of a run that has ended: nothing drives it again (but an operator's restart).
+ENDED: frozenset[str] = frozenset({"completed", "failed", "cancelled", "terminated"})
+ENDED_SQL = "(" + ", ".join(f"'{status}'" for status in sorted(ENDED)) + ")"
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,6 +49,8 @@ class RunRecord:
     sql_used_s: float = 0.0
     executor_deaths: int = 0  # drives whose executor process died (see RunDriver)
     error_stack: str | None = None  # where it failed: the author's frames, one per line
+    pause_requested: bool = False  # parked after the step in progress, until resumed
+    generation: int = 0  # how many times an operator restarted it
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,7 +16,14 @@ from typing import Any
 from qjsflow.bridge import QjsflowError, dumps_text
 from qjsflow.bridge.types import step_key
 from qjsflow.runner.store.dialect import SQLITE, Dialect
-from qjsflow.runner.store.records import InboxRecord, JournalRow, RunRecord, StepRow
+from qjsflow.runner.store.records import (
+    ENDED,
+    ENDED_SQL,
+    InboxRecord,
+    JournalRow,
+    RunRecord,
+    StepRow,
+)
 
 __all__ = [
     "RUN_COLUMNS",
@@ -31,7 +38,7 @@ __all__ = [
 RUN_COLUMNS = (
     "run_id, scope, workflow, snapshot_id, entry_path, status, input, persisted_bindings,"
     " output, error, created_at, updated_at, wake_at, waiting_for, cpu_used_s, logs_count,"
-    " cancel_requested, sql_used_s, executor_deaths, error_stack"
+    " cancel_requested, sql_used_s, executor_deaths, error_stack, pause_requested, generation"
 )
 STEP_COLUMNS = (
     "run_id, kind, name, count, status, attempt, config, detail, output, error, started_at,"
@@ -40,7 +47,10 @@ STEP_COLUMNS = (
 _RUN_UPDATABLE = {
     "status", "output", "error", "updated_at", "wake_at", "waiting_for", "cpu_used_s",
     "logs_count", "cancel_requested", "sql_used_s", "executor_deaths", "error_stack",
+    "pause_requested", "generation", "input", "persisted_bindings",
 }  # fmt: skip
+# The tables holding a run's rows besides `runs` itself.
+RUN_TABLES = ("steps", "events", "inbox", "timers", "tool_calls", "logs")
 _STEP_UPDATABLE = {"status", "attempt", "config", "detail", "output", "error", "started_at"}
 
 
@@ -71,6 +81,7 @@ def lease_now(lease_clock: str | None, now: int) -> tuple[str, tuple[int, ...]]:
 def run_record(row: Iterable[Any]) -> RunRecord:
     values = list(row)
     values[16] = bool(values[16])  # cancel_requested
+    values[20] = bool(values[20])  # pause_requested
     return RunRecord(*values)
 
 
@@ -84,17 +95,22 @@ class JournalTransaction:
         self._db = connection  # a DB-API connection taking `?` placeholders
         self._epoch = None if fence is None else fence.epoch
         self._dialect = dialect
+        self.pause_requested = False  # set by `check_fence`
 
     def _lease_now(self, now: int) -> tuple[str, tuple[int, ...]]:
         return lease_now(self._dialect.lease_clock, now)
 
     def check_fence(self, lease: Lease) -> None:
+        """Raise `LeaseLost` if another driver took the run; note whether a pause is asked
+        (read with the fence, so a drive learns of it at no extra cost)."""
         row = self._one(
-            f"SELECT epoch, worker_id FROM runs WHERE run_id = ?{self._dialect.lock_run}",
+            "SELECT epoch, worker_id, pause_requested FROM runs"
+            f" WHERE run_id = ?{self._dialect.lock_run}",
             (lease.run_id,),
         )
         if row is None or row[0] != lease.epoch or row[1] != lease.worker_id:
             raise LeaseLost(lease)
+        self.pause_requested = bool(row[2])
 
     def _one(self, sql: str, args: tuple[Any, ...]) -> Any:
         return self._db.execute(sql, args).fetchone()
@@ -111,7 +127,7 @@ class JournalTransaction:
             "" if force else
             f" AND (worker_id IS NULL OR lease_expires_at IS NULL OR lease_expires_at <= {clock})"
         )  # fmt: skip
-        free = f"run_id = ? AND status NOT IN ('completed', 'failed', 'cancelled'){lapsed}"
+        free = f"run_id = ? AND status NOT IN {ENDED_SQL}{lapsed}"
         if self._dialect.skip_locked_claims:
             where = f"run_id = (SELECT run_id FROM runs WHERE {free} FOR UPDATE SKIP LOCKED)"
         else:  # SQLite: BEGIN IMMEDIATE has serialized the writers already
@@ -178,6 +194,7 @@ class JournalTransaction:
             run.input, run.persisted_bindings, run.output, run.error, run.created_at,
             run.updated_at, run.wake_at, run.waiting_for, run.cpu_used_s, run.logs_count,
             int(run.cancel_requested), run.sql_used_s, run.executor_deaths, run.error_stack,
+            int(run.pause_requested), run.generation,
         )  # fmt: skip
         placeholders = ", ".join("?" for _ in values)
         row = self._one(
@@ -236,6 +253,86 @@ class JournalTransaction:
             " WHERE run_id = ? AND kind = ? AND name = ? AND count = ?",
             (*fields.values(), run_id, kind, name, count),
         )
+
+    def list_steps(self, run_id: str) -> list[StepRow]:
+        """Every step row of a run: settled ones in the order they settled, then the rest."""
+        rows = self._db.execute(
+            f"SELECT {STEP_COLUMNS} FROM steps WHERE run_id = ?"
+            " ORDER BY settled_seq IS NULL, settled_seq, started_at",
+            (run_id,),
+        ).fetchall()
+        return [StepRow(*row) for row in rows]
+
+    def delete_steps(self, run_id: str, rows: Iterable[StepRow]) -> None:
+        """Forget these steps (an operator's restart runs them again); an event they consumed
+        is delivered again, to the step that waits for it next."""
+        doomed = [(row.kind, row.name, row.count) for row in rows]
+        self._db.executemany(
+            "DELETE FROM steps WHERE run_id = ? AND kind = ? AND name = ? AND count = ?",
+            [(run_id, *step) for step in doomed],
+        )
+        self._db.executemany(
+            "UPDATE inbox SET consumed_by = NULL WHERE run_id = ? AND consumed_by = ?",
+            [(run_id, step_key(kind, count, name)) for kind, name, count in doomed],
+        )
+
+    def copy_step(self, run_id: str, row: StepRow, at: int) -> None:
+        """A settled step of another run, recorded as this run's next settled step (a fork)."""
+        seq = self.append_event(run_id, "step_copied", at, dumps_text({"key": row.key}))
+        self._db.execute(
+            f"INSERT INTO steps ({STEP_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (
+                run_id, row.kind, row.name, row.count, row.status, row.attempt, row.config,
+                row.detail, row.output, row.error, row.started_at, row.completed_at, seq,
+            ),
+        )  # fmt: skip
+
+    def fence_out(self, run_id: str) -> None:
+        """Void the run's lease: a driver holding it can write nothing more (its epoch is
+        stale); its heartbeat notices and stops its executor."""
+        self._db.execute(
+            "UPDATE runs SET worker_id = NULL, lease_expires_at = NULL, epoch = epoch + 1"
+            " WHERE run_id = ?",
+            (run_id,),
+        )
+
+    def ended_runs(
+        self, before: int, statuses: Iterable[str], limit: int, scope: str | None = None
+    ) -> list[tuple[str, str]]:
+        """(run key, scope) of runs that ended (in one of `statuses`) before `before`."""
+        chosen = sorted(set(statuses) & ENDED)
+        if not chosen:
+            return []
+        marks = ", ".join("?" for _ in chosen)
+        in_scope = "" if scope is None else " AND scope = ?"
+        rows = self._db.execute(
+            f"SELECT run_id, scope FROM runs WHERE updated_at < ? AND status IN ({marks})"
+            f"{in_scope} ORDER BY updated_at LIMIT ?",
+            (before, *chosen, *(() if scope is None else (scope,)), limit),
+        ).fetchall()
+        return [(str(row[0]), str(row[1])) for row in rows]
+
+    def delete_runs(self, run_ids: list[str]) -> None:
+        """Runs and everything recorded of them."""
+        marks = ", ".join("?" for _ in run_ids)
+        for table in (*RUN_TABLES, "runs"):
+            self._db.execute(f"DELETE FROM {table} WHERE run_id IN ({marks})", run_ids)
+
+    def delete_unused_snapshots(self, before: float, scope: str | None = None) -> int:
+        """Snapshots published before `before` (seconds) that no run is pinned to."""
+        in_scope = "" if scope is None else " AND s.scope = ?"
+        unused = self._db.execute(
+            "SELECT s.scope, s.snapshot_id FROM snapshots s WHERE s.created_at < ?"
+            f"{in_scope} AND NOT EXISTS (SELECT 1 FROM runs r"
+            " WHERE r.scope = s.scope AND r.snapshot_id = s.snapshot_id)",
+            (before, *(() if scope is None else (scope,))),
+        ).fetchall()
+        for table in ("bundles", "snapshots"):
+            self._db.executemany(
+                f"DELETE FROM {table} WHERE scope = ? AND snapshot_id = ?",
+                [tuple(row) for row in unused],
+            )
+        return len(unused)
 
     def kv_put(self, scope: str, namespace: str, key: str, value: str | None, now: int) -> None:
         if value is None:

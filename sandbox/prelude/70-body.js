@@ -213,6 +213,13 @@ function answer(message) {
   waiting.onResult(message.result, message.at);
 }
 
+// How many journal entries the drive answered from the journal: a fork onto new code checks
+// that the code reached every step it copied.
+function withReplayed(ended) {
+  ended.replayed = consumed;
+  return ended;
+}
+
 function finish() {
   if (outcome !== null) return outcome;
   if (markers.length > 0) return { status: "suspended", markers };

@@ -19,7 +19,7 @@ return function dispatch(command, argument) {
         outbox = [];
         return taken.length === 0 ? "" : asciiJSON(taken);
       }
-      case "outcome": return outcome === null ? "" : asciiJSON(outcome);
+      case "outcome": return outcome === null ? "" : asciiJSON(withReplayed(outcome));
       case "takeLogs": {
         // At the end of a drive only console output still goes out: a step call nobody
         // awaited must not run after the body has finished.
@@ -28,7 +28,7 @@ return function dispatch(command, argument) {
         outbox = [];
         return logs.length === 0 ? "" : asciiJSON(logs);
       }
-      case "finish": return asciiJSON(finish());
+      case "finish": return asciiJSON(withReplayed(finish()));
     }
     return asciiJSON({ error: { name: "DriveError", message: "unknown command " + command } });
   } catch (thrown) {

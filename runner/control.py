@@ -1,0 +1,175 @@
+"""Run control by operators — pause, resume, terminate, restart, fork — as journal transactions
+(docs/OPERATIONS.md has the lifecycle). Each is journaled as an event of the run.
+
+`Runner` runs these with `JournalStore.transact`; none needs the run's lease: those that take
+the run away from a driver in progress (terminate, restart) void its lease, so that driver can
+write nothing more and its heartbeat stops its executor.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from qjsflow.bridge import InvalidInput, dumps_text
+from qjsflow.runner.errors import RunClosed, RunNotFound
+from qjsflow.runner.scopes import split_run_key
+from qjsflow.runner.store import ENDED, JournalTransaction, RunRecord, StepRow
+
+__all__ = [
+    "STEP_KINDS",
+    "StepRef",
+    "fork_run",
+    "kept_steps",
+    "lift_pause",
+    "request_pause",
+    "restart_run",
+    "terminate_run",
+]
+
+STEP_KINDS = ("do", "tool", "sleep", "waitForEvent", "notify", "sql")
+_COUNT = re.compile(r"^(.*):([1-9][0-9]{0,8})$")
+
+
+@dataclass(frozen=True, slots=True)
+class StepRef:
+    """A step as operators name it: `KIND:NAME[:COUNT]` (`do:charge card`, `tool:email:2`);
+    COUNT is which call of that name (1, the first, when left out)."""
+
+    kind: str
+    name: str
+    count: int = 1
+
+    @classmethod
+    def parse(cls, text: str) -> StepRef:
+        kind, colon, rest = text.partition(":")
+        if kind not in STEP_KINDS or not colon or not rest:
+            raise InvalidInput(
+                f"invalid step {text[:120]!r}: use KIND:NAME[:COUNT], KIND one of "
+                f"{', '.join(STEP_KINDS)}"
+            )
+        numbered = _COUNT.match(rest)
+        if numbered is None:
+            return cls(kind, rest)
+        return cls(kind, numbered.group(1), int(numbered.group(2)))
+
+    def matches(self, row: StepRow) -> bool:
+        return (row.kind, row.name, row.count) == (self.kind, self.name, self.count)
+
+    def __str__(self) -> str:
+        return f"{self.kind}:{self.name}:{self.count}"
+
+
+def _open_run(tx: JournalTransaction, key: str) -> RunRecord:
+    """The run, which must not have ended."""
+    run = tx.get_run(key)
+    if run is None:
+        raise RunNotFound(split_run_key(key)[1])
+    if run.status in ENDED:
+        raise RunClosed(split_run_key(key)[1], run.status)
+    return run
+
+
+def _found(tx: JournalTransaction, key: str) -> RunRecord:
+    run = tx.get_run(key)
+    if run is None:
+        raise RunNotFound(split_run_key(key)[1])
+    return run
+
+
+def request_pause(tx: JournalTransaction, key: str, now: int) -> RunRecord:
+    """Ask the run to park after the steps under way (the next drive, or the one holding it
+    now, parks it)."""
+    run = _open_run(tx, key)
+    if not run.pause_requested:
+        tx.update_run(key, pause_requested=1, updated_at=now)
+        tx.append_event(key, "pause_requested", now, None)
+    return run
+
+
+def lift_pause(tx: JournalTransaction, key: str, now: int) -> None:
+    """Make a paused run runnable again: a drive replays it to wherever it waits. A run that
+    was not paused is left as it is (resume still drives it, as after a crash)."""
+    run = _found(tx, key)
+    if not run.pause_requested or run.status in ENDED:
+        return
+    status = "running" if run.status == "paused" else run.status
+    tx.update_run(key, pause_requested=0, status=status, updated_at=now)
+    tx.append_event(key, "run_resumed", now, None)
+
+
+def terminate_run(tx: JournalTransaction, key: str, now: int, reason: str | None) -> None:
+    """End the run now, whatever it is doing: no timer wakes it, no driver writes to it."""
+    _open_run(tx, key)
+    message = "terminated by an operator" + (f": {reason}" if reason else "")
+    tx.fence_out(key)
+    tx.delete_timers(key)
+    tx.update_run(
+        key, status="terminated", error=message, wake_at=None, waiting_for=None,
+        cancel_requested=0, pause_requested=0, updated_at=now,
+    )  # fmt: skip
+    tx.append_event(key, "run_terminated", now, dumps_text({"reason": message}))
+
+
+def kept_steps(rows: Sequence[StepRow], start: StepRef | None) -> list[StepRow]:
+    """The steps a restart or fork from `start` keeps, in the order they settled."""
+    return _split(rows, start)[0]
+
+
+def _split(rows: Sequence[StepRow], start: StepRef | None) -> tuple[list[StepRow], list[StepRow]]:
+    """The steps kept (settled before `start`, not inside a step that runs again) and those
+    run again. Without `start`, every step runs again."""
+    if start is None:
+        return [], list(rows)
+    chosen = next((row for row in rows if start.matches(row)), None)
+    if chosen is None:
+        named = ", ".join(str(StepRef(r.kind, r.name, r.count)) for r in rows[:20])
+        raise InvalidInput(f"the run has no step {str(start)!r}; its steps: {named or 'none'}")
+    cut = chosen.settled_seq
+    again = [r for r in rows if r.settled_seq is None or (cut is not None and r.settled_seq >= cut)]
+    # Calls inside a step that runs again are made again with it (their names hold its key).
+    inside = tuple(row.key + "/" for row in again)
+    again += [r for r in rows if r not in again and r.name.startswith(inside)]
+    return [r for r in rows if r not in again], again
+
+
+def restart_run(
+    tx: JournalTransaction, key: str, start: StepRef | None, now: int
+) -> tuple[int, int]:
+    """Run it again, keeping its id: from the beginning, or from `start` (the steps settled
+    before it keep their results). Returns (steps kept, steps that run again)."""
+    run = _found(tx, key)
+    kept, again = _split(tx.list_steps(key), start)
+    tx.fence_out(key)
+    tx.delete_timers(key)
+    tx.delete_steps(key, again)
+    tx.update_run(
+        key, status="running", output=None, error=None, error_stack=None, wake_at=None,
+        waiting_for=None, cancel_requested=0, pause_requested=0, cpu_used_s=0.0,
+        sql_used_s=0.0, executor_deaths=0, logs_count=0, generation=run.generation + 1,
+        updated_at=now,
+    )  # fmt: skip
+    data = {"fromStep": None if start is None else str(start), "generation": run.generation + 1,
+            "kept": len(kept), "again": len(again), "previousStatus": run.status}  # fmt: skip
+    tx.append_event(key, "run_restarted", now, dumps_text(data))
+    return len(kept), len(again)
+
+
+def fork_run(
+    tx: JournalTransaction, source_key: str, fork: RunRecord, start: StepRef | None, now: int
+) -> bool:
+    """Create `fork` (a new run of the same input) with the results of `source_key`'s steps
+    settled before `start` copied. False when a run with the fork's id exists already."""
+    _found(tx, source_key)
+    kept, _ = _split(tx.list_steps(source_key), start)
+    if not tx.insert_run(fork):
+        return False
+    origin = split_run_key(source_key)[1]
+    data = {"forkedFrom": origin, "fromStep": None if start is None else str(start)}
+    tx.append_event(fork.run_id, "run_created", now, dumps_text({"scope": fork.scope, **data}))
+    for row in kept:
+        tx.copy_step(fork.run_id, row, now)
+    forked = {"fork": split_run_key(fork.run_id)[1], "copied": len(kept), **data}
+    tx.append_event(source_key, "run_forked", now, dumps_text(forked))
+    return True

@@ -1,0 +1,100 @@
+"""Before a fork runs on other code: replay that code against the results it would copy.
+
+The new snapshot's bundle is driven once in an executor with the copied steps as its journal
+and a host that answers nothing: every call the code makes that the journal does not hold is
+noted and left waiting. The fork may go ahead only if the code answered every copied step from
+the journal (the same steps, reached before anything new); otherwise `ForkMismatch` names the
+first difference. Nothing is written, and no tool, notification or SQL is called.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from qjsflow.bridge import InvalidInput
+from qjsflow.bridge.types import (
+    Answer,
+    DbSql,
+    DriveRequest,
+    Failed,
+    JournalEntry,
+    OpEnvelope,
+    StepBegin,
+    StepCheck,
+    StepNotify,
+    StepRecord,
+    StepSleep,
+    StepTool,
+    StepWaitForEvent,
+    Suspend,
+    needs_answer,
+    step_key,
+)
+from qjsflow.runner.control import StepRef, kept_steps
+from qjsflow.runner.driver import RunDriver
+from qjsflow.runner.scopes import split_run_key
+from qjsflow.runner.steps import failure_from_json
+from qjsflow.runner.store import RunRecord
+
+__all__ = ["ForkMismatch", "check_fork"]
+
+
+class ForkMismatch(InvalidInput):
+    """The new code does not reach the copied steps as the recorded run did."""
+
+
+class _NewCalls:
+    """A host that notes the calls the journal could not answer and leaves them waiting."""
+
+    def __init__(self) -> None:
+        self.keys: list[str] = []
+
+    async def __call__(self, ops: Sequence[OpEnvelope]) -> list[Answer]:
+        answers = []
+        for envelope in ops:
+            op = envelope.op
+            kind = _KINDS.get(type(op))
+            if kind is not None:
+                self.keys.append(step_key(kind, op.count, op.step))  # type: ignore[union-attr]
+            if needs_answer(op):
+                answers.append(Answer(envelope.id, Suspend("retry"), None))
+        return answers
+
+
+_KINDS: dict[type, str] = {
+    StepBegin: "do", StepCheck: "do", StepRecord: "do", StepTool: "tool", StepSleep: "sleep",
+    StepWaitForEvent: "waitForEvent", StepNotify: "notify", DbSql: "sql",
+}  # fmt: skip
+
+
+async def check_fork(
+    driver: RunDriver, source: RunRecord, fork: RunRecord, start: StepRef | None
+) -> None:
+    """Raise `ForkMismatch` unless `fork`'s code reaches `source`'s steps before `start`."""
+    rows = kept_steps(await driver.store.list_steps(source.run_id), start)
+    journal = tuple(
+        JournalEntry(
+            row.key, row.output, None if row.error is None else failure_from_json(row.error),
+            row.completed_at or row.started_at,
+        )
+        for row in rows
+    )  # fmt: skip
+    bundle = await driver.bundle_of(fork)
+    request = DriveRequest(
+        run_id=split_run_key(fork.run_id)[1], workflow=fork.workflow, bundle=bundle.code,
+        input=fork.input, created_at_ms=fork.created_at, journal=journal,
+        env=fork.persisted_bindings, limits=driver.config.limits, export=bundle.export,
+    )  # fmt: skip
+    host = _NewCalls()
+    outcome = await driver.pool.drive(request, host)
+    if isinstance(outcome, Failed):
+        raise ForkMismatch(f"the new code fails before the fork point: {outcome.message[:300]}")
+    replayed = outcome.replayed
+    if replayed >= len(rows):
+        return
+    expected = rows[replayed].key
+    found = host.keys[0] if host.keys else "no further step (it ends)"
+    raise ForkMismatch(
+        f"the new code does not reach the recorded steps in order: it reached {replayed} of "
+        f"the {len(rows)} copied, then called {found} where the run had {expected}"
+    )
