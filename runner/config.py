@@ -11,6 +11,7 @@ from qjsflow.bridge.limits import Limits
 from qjsflow.bundles import BuildLimits, TreeLimits
 from qjsflow.runner.bindings import Bindings
 from qjsflow.runner.environment import ScopeEnvironment
+from qjsflow.runner.retention import Retention
 from qjsflow.runner.scopedb.policy import SqlLimits
 from qjsflow.sandbox import PoolConfig
 
@@ -45,3 +46,5 @@ class RunnerConfig:
     # How long a transient journal write failure (locked, disk full, a lost server) is
     # retried before the operation gives up with JournalUnavailable.
     journal_retry_s: float = 60.0
+    # Workers prune runs that ended longer ago than this on their own (None: never).
+    retention: Retention | None = None

@@ -422,8 +422,8 @@ class DriveHost:
             outcome = SqlOutcome(None, "quota", message, 0.0)
         else:
             outcome = await self.scopes.execute(
-                scope, run_id=self.run_id, call_key=self._renewed(key), sql=op.sql, params=op.params,
-                deadline_s=min(sql_limits.deadline_s, left),
+                scope, run_id=self.run_id, call_key=self._renewed(key), sql=op.sql,
+                params=op.params, deadline_s=min(sql_limits.deadline_s, left),
             )  # fmt: skip
         # Counted once, outside the transaction below (which may run again after a fault).
         refused = None if outcome.result is None else self._over_journal_limit(key, outcome.result)

@@ -9,7 +9,7 @@ import os
 import re
 import secrets
 import time
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from functools import partial
@@ -43,6 +43,7 @@ from qjsflow.runner.errors import (
 )
 from qjsflow.runner.fork_check import check_fork
 from qjsflow.runner.inspect import describe_exports
+from qjsflow.runner.retention import Pruned, prune
 from qjsflow.runner.scopedb import ScopeDatabases
 from qjsflow.runner.scopes import (
     ALL_SCOPES,
@@ -385,6 +386,29 @@ class Runner:
 
         await self._store.transact(request_cancel)
         return await self._drive(key, None)
+
+    async def prune(
+        self,
+        *,
+        older_than_s: float,
+        scope: str | AllScopes,
+        statuses: Iterable[str] = TERMINAL,
+        snapshots: bool = False,
+        dry_run: bool = False,
+    ) -> Pruned:
+        """Delete runs that ended more than `older_than_s` ago, with everything recorded of
+        them; with `snapshots`, also snapshots published as long ago that no run is pinned
+        to. `dry_run` only counts. Runs that have not ended are never pruned."""
+        if not isinstance(older_than_s, int | float) or not older_than_s >= 0:
+            raise InvalidInput("the age of runs to prune must be 0 seconds or more")
+        chosen = frozenset(statuses)
+        if not chosen or not chosen <= TERMINAL:
+            raise InvalidInput(f"only ended runs are pruned: statuses among {sorted(TERMINAL)}")
+        return await prune(
+            self._store, self.scopes, before_ms=self._driver.now_ms() - int(older_than_s * 1000),
+            statuses=chosen, snapshots=snapshots, dry_run=dry_run,
+            scope=None if scope is ALL_SCOPES else validate_scope(scope),
+        )  # fmt: skip
 
     async def serve(
         self,

@@ -14,11 +14,13 @@ import contextlib
 import functools
 import logging
 import sys
+import time
 from typing import Any
 
 from qjsflow.runner.bindings import Bindings
 from qjsflow.runner.driver import RunDriver
 from qjsflow.runner.errors import JournalUnavailable
+from qjsflow.runner.retention import prune
 from qjsflow.runner.scopes import split_run_key
 from qjsflow.runner.store import JournalStore
 
@@ -78,6 +80,8 @@ class Worker:
         self.shutdown_grace_s = shutdown_grace_s
         self.drives = 0
         self.backoff = _Backoff()
+        self.pruned = 0  # runs this worker pruned under the retention setting
+        self._next_prune = 0.0  # on the monotonic clock
 
     async def serve(self, *, until_idle: bool = False, stop: asyncio.Event | None = None) -> None:
         """Run until `stop` is set (then finish or release what is held), or, with
@@ -88,6 +92,7 @@ class Worker:
             while not stop.is_set():
                 try:
                     now = self.driver.now_ms()
+                    await self._prune(now)
                     claimable = await self._claim(tasks, now)
                     if until_idle and not tasks and not claimable:
                         due = await self.store.next_due()
@@ -110,6 +115,21 @@ class Worker:
         if delay:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), delay)
+
+    async def _prune(self, now: int) -> None:
+        """Under a retention setting, prune ended runs once every `every_s` (several workers
+        may prune at once: each batch deletes what is still there)."""
+        retention = self.driver.config.retention
+        if retention is None or time.monotonic() < self._next_prune:
+            return
+        self._next_prune = time.monotonic() + retention.every_s
+        done = await prune(
+            self.store, self.driver.scopes, before_ms=now - int(retention.older_than_s * 1000),
+            statuses=retention.statuses, snapshots=retention.snapshots,
+        )  # fmt: skip
+        self.pruned += done.runs
+        if done.runs or done.snapshots:
+            _log.info("pruned %d ended runs and %d snapshots", done.runs, done.snapshots)
 
     async def _claim(self, tasks: dict[str, asyncio.Task[None]], now: int) -> list[str]:
         free = self.concurrency - len(tasks)

@@ -146,7 +146,8 @@ async def test_restart_from_a_step_keeps_the_results_before_it(clocked_runner: R
     tools.fail_next = {"c"}
     run = await start_source(clocked_runner, THREE_TOOLS, bindings=tools.bindings())
     steps = await clocked_runner.list_steps(run.run_id, scope="acme")
-    assert run.status == "sleeping" and steps[-1].status == "retrying"
+    assert run.status == "sleeping"
+    assert steps[-1].status == "retrying"
     again = await clocked_runner.restart(
         run.run_id, tools.bindings(), scope="acme", from_step="tool:second"
     )
@@ -211,15 +212,14 @@ async def _forked(runner: Runner, tools: Tools, **options: Any) -> tuple[RunView
 
 async def test_fork_copies_the_results_before_the_step(clocked_runner: Runner) -> None:
     tools = Tools()
-    run, fork = await _forked(
-        clocked_runner, tools, from_step="tool:third", new_run_id="the-fork"
-    )
+    run, fork = await _forked(clocked_runner, tools, from_step="tool:third", new_run_id="the-fork")
     assert (fork.run_id, fork.output) == ("the-fork", ["a:1", "b:1", "c:2"])
     assert tools.calls == Counter({"a": 1, "b": 1, "c": 2})
     source = await clocked_runner.get(run.run_id, scope="acme")
     assert source.output == ["a:1", "b:1", "c:1"]  # the source run is untouched
     history = await clocked_runner.history(run.run_id, scope="acme")
-    assert history[-1].type == "run_forked" and history[-1].data["fork"] == "the-fork"
+    assert history[-1].type == "run_forked"
+    assert history[-1].data["fork"] == "the-fork"
 
 
 async def test_fork_onto_new_code_that_reaches_the_same_steps(clocked_runner: Runner) -> None:

@@ -14,6 +14,7 @@ import sys
 from collections import OrderedDict
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 from qjsflow.bridge.codec import dumps, loads
 from qjsflow.runner.scopedb.policy import SqlLimits
@@ -72,13 +73,7 @@ class ScopeDatabases:
         slot = self._slot(scope)
         async with slot.lock:
             try:
-                process = await self._server(slot)
-                assert process.stdin is not None
-                assert process.stdout is not None
-                process.stdin.write(frame(request))
-                await process.stdin.drain()
-                waited = deadline_s + self.limits.kill_grace_s
-                reply = loads(await asyncio.wait_for(read_frame_async(process.stdout), waited))
+                reply = await self._ask(slot, request, deadline_s + self.limits.kill_grace_s)
             except (TimeoutError, FrameError, ConnectionError) as error:
                 await slot.stop()
                 stopped = "stopped answering" if isinstance(error, TimeoutError) else "died"
@@ -88,6 +83,27 @@ class ScopeDatabases:
             return SqlOutcome(reply["ok"]["result"], None, None, reply["ok"]["elapsedS"])
         failure = reply["error"]
         return SqlOutcome(None, failure["code"], failure["message"], failure["elapsedS"])
+
+    async def forget(self, scope: str, run_ids: list[str]) -> None:
+        """Drop the applied-call records of these runs from `scope`'s database, if it has one
+        (a pruned run's id used again must run its SQL anew)."""
+        if not run_ids or not self.path_of(scope).exists():
+            return
+        request = dumps({"scope": scope, "forget": run_ids, "limits": asdict(self.limits)})
+        slot = self._slot(scope)
+        async with slot.lock:
+            reply = await self._ask(slot, request, 60.0)
+        if "ok" not in reply:
+            raise RuntimeError(f"the scope database of {scope!r} could not forget pruned runs")
+
+    async def _ask(self, slot: _ScopeProcess, request: bytes, wait_s: float) -> Any:
+        """One request and its reply; the caller holds the slot's lock."""
+        process = await self._server(slot)
+        assert process.stdin is not None
+        assert process.stdout is not None
+        process.stdin.write(frame(request))
+        await process.stdin.drain()
+        return loads(await asyncio.wait_for(read_frame_async(process.stdout), wait_s))
 
     def _slot(self, scope: str) -> _ScopeProcess:
         slot = self._scopes.get(scope)

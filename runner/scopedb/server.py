@@ -4,7 +4,8 @@ call, hardened, and records each applied call in the same transaction as its sta
 Started by `ScopeDatabases` as `python -I -m qjsflow.runner.scopedb.server ROOT` with an empty
 environment. It speaks length-prefixed JSON frames on stdin/stdout: a request
 `{scope, runId, call, sql, params, deadlineS, limits}` gets `{ok: {result, elapsedS}}` or
-`{error: {code, message, elapsedS}}`. Each scope's file is `ROOT/<scope>.sqlite`; the scope id is
+`{error: {code, message, elapsedS}}`; `{scope, forget: [runId…], limits}` drops the records of
+pruned runs. Each scope's file is `ROOT/<scope>.sqlite`; the scope id is
 validated by the host before a request is sent, and again here.
 
 Exactly once: `_qjsflow_applied(run_id, call_key, result)` lives in the scope's own database.
@@ -113,6 +114,8 @@ class ScopeServer:
         return connection
 
     def execute(self, request: dict[str, Any]) -> dict[str, Any]:
+        if "forget" in request:
+            return self.forget(request)
         limits = SqlLimits(**request["limits"])
         started = time.monotonic()
         try:
@@ -130,6 +133,17 @@ class ScopeServer:
             code, message = "error", f"the statement failed ({type(error).__name__})"
         return {"error": {"code": code, "message": message,
                           "elapsedS": time.monotonic() - started}}  # fmt: skip
+
+    def forget(self, request: dict[str, Any]) -> dict[str, Any]:
+        """Drop the applied-call records of pruned runs (a run id used again later must not
+        find the old run's calls applied)."""
+        connection = self.connection(request["scope"], SqlLimits(**request["limits"]))
+        run_ids = [str(run_id) for run_id in request["forget"]]
+        with connection:
+            connection.executemany(
+                "DELETE FROM _qjsflow_applied WHERE run_id = ?", [(r,) for r in run_ids]
+            )
+        return {"ok": {"result": None, "elapsedS": 0.0}}
 
 
 def _harden(connection: apsw.Connection, limits: SqlLimits) -> None:

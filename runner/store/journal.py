@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -445,6 +445,19 @@ class JournalStore:
             (*args, limit, offset),
         )
         return [run_record(row) for row in rows]
+
+    async def ended_runs(
+        self, before: int, statuses: Iterable[str], limit: int, scope: str | None = None
+    ) -> list[tuple[str, str]]:
+        return await self._read(lambda tx: tx.ended_runs(before, statuses, limit, scope))
+
+    async def count_ended_runs(
+        self, before: int, statuses: Iterable[str], scope: str | None = None
+    ) -> int:
+        return await self._read(lambda tx: tx.count_ended_runs(before, statuses, scope))
+
+    async def count_unused_snapshots(self, before: float, scope: str | None = None) -> int:
+        return len(await self._read(lambda tx: tx.unused_snapshots(before, scope)))
 
     async def list_steps(self, run_id: str) -> list[StepRow]:
         return await self._read(lambda tx: tx.list_steps(run_id))

@@ -85,6 +85,16 @@ def run_record(row: Iterable[Any]) -> RunRecord:
     return RunRecord(*values)
 
 
+def _ended_where(
+    before: int, statuses: Iterable[str], scope: str | None
+) -> tuple[str, tuple[Any, ...]]:
+    """Runs that ended, in one of `statuses`, before `before` (of one scope, or any)."""
+    chosen = sorted(set(statuses) & ENDED) or ["-"]  # no status: no run
+    marks = ", ".join("?" for _ in chosen)
+    where = f"updated_at < ? AND status IN ({marks})" + ("" if scope is None else " AND scope = ?")
+    return where, (before, *chosen, *(() if scope is None else (scope,)))
+
+
 class JournalTransaction:
     def __init__(
         self,
@@ -299,18 +309,20 @@ class JournalTransaction:
     def ended_runs(
         self, before: int, statuses: Iterable[str], limit: int, scope: str | None = None
     ) -> list[tuple[str, str]]:
-        """(run key, scope) of runs that ended (in one of `statuses`) before `before`."""
-        chosen = sorted(set(statuses) & ENDED)
-        if not chosen:
-            return []
-        marks = ", ".join("?" for _ in chosen)
-        in_scope = "" if scope is None else " AND scope = ?"
+        """(run key, scope) of runs that ended (in one of `statuses`) before `before`, the
+        oldest first."""
+        where, args = _ended_where(before, statuses, scope)
         rows = self._db.execute(
-            f"SELECT run_id, scope FROM runs WHERE updated_at < ? AND status IN ({marks})"
-            f"{in_scope} ORDER BY updated_at LIMIT ?",
-            (before, *chosen, *(() if scope is None else (scope,)), limit),
+            f"SELECT run_id, scope FROM runs WHERE {where} ORDER BY updated_at LIMIT ?",
+            (*args, limit),
         ).fetchall()
         return [(str(row[0]), str(row[1])) for row in rows]
+
+    def count_ended_runs(
+        self, before: int, statuses: Iterable[str], scope: str | None = None
+    ) -> int:
+        where, args = _ended_where(before, statuses, scope)
+        return int(self._one(f"SELECT count(*) FROM runs WHERE {where}", args)[0])
 
     def delete_runs(self, run_ids: list[str]) -> None:
         """Runs and everything recorded of them."""
@@ -318,20 +330,22 @@ class JournalTransaction:
         for table in (*RUN_TABLES, "runs"):
             self._db.execute(f"DELETE FROM {table} WHERE run_id IN ({marks})", run_ids)
 
-    def delete_unused_snapshots(self, before: float, scope: str | None = None) -> int:
-        """Snapshots published before `before` (seconds) that no run is pinned to."""
+    def unused_snapshots(self, before: float, scope: str | None = None) -> list[tuple[str, str]]:
+        """(scope, id) of snapshots published before `before` (seconds) that no run is
+        pinned to."""
         in_scope = "" if scope is None else " AND s.scope = ?"
-        unused = self._db.execute(
+        rows = self._db.execute(
             "SELECT s.scope, s.snapshot_id FROM snapshots s WHERE s.created_at < ?"
             f"{in_scope} AND NOT EXISTS (SELECT 1 FROM runs r"
             " WHERE r.scope = s.scope AND r.snapshot_id = s.snapshot_id)",
             (before, *(() if scope is None else (scope,))),
         ).fetchall()
+        return [(str(row[0]), str(row[1])) for row in rows]
+
+    def delete_unused_snapshots(self, before: float, scope: str | None = None) -> int:
+        unused = self.unused_snapshots(before, scope)
         for table in ("bundles", "snapshots"):
-            self._db.executemany(
-                f"DELETE FROM {table} WHERE scope = ? AND snapshot_id = ?",
-                [tuple(row) for row in unused],
-            )
+            self._db.executemany(f"DELETE FROM {table} WHERE scope = ? AND snapshot_id = ?", unused)
         return len(unused)
 
     def kv_put(self, scope: str, namespace: str, key: str, value: str | None, now: int) -> None:

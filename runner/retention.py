@@ -1,0 +1,89 @@
+"""Pruning ended runs: by an operator (`qjsflow prune`) or by workers on their own, under a
+retention setting (`RunnerConfig.retention`).
+
+A pruned run goes with everything recorded of it: steps, events, inbox, timers, console lines,
+the tool audit, and its applied-call records in its scope's database. Those records go first:
+a crash in between leaves a journal row of an ended run (pruned next time), never an applied
+record that a new run reusing the id would mistake for its own.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from functools import partial
+
+from qjsflow.runner.scopedb import ScopeDatabases
+from qjsflow.runner.store import ENDED, JournalStore, JournalTransaction
+
+__all__ = ["Pruned", "Retention", "prune"]
+
+_BATCH = 500  # runs deleted per transaction: writers wait at most for one batch
+
+
+@dataclass(frozen=True, slots=True)
+class Retention:
+    """Keep ended runs this long after they ended; workers prune every `every_s`."""
+
+    older_than_s: float
+    statuses: frozenset[str] = ENDED
+    snapshots: bool = False  # also snapshots no run is pinned to, published as long ago
+    every_s: float = 3600.0
+
+    def __post_init__(self) -> None:
+        if not self.older_than_s > 0 or not self.every_s > 0:
+            raise ValueError("retention periods must be more than 0 seconds")
+        unknown = set(self.statuses) - ENDED
+        if unknown:
+            raise ValueError(f"only ended runs are pruned, not {sorted(unknown)}")
+
+
+@dataclass(frozen=True, slots=True)
+class Pruned:
+    runs: int
+    snapshots: int
+    dry_run: bool = False
+    scopes: dict[str, int] = field(default_factory=dict)  # runs per scope
+
+
+def _delete(tx: JournalTransaction, keys: list[str]) -> None:
+    tx.delete_runs(keys)
+
+
+async def prune(
+    store: JournalStore,
+    scopes: ScopeDatabases,
+    *,
+    before_ms: int,
+    statuses: Iterable[str] = ENDED,
+    snapshots: bool = False,
+    scope: str | None = None,
+    dry_run: bool = False,
+) -> Pruned:
+    """Delete runs that ended before `before_ms` (and, with `snapshots`, unused snapshots
+    published before then); with `dry_run`, only count them."""
+    chosen = frozenset(statuses)
+    if dry_run:
+        count = await store.count_ended_runs(before_ms, chosen, scope)
+        unused = await store.count_unused_snapshots(before_ms / 1000, scope) if snapshots else 0
+        return Pruned(count, unused, dry_run=True)
+    per_scope: dict[str, int] = defaultdict(int)
+    while True:
+        batch = await store.ended_runs(before_ms, chosen, _BATCH, scope)
+        if not batch:
+            break
+        by_scope: dict[str, list[str]] = defaultdict(list)
+        for run_id, run_scope in batch:
+            by_scope[run_scope].append(run_id)
+        for run_scope, run_ids in by_scope.items():
+            await scopes.forget(run_scope, run_ids)
+            per_scope[run_scope] += len(run_ids)
+        await store.transact(partial(_delete, keys=[run_id for run_id, _ in batch]))
+        if len(batch) < _BATCH:
+            break
+    removed = 0
+    if snapshots:
+        before_s = before_ms / 1000
+        removed = await store.transact(lambda tx: tx.delete_unused_snapshots(before_s, scope))
+    return Pruned(sum(per_scope.values()), removed, scopes=dict(per_scope))
