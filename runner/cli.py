@@ -10,12 +10,15 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import importlib
 import importlib.metadata
+import logging
 import math
 import os
 import signal
 import sys
+import time
 import traceback
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
@@ -24,7 +27,9 @@ from typing import Any
 from qjsflow.bridge import CodecError, InvalidInput, QjsflowError
 from qjsflow.bridge.codec import loads
 from qjsflow.bundles import ESBUILD_VERSION, PublishError, find_toolchain, setup_tools
-from qjsflow.runner.bindings import Bindings, ToolFn
+from qjsflow.runner import cli_control, cli_output
+from qjsflow.runner.bindings import Bindings, Notification, ToolFn
+from qjsflow.runner.cli_control import CONTROL_VERBS, Bulk, add_control_commands
 from qjsflow.runner.cli_output import (
     printable,
     render_history,
@@ -53,6 +58,7 @@ from qjsflow.runner.views import RUN_STATUSES, TERMINAL, RunView, StartRunInput,
 __all__ = ["main"]
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+_SCOPE_HELP = "the run's tenant (found if only one has the run id)"
 _Command = Callable[[argparse.Namespace, Runner], Awaitable[Any]]
 
 
@@ -68,7 +74,7 @@ class _Parser(argparse.ArgumentParser):
 # environment gives defaults: QJSFLOW_DB, QJSFLOW_TOOLS, QJSFLOW_ENV (and QJSFLOW_SCOPE for
 # --scope).
 _GLOBAL_DEFAULTS = {"db": "./qjsflow.db", "json": False, "debug": False, "lease_ttl": 30.0,
-                    "env": None, "tools": None}  # fmt: skip
+                    "env": None, "tools": None, "notify": None, "utc": False}  # fmt: skip
 
 
 def _global_options(*, suppress: bool) -> _Parser:
@@ -96,8 +102,15 @@ def _global_options(*, suppress: bool) -> _Parser:
     )  # fmt: skip
     options.add_argument(
         "--tools", metavar="MODULE:ATTRIBUTE", default=default("tools"),
-        help="a mapping of tool address to async function, for step.tool (QJSFLOW_TOOLS)",
+        help="a mapping of tool address to async function, for step.tool; the module may be "
+        "in the current folder (QJSFLOW_TOOLS)",
     )  # fmt: skip
+    options.add_argument(
+        "--notify", metavar="MODULE:ATTRIBUTE", default=default("notify"),
+        help="an async function given each step.notify message (QJSFLOW_NOTIFY)",
+    )  # fmt: skip
+    options.add_argument("--utc", action="store_true", default=default("utc"),
+                         help="show times as UTC timestamps, not relative ones")  # fmt: skip
     return options
 
 
@@ -120,7 +133,7 @@ def _parser() -> argparse.ArgumentParser:
     publish.add_argument("dir", help="the folder holding workflows/ and the code it imports")
     publish.add_argument("--scope", help="the tenant the snapshot belongs to (QJSFLOW_SCOPE)")
     start = add("start", help="start a run pinned to a snapshot")
-    start.add_argument("workflow")
+    start.add_argument("workflow", help="the workflow's name in the snapshot")
     start.add_argument("--scope", help="the run's tenant (QJSFLOW_SCOPE)")
     start.add_argument(
         "--snapshot",
@@ -132,43 +145,39 @@ def _parser() -> argparse.ArgumentParser:
     start.add_argument(
         "--no-wait", action="store_true", help="only record the run: a worker drives it"
     )
+    start.add_argument(
+        "--wait", action="store_true",
+        help="block until the run ends (a worker drives what is left) and print its output",
+    )  # fmt: skip
+    start.add_argument("--timeout", type=float, metavar="SECONDS", help="how long to --wait")
     result = add("result", help="a run's output once it has ended")
-    result.add_argument("run")
-    result.add_argument("--scope")
+    result.add_argument("run", help="the run id")
+    result.add_argument("--scope", help=_SCOPE_HELP)
     result.add_argument(
         "--wait", action="store_true", help="wait for the run to end (a worker drives it)"
     )
     result.add_argument("--timeout", type=float, metavar="SECONDS", help="how long to wait")
-    for name, text in (
-        ("status", "show a run"),
-        ("resume", "drive a run again"),
-        ("cancel", "stop a run at its next suspension"),
-        ("steps", "list a run's steps"),
-        ("logs", "show a run's console lines"),
-        ("tools", "show a run's tool calls (the audit)"),
-        ("history", "show every event of a run, in order"),
-        ("timeline", "show a run's steps with the drives that executed and replayed them"),
-    ):
-        command = add(name, help=text)
-        command.add_argument("run")
-        command.add_argument("--scope")
+    _add_run_views(add)
+    add_control_commands(add)
     signal_ = add("signal", help="deliver an event to a run")
-    signal_.add_argument("run")
-    signal_.add_argument("type")
+    signal_.add_argument("run", help="the run id")
+    signal_.add_argument("type", help="the event type its waitForEvent waits for")
     signal_.add_argument("--payload", default="null", help="the event payload, as JSON")
-    signal_.add_argument("--scope")
+    signal_.add_argument("--scope", help=_SCOPE_HELP)
     signal_.add_argument(
         "--event-id", help="an idempotency key: the same id delivered again adds nothing"
     )
     snapshots = add("snapshots", help="list published snapshots, newest first")
-    snapshots.add_argument("--scope")
+    snapshots.add_argument("--scope", help="one tenant's (all without it)")
     listing = add("list", help="list runs")
-    listing.add_argument("--scope")
-    listing.add_argument("--workflow")
+    listing.add_argument("--scope", help="one tenant's runs (all without it)")
+    listing.add_argument("--workflow", help="runs of this workflow")
     listing.add_argument("--status", choices=RUN_STATUSES, help="one of: %(choices)s")
     listing.add_argument("--limit", type=int, default=50, help="runs per page (50)")
     listing.add_argument("--offset", type=int, default=0, help="runs to skip (0)")
     listing.add_argument("--desc", action="store_true", help="newest first")
+    listing.add_argument("--since", metavar="WHEN", help="created since: 2h, 7d, or an ISO time")
+    listing.add_argument("--cursor", help="start after this (the next_cursor of a page)")
     worker = add("worker", help="wake due runs and recover crashed ones")
     worker.add_argument(
         "--until-idle",
@@ -176,12 +185,32 @@ def _parser() -> argparse.ArgumentParser:
         help="exit once nothing is running and no timer is due within 1 s",
     )
     worker.add_argument("--concurrency", type=int, default=8, help="drives at once (8)")
+    worker.add_argument("-v", "--verbose", action="store_true",
+                        help="print one line per drive on stderr")  # fmt: skip
     add("demo", help="the whole story on a fresh database, with a timeline")
     add(
         "setup-tools",
         help=f"fetch esbuild {ESBUILD_VERSION} (checksum-verified) into the per-user cache",
     )
     return parser  # fmt: skip
+
+
+def _add_run_views(add: Callable[..., argparse.ArgumentParser]) -> None:
+    """The commands that show one run."""
+    for name, text in (
+        ("status", "show a run"),
+        ("steps", "list a run's steps"),
+        ("logs", "show a run's console lines"),
+        ("tools", "show a run's tool calls (the audit)"),
+        ("history", "show every event of a run, in order"),
+        ("timeline", "show a run's steps with the drives that executed and replayed them"),
+    ):
+        command = add(name, help=text)
+        command.add_argument("run", help="the run id")
+        command.add_argument("--scope", help=_SCOPE_HELP)
+        if name == "logs":
+            command.add_argument("--follow", "-f", action="store_true",
+                                 help="keep printing new lines until the run ends")  # fmt: skip
 
 
 def _version() -> str:
@@ -193,16 +222,32 @@ def _version() -> str:
 
 def load_tools(spec: str) -> Mapping[str, ToolFn]:
     """`module:attribute` naming a mapping of tool address -> async function."""
-    module_name, _, attribute = spec.partition(":")
-    if not module_name or not attribute:
-        raise InvalidInput(f"--tools wants MODULE:ATTRIBUTE, not {spec!r}")
-    try:
-        tools = getattr(importlib.import_module(module_name), attribute)
-    except (ImportError, AttributeError) as error:
-        raise InvalidInput(f"cannot load tools from {spec!r}: {error}") from None
+    tools = _load_attribute(spec, "--tools")
     if not isinstance(tools, Mapping):
         raise InvalidInput(f"{spec!r} is not a mapping of tool address to function")
     return tools
+
+
+def _load_attribute(spec: str, option: str) -> Any:
+    """`module:attribute`, the module found on the path or in the current folder (as
+    `python -m` would; an installed `qjsflow` script has no current folder on its path)."""
+    module_name, _, attribute = spec.partition(":")
+    if not module_name or not attribute:
+        raise InvalidInput(f"{option} wants MODULE:ATTRIBUTE, not {spec!r}")
+    if os.getcwd() not in sys.path:
+        sys.path.append(os.getcwd())
+    try:
+        return getattr(importlib.import_module(module_name), attribute)
+    except (ImportError, AttributeError) as error:
+        raise InvalidInput(f"cannot load {option} {spec!r}: {error}") from None
+
+
+def load_notify(spec: str) -> Callable[[Notification], Awaitable[None]]:
+    """`module:attribute` naming an async function given each `step.notify` message."""
+    notify = _load_attribute(spec, "--notify")
+    if not callable(notify):
+        raise InvalidInput(f"{spec!r} is not a function")
+    return notify  # type: ignore[no-any-return]
 
 
 def _json_arg(text: str, option: str) -> Any:
@@ -215,7 +260,9 @@ def _json_arg(text: str, option: str) -> Any:
 def _config(args: argparse.Namespace) -> RunnerConfig:
     if not math.isfinite(args.lease_ttl) or args.lease_ttl <= 0:
         raise InvalidInput("--lease-ttl must be a finite number of seconds, more than 0")
-    bindings = Bindings(tools=load_tools(args.tools)) if args.tools else Bindings()
+    bindings = Bindings(tools=load_tools(args.tools) if args.tools else {})
+    if args.notify:
+        bindings = dataclasses.replace(bindings, notify=load_notify(args.notify))
     environments = load_environments(args.env) if args.env else {}
     return RunnerConfig(lease_ttl_s=args.lease_ttl, bindings=bindings, environments=environments)
 
@@ -243,7 +290,10 @@ async def _serve(args: argparse.Namespace, runner: Runner) -> int:
 async def _start(args: argparse.Namespace, runner: Runner) -> RunView:
     payload = _json_arg(args.input, "--input")
     request = StartRunInput(args.scope, args.workflow, args.snapshot, payload, args.run_id)
-    return await runner.start(request, drive=not args.no_wait)
+    run = await runner.start(request, drive=not args.no_wait)
+    if not args.wait:
+        return run
+    return await runner.wait(run.run_id, scope=run.scope, timeout_s=args.timeout)
 
 
 async def _result(args: argparse.Namespace, runner: Runner) -> RunView:
@@ -277,9 +327,10 @@ async def _signal(args: argparse.Namespace, runner: Runner) -> RunView:
 async def _list(args: argparse.Namespace, runner: Runner) -> list[RunView]:
     """One page, and one run more to tell whether there are more."""
     scope = ALL_SCOPES if args.scope is None else args.scope
+    since = None if args.since is None else cli_control.parse_since(args.since, time.time())
     return await runner.list(
         scope=scope, workflow=args.workflow, status=args.status, limit=args.limit + 1,
-        offset=args.offset, newest_first=args.desc,
+        offset=args.offset, newest_first=args.desc, since=since, cursor=args.cursor,
     )  # fmt: skip
 
 
@@ -305,8 +356,7 @@ _RUN_COMMANDS: dict[str, _Command] = {
     "start": _start,
     "signal": _signal,
     "status": _on_run("get"),
-    "resume": _on_run("resume"),
-    "cancel": _on_run("cancel"),
+    "fork": lambda args, runner: cli_control.fork(args, runner, _scope_of),
 }
 
 
@@ -318,9 +368,10 @@ _VIEWS: dict[str, tuple[str, Callable[[Any], str]]] = {
 }
 
 
-def _run(args: argparse.Namespace) -> str:
-    """Carry out one command; returns what to print."""
+def _run(args: argparse.Namespace) -> str | tuple[str, int]:
+    """Carry out one command; returns what to print (and the exit code, when not 0)."""
     colour = sys.stdout.isatty() and not args.json and "NO_COLOR" not in os.environ
+    cli_output.ABSOLUTE_TIMES = args.utc
     command = args.command
     if command in ("publish", "start") and not args.scope:
         raise InvalidInput(f"{command} needs --scope (or QJSFLOW_SCOPE)")
@@ -342,18 +393,44 @@ def _run(args: argparse.Namespace) -> str:
         return render_json(
             {"snapshot_id": result.snapshot_id, "workflows": workflows, "created": result.created}
         )
+    if command in (*CONTROL_VERBS, "prune") or (command == "logs" and args.follow):
+        return _operate(args, colour)
     if command == "worker":
+        if args.verbose:
+            _log_drives()
         drives = asyncio.run(_with_runner(args, _serve))
         return (
             render_json({"drives": drives})
             if args.json
             else f"worker stopped after {drives} drives"
         )
+    return _show(args, colour)
+
+
+def _operate(args: argparse.Namespace, colour: bool) -> str | tuple[str, int]:
+    """The commands that change runs (one, or those `--where` selects), and `logs --follow`."""
+    command = args.command
+    if command in CONTROL_VERBS:
+        done = asyncio.run(_with_runner(args, lambda a, r: cli_control.control(a, r, _scope_of)))
+        if isinstance(done, Bulk):
+            shown = render_json(done) if args.json else cli_control.render_bulk(done)
+            return (shown, EXIT_FAILED) if done.failed else shown
+        return render_json(done) if args.json else render_run(done, colour)
+    if command == "prune":
+        pruned = asyncio.run(_with_runner(args, cli_control.prune))
+        return render_json(pruned) if args.json else cli_control.render_pruned(pruned)
+    followed: str = asyncio.run(_with_runner(args, _follow_logs))
+    return followed
+
+
+def _show(args: argparse.Namespace, colour: bool) -> str:
+    """The commands that read runs, and start and signal (which show the run they left)."""
+    command = args.command
     if command == "steps":
         steps: list[StepView] = asyncio.run(_with_runner(args, _on_run("list_steps")))
         return render_json(steps) if args.json else render_steps(steps)
-    if command == "result":
-        ended: RunView = asyncio.run(_with_runner(args, _result))
+    if command == "result" or (command == "start" and args.wait):
+        ended: RunView = asyncio.run(_with_runner(args, _RUN_COMMANDS.get(command, _result)))
         if ended.status not in TERMINAL:
             raise QjsflowError(f"run {ended.run_id!r} is {ended.status}: wait with --wait")
         if ended.status != "completed":
@@ -377,10 +454,12 @@ def _run(args: argparse.Namespace) -> str:
             raise InvalidInput("--limit must be 1 or more and --offset 0 or more")
         page = asyncio.run(_with_runner(args, _list))
         runs, more = page[: args.limit], len(page) > args.limit
+        cursor = Runner.cursor_after(runs[-1]) if more else None
         if args.json:
-            return render_json({"runs": runs, "more": more, "next_offset": args.offset + len(runs)})
+            return render_json({"runs": runs, "more": more, "next_offset": args.offset + len(runs),
+                                "next_cursor": cursor})  # fmt: skip
         shown = render_runs(runs, colour)
-        return shown + (f"\n… more: --offset {args.offset + len(runs)}" if more else "")
+        return shown + (f"\n… more: --cursor {cursor}" if more else "")
     view: RunView = asyncio.run(_with_runner(args, _RUN_COMMANDS[command]))
     if args.json:
         return render_json(view)
@@ -392,6 +471,31 @@ def _run(args: argparse.Namespace) -> str:
 
         retries = render_retries(asyncio.run(_with_runner(args, steps_of)))
     return render_run(view, colour, retries)
+
+
+async def _follow_logs(args: argparse.Namespace, runner: Runner) -> str:
+    """`logs --follow`: print lines as the journal gets them until the run ends (with
+    `--json`, one JSON document per line)."""
+    scope = await _scope_of(args, runner)
+    shown = 0
+    while True:
+        run = await runner.get(args.run, scope=scope)  # read first: no line of the end is missed
+        lines = await runner.list_logs(args.run, scope=scope)
+        for line in lines[shown:]:
+            print(render_json(line) if args.json else render_logs([line]), flush=True)
+        shown = len(lines)
+        if run.status in TERMINAL:
+            return ""
+        await asyncio.sleep(0.5)
+
+
+def _log_drives() -> None:
+    """`worker -v`: the worker's line per drive, on stderr."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("qjsflow worker: %(message)s"))
+    worker_log = logging.getLogger("qjsflow.worker")
+    worker_log.addHandler(handler)
+    worker_log.setLevel(logging.INFO)
 
 
 def _check_utf8(argv: Sequence[str]) -> None:
@@ -410,6 +514,7 @@ def _with_environment(args: argparse.Namespace) -> argparse.Namespace:
     for option, variable in (
         ("db", "QJSFLOW_DB"),
         ("tools", "QJSFLOW_TOOLS"),
+        ("notify", "QJSFLOW_NOTIFY"),
         ("env", "QJSFLOW_ENV"),
     ):
         if getattr(args, option) == _GLOBAL_DEFAULTS[option] and os.environ.get(variable):
@@ -427,8 +532,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _fail(error, EXIT_USAGE, debug=False)
     args = _with_environment(_parser().parse_args(arguments))
     try:
-        print(_run(args))
-        return EXIT_OK
+        shown = _run(args)
+        text, code = shown if isinstance(shown, tuple) else (shown, EXIT_OK)
+        if text:
+            print(text)
+        return code
     except InvalidInput as error:
         return _fail(error, EXIT_USAGE, args.debug)
     except QjsflowError as error:

@@ -6,13 +6,14 @@ import dataclasses
 import re
 import time
 from collections.abc import Sequence
+from datetime import UTC, datetime
 from typing import Any
 
 from qjsflow.bridge.codec import dumps_text
 from qjsflow.bridge.values import JsValue, to_json_form
 from qjsflow.runner.runner import PublishResult
 from qjsflow.runner.store import LogRecord, SnapshotRecord
-from qjsflow.runner.views import EventView, RunView, StepView, ToolCallView
+from qjsflow.runner.views import TERMINAL, EventView, RunView, StepView, ToolCallView
 
 __all__ = [
     "printable",
@@ -23,6 +24,8 @@ __all__ = [
     "render_steps",
 ]
 
+ABSOLUTE_TIMES = False  # `--utc`: timestamps rather than relative times
+
 _COLOURS = {
     "completed": "32",
     "failed": "31",
@@ -31,6 +34,8 @@ _COLOURS = {
     "sleeping": "33",
     "waiting": "35",
     "blocked": "31",
+    "paused": "33",
+    "terminated": "31",
 }
 
 
@@ -208,7 +213,10 @@ def table(rows: Sequence[Sequence[str]]) -> list[str]:
 
 
 def age(moment: float, now: float | None = None) -> str:
-    """A relative time: '3s ago', 'in 2m'."""
+    """A relative time: '3s ago', 'in 2m' (with `--utc`, '2026-11-30T18:24:21.123Z')."""
+    if ABSOLUTE_TIMES:
+        stamp = datetime.fromtimestamp(moment, UTC).isoformat(timespec="milliseconds")
+        return stamp.replace("+00:00", "Z")
     delta = (time.time() if now is None else now) - moment
     text = _span(abs(delta))
     return f"{text} ago" if delta >= 0 else f"in {text}"
@@ -227,7 +235,11 @@ def _next(run: RunView) -> str:
     if run.status == "waiting" and run.waiting_for:
         timeout = f" (times out {age(run.wake_at)})" if run.wake_at else ""
         return f"event {printable(run.waiting_for)}{timeout}"
-    if run.wake_at is not None and run.status not in {"completed", "failed", "cancelled"}:
+    if run.status == "paused":
+        return "resume it to go on" + (
+            f" (its timer is due {age(run.wake_at)})" if run.wake_at else ""
+        )
+    if run.wake_at is not None and run.status not in TERMINAL:
         return f"wakes {age(run.wake_at)}"
     return ""
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import base64
 import builtins
 import dataclasses
 import os
@@ -457,17 +458,28 @@ class Runner:
         limit: int = 1000,
         offset: int = 0,
         newest_first: bool = False,
+        since: float | None = None,
+        cursor: str | None = None,
     ) -> list[RunView]:
-        """Runs of one scope, oldest first (or newest first), a page of `limit` from `offset`;
-        an operator passes `scope=ALL_SCOPES` to see every scope's (there is no default, so
-        isolation is never off by omission)."""
+        """Runs of one scope, oldest first (or newest first), a page of `limit` from `offset`
+        or after `cursor` (`Runner.cursor_after` of the last run of the page before), created
+        at or after `since` (seconds since the epoch); an operator passes `scope=ALL_SCOPES`
+        to see every scope's (there is no default, so isolation is never off by omission)."""
         chosen = None if scope is ALL_SCOPES else validate_scope(scope)
         if limit < 1 or offset < 0:
             raise InvalidInput("limit must be 1 or more and offset 0 or more")
         runs = await self._store.list_runs(
-            chosen, workflow, status, limit, offset=offset, newest_first=newest_first
-        )
+            chosen, workflow, status, limit, offset=offset, newest_first=newest_first,
+            since_ms=None if since is None else int(since * 1000),
+            after=None if cursor is None else _parse_cursor(cursor),
+        )  # fmt: skip
         return [run_view(run) for run in runs]
+
+    @staticmethod
+    def cursor_after(run: RunView) -> str:
+        """Where the next page starts: after this run."""
+        key = run_key(run.scope, run.run_id)
+        return f"{round(run.created_at * 1000)}.{base64.urlsafe_b64encode(key.encode()).decode()}"
 
     async def snapshots(
         self, *, scope: str | AllScopes, limit: int = 1000
@@ -546,6 +558,18 @@ def _default_scope_root(store: JournalStore) -> Path:
     if store.path is None:
         return Path("qjsflow.scopes").resolve()
     return store.path.with_name(store.path.name + ".scopes")
+
+
+def _parse_cursor(cursor: str) -> tuple[int, str]:
+    created, _, key = str(cursor).partition(".")
+    try:
+        decoded = base64.urlsafe_b64decode(key.encode("ascii")).decode("utf-8")
+        split_run_key(decoded)
+        return int(created), decoded
+    except (ValueError, UnicodeError):
+        raise InvalidInput(
+            f"invalid cursor {str(cursor)[:80]!r}: pass one a listing gave"
+        ) from None
 
 
 def _operator_text(text: str, what: str) -> str:

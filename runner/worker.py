@@ -156,8 +156,10 @@ class Worker:
 
     async def _drive(self, run_id: str) -> None:
         try:
+            began = time.monotonic()
             run = await self.driver.drive(run_id, self.bindings)
             self.drives += 1
+            _log.info("drove %s in %.3f s: %s", run_id, time.monotonic() - began, run.status)
             if run.status == "blocked":  # once: no worker without the tool drives it again
                 _log.warning(
                     "run %s is blocked: this worker lacks %s; a worker that has it will "

@@ -158,7 +158,7 @@ def test_human_output_is_a_table(cli: Cli, tmp_path: Path) -> None:
         (("signal", "seed-1", "bad type"), "invalid event type"),
         (("start", "nap", "--scope", "Bad!", "--snapshot", "SNAP"), "invalid scope"),
         (("publish", "/no/such/folder", "--scope", "acme"), "cannot read the folder"),
-        (("resume",), "the following arguments are required: run"),
+        (("resume",), "resume needs a run id, or --where to select runs"),
     ],
 )
 def test_bad_input_exits_2_with_one_line_and_writes_nothing(
@@ -348,7 +348,7 @@ def test_list_pages_and_says_when_more_exist(tmp_path: Path) -> None:
     newest = cli.ok("list", "--limit", "1", "--desc")
     assert [r["run_id"] for r in newest["runs"]] == ["r4"]
     human = cli.run("list", "--limit", "3", json=False).stdout
-    assert human.rstrip().endswith("… more: --offset 3")
+    assert "\n… more: --cursor " in human
     refused = cli.run("list", "--limit", "0")
     assert (refused.returncode, "--limit must be 1 or more" in refused.stderr) == (2, True)
 

@@ -432,12 +432,21 @@ class JournalStore:
         *,
         offset: int = 0,
         newest_first: bool = False,
+        since_ms: int | None = None,
+        after: tuple[int, str] | None = None,
     ) -> list[RunRecord]:
-        clauses, args = [], []
-        for column, value in (("scope", scope), ("workflow", workflow), ("status", status)):
+        """A page of runs by when they were created; `after` is the (created_at, key) of
+        the last run of the page before (a cursor: stable while runs are added)."""
+        clauses: list[str] = []
+        args: list[object] = []
+        for clause, value in (("scope = ?", scope), ("workflow = ?", workflow),
+                              ("status = ?", status), ("created_at >= ?", since_ms)):  # fmt: skip
             if value is not None:
-                clauses.append(f"{column} = ?")
+                clauses.append(clause)
                 args.append(value)
+        if after is not None:
+            clauses.append(f"(created_at, run_id) {'<' if newest_first else '>'} (?, ?)")
+            args += after
         where = f" WHERE {' AND '.join(clauses)}" if clauses else ""
         order = "created_at DESC, run_id DESC" if newest_first else "created_at, run_id"
         rows = await self._all(

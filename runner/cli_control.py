@@ -1,0 +1,220 @@
+"""The run-control commands of the CLI: pause, resume, cancel, terminate, restart (one run, or
+every run a `--where` selects, confirmed with `--yes`), fork and prune."""
+
+from __future__ import annotations
+
+import argparse
+import re
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from qjsflow.bridge import InvalidInput, QjsflowError
+from qjsflow.runner.cli_output import printable
+from qjsflow.runner.retention import Pruned
+from qjsflow.runner.runner import Runner
+from qjsflow.runner.scopes import ALL_SCOPES
+from qjsflow.runner.views import RUN_STATUSES, TERMINAL, RunView
+
+__all__ = [
+    "CONTROL_VERBS",
+    "Bulk",
+    "add_control_commands",
+    "control",
+    "parse_duration",
+    "parse_since",
+    "render_bulk",
+    "render_pruned",
+]
+
+# verb -> what it does, for help and for the confirmation message
+CONTROL_VERBS = {
+    "pause": "park a run after the steps under way (no worker drives it until resume)",
+    "resume": "make a paused run runnable and drive it (or drive a run again after a crash)",
+    "cancel": "stop a run at its next suspension",
+    "terminate": "end a run now, stopping its executor mid-step if need be",
+    "restart": "run a run again under its id, from the beginning or from a step",
+}
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+_DURATION = re.compile(r"^([0-9]{1,9})([smhdw])$")
+_PAGE = 1000
+
+
+def parse_duration(text: str, option: str) -> float:
+    """`90s`, `15m`, `12h`, `30d`, `2w` as seconds."""
+    matched = _DURATION.match(text.strip())
+    if matched is None:
+        raise InvalidInput(f"{option} wants a duration such as 45s, 15m, 12h, 30d or 2w")
+    return int(matched.group(1)) * _UNITS[matched.group(2)]
+
+
+def parse_since(text: str, now: float) -> float:
+    """A duration ago (`2h`), or an ISO 8601 time (UTC when it names no offset)."""
+    if _DURATION.match(text.strip()):
+        return now - parse_duration(text, "--since")
+    try:
+        moment = datetime.fromisoformat(text.strip())
+    except ValueError:
+        raise InvalidInput("--since wants a duration (2h, 7d) or an ISO time") from None
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=datetime.now().astimezone().tzinfo).astimezone()
+    return moment.timestamp()
+
+
+def add_control_commands(add: Callable[..., argparse.ArgumentParser]) -> None:
+    for verb, text in CONTROL_VERBS.items():
+        command = add(verb, help=text)
+        command.add_argument("run", nargs="?", help="the run id (or select runs with --where)")
+        command.add_argument("--scope", help="the run's tenant (found if only one has the id)")
+        command.add_argument(
+            "--where", metavar="KEY=VALUE[,…]",
+            help="every run with these: status=…, workflow=… (several, comma-separated)",
+        )  # fmt: skip
+        command.add_argument("--workflow", help="with --where: runs of this workflow")
+        command.add_argument("--since", metavar="WHEN", help="with --where: created since")
+        command.add_argument("--yes", action="store_true", help="with --where: do it")
+        if verb == "terminate":
+            command.add_argument("--reason", help="why, kept in the run's error and history")
+        if verb == "restart":
+            command.add_argument(
+                "--from-step", metavar="KIND:NAME[:COUNT]",
+                help="keep the results before this step; it and the rest run again",
+            )  # fmt: skip
+        if verb in ("resume", "restart"):
+            command.add_argument("--no-wait", action="store_true",
+                                 help="leave the run for a worker to drive")  # fmt: skip
+    fork = add("fork", help="start a new run with a run's input and its results before a step")
+    fork.add_argument("run", help="the run id")
+    fork.add_argument("--scope", help="the run's tenant (found if only one has the id)")
+    fork.add_argument("--from-step", metavar="KIND:NAME[:COUNT]",
+                      help="copy the results before this step (none without it)")  # fmt: skip
+    fork.add_argument("--snapshot", help="run on this snapshot of the scope (id, prefix, latest)")
+    fork.add_argument("--run-id", help="the new run's id (random without it)")
+    fork.add_argument("--no-wait", action="store_true", help="leave the fork for a worker")
+    prune = add("prune", help="delete ended runs (and unused snapshots) older than a duration")
+    prune.add_argument("--older-than", required=True, metavar="DURATION",
+                       help="ended longer ago than this: 45s, 15m, 12h, 30d, 2w")  # fmt: skip
+    prune.add_argument(
+        "--status", default=",".join(sorted(TERMINAL)),
+        help=f"which ended runs, comma-separated (all: {','.join(sorted(TERMINAL))})",
+    )  # fmt: skip
+    prune.add_argument("--snapshots", action="store_true",
+                       help="also snapshots that old which no run is pinned to")  # fmt: skip
+    prune.add_argument("--dry-run", action="store_true", help="only count what would go")
+    prune.add_argument("--scope", help="one tenant's runs (all without it)")
+
+
+@dataclass(frozen=True, slots=True)
+class Bulk:
+    """What a `--where` command did: the runs it changed, and those it could not."""
+
+    verb: str
+    matched: int
+    done: list[str] = field(default_factory=list)
+    failed: list[dict[str, str]] = field(default_factory=list)
+
+
+def _where(text: str) -> dict[str, str]:
+    chosen: dict[str, str] = {}
+    for part in text.split(","):
+        key, equals, value = part.strip().partition("=")
+        if not equals or key not in ("status", "workflow") or not value:
+            raise InvalidInput("--where wants status=…, workflow=… (comma-separated)")
+        chosen[key] = value
+    status = chosen.get("status")
+    if status is not None and status not in RUN_STATUSES:
+        raise InvalidInput(f"--where status must be one of: {', '.join(RUN_STATUSES)}")
+    return chosen
+
+
+async def _selected(args: argparse.Namespace, runner: Runner) -> list[RunView]:
+    where = _where(args.where)
+    workflow = args.workflow or where.get("workflow")
+    since = None if args.since is None else parse_since(args.since, time.time())
+    scope = ALL_SCOPES if args.scope is None else args.scope
+    runs: list[RunView] = []
+    cursor = None
+    while True:
+        page = await runner.list(
+            scope=scope, workflow=workflow, status=where.get("status"), limit=_PAGE,
+            since=since, cursor=cursor,
+        )  # fmt: skip
+        runs += page
+        if len(page) < _PAGE:
+            return runs
+        cursor = Runner.cursor_after(page[-1])
+
+
+async def _act(verb: str, args: argparse.Namespace, runner: Runner, run: str, scope: str) -> Any:
+    wait = not getattr(args, "no_wait", False)
+    match verb:
+        case "pause":
+            return await runner.pause(run, scope=scope)
+        case "resume":
+            return await runner.resume(run, scope=scope, drive=wait)
+        case "cancel":
+            return await runner.cancel(run, scope=scope)
+        case "terminate":
+            return await runner.terminate(run, scope=scope, reason=args.reason)
+        case "restart":
+            return await runner.restart(run, scope=scope, from_step=args.from_step, drive=wait)
+    raise AssertionError(verb)
+
+
+async def control(
+    args: argparse.Namespace, runner: Runner, scope_of: Callable[..., Any]
+) -> RunView | Bulk:
+    """One run's verb, or (with `--where`) every selected run's: counted, then done with
+    `--yes` (a bulk resume or restart leaves the runs to workers)."""
+    verb = args.command
+    if args.where is None:
+        if args.run is None:
+            raise InvalidInput(f"{verb} needs a run id, or --where to select runs")
+        if args.yes or args.workflow or args.since:
+            raise InvalidInput("--workflow, --since and --yes select runs only with --where")
+        result: RunView = await _act(verb, args, runner, args.run, await scope_of(args, runner))
+        return result
+    if args.run is not None:
+        raise InvalidInput(f"{verb} takes a run id or --where, not both")
+    runs = await _selected(args, runner)
+    if not args.yes:
+        raise InvalidInput(f"{len(runs)} runs match; nothing was done: add --yes to {verb} them")
+    if verb in ("resume", "restart"):
+        args.no_wait = True  # workers drive them, many at once
+    bulk = Bulk(verb, len(runs))
+    for run in runs:
+        try:
+            await _act(verb, args, runner, run.run_id, run.scope)
+            bulk.done.append(f"{run.scope}/{run.run_id}")
+        except QjsflowError as error:  # a run that changed meanwhile: say so, go on
+            bulk.failed.append({"run": f"{run.scope}/{run.run_id}", "error": str(error)[:300]})
+    return bulk
+
+
+async def fork(args: argparse.Namespace, runner: Runner, scope_of: Callable[..., Any]) -> RunView:
+    return await runner.fork(
+        args.run, scope=await scope_of(args, runner), from_step=args.from_step,
+        snapshot_id=args.snapshot, new_run_id=args.run_id, drive=not args.no_wait,
+    )  # fmt: skip
+
+
+async def prune(args: argparse.Namespace, runner: Runner) -> Pruned:
+    statuses = {status.strip() for status in args.status.split(",") if status.strip()}
+    return await runner.prune(
+        older_than_s=parse_duration(args.older_than, "--older-than"),
+        scope=ALL_SCOPES if args.scope is None else args.scope, statuses=statuses,
+        snapshots=args.snapshots, dry_run=args.dry_run,
+    )  # fmt: skip
+
+
+def render_bulk(bulk: Bulk) -> str:
+    lines = [f"{bulk.verb}: {len(bulk.done)} of {bulk.matched} runs"]
+    lines += [printable(f"  failed: {f['run']}: {f['error']}") for f in bulk.failed]
+    return "\n".join(lines)
+
+
+def render_pruned(pruned: Pruned) -> str:
+    verb = "would delete" if pruned.dry_run else "deleted"
+    return f"{verb} {pruned.runs} runs and {pruned.snapshots} snapshots"
