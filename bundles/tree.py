@@ -16,10 +16,12 @@ import stat
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-
-import pathspec
+from typing import TYPE_CHECKING
 
 from qjsflow.bundles.errors import SourceTreeError
+
+if TYPE_CHECKING:
+    import pathspec
 
 __all__ = [
     "IGNORE_FILE",
@@ -234,6 +236,8 @@ def _excluded_identities(paths: Sequence[str | os.PathLike[str]]) -> set[tuple[i
 
 
 def _ignore_rules(base: Path) -> pathspec.GitIgnoreSpec | None:
+    import pathspec  # noqa: PLC0415  (only a publish needs it: CLI commands start faster)
+
     if not os.path.lexists(base / IGNORE_FILE):
         return None
     data = _read_regular(base / IGNORE_FILE, IGNORE_FILE, TreeLimits(max_file_bytes=65536))

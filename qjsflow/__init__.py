@@ -6,7 +6,6 @@ The public API in one place; the parts live in `qjsflow.runner` (the journal, ru
 """
 
 from importlib import import_module
-from importlib.metadata import PackageNotFoundError, version
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -30,11 +29,6 @@ if TYPE_CHECKING:
         current_tool_call,
     )
 
-try:
-    __version__ = version("qjsflow")
-except PackageNotFoundError:  # a checkout that was never installed
-    __version__ = "0+unknown"
-
 # Imported when first used: `python -m qjsflow.sandbox.executor` (each executor process) must
 # not load the runner, asyncio and the journal's drivers just because it lives in qjsflow.
 _HOMES = {
@@ -46,7 +40,16 @@ _HOMES = {
 
 
 def __getattr__(name: str) -> Any:
-    if name not in __all__ or name == "__version__":
+    if name == "__version__":  # read from the metadata when asked: every command imports qjsflow
+        from importlib.metadata import PackageNotFoundError, version  # noqa: PLC0415
+
+        try:
+            value: Any = version("qjsflow")
+        except PackageNotFoundError:  # a checkout that was never installed
+            value = "0+unknown"
+        globals()[name] = value
+        return value
+    if name not in __all__:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     value = getattr(import_module(_HOMES.get(name, "qjsflow.runner")), name)
     globals()[name] = value

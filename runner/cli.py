@@ -119,7 +119,7 @@ def _parser() -> argparse.ArgumentParser:
         prog="qjsflow", description="Durable, sandboxed JS/TS workflows.",
         parents=[_global_options(suppress=False)],
     )  # fmt: skip
-    parser.add_argument("--version", action="version", version=f"qjsflow {_version()}")
+    parser.add_argument("--version", action=_Version, nargs=0, help="show the version and exit")
     commands = parser.add_subparsers(
         dest="command", required=True, metavar="COMMAND", parser_class=_Parser
     )
@@ -211,6 +211,15 @@ def _add_run_views(add: Callable[..., argparse.ArgumentParser]) -> None:
         if name == "logs":
             command.add_argument("--follow", "-f", action="store_true",
                                  help="keep printing new lines until the run ends")  # fmt: skip
+
+
+class _Version(argparse.Action):
+    """`--version`, read from the installed metadata only when asked (reading it for every
+    command would slow them all)."""
+
+    def __call__(self, parser: argparse.ArgumentParser, *args: Any, **kwargs: Any) -> None:
+        print(f"qjsflow {_version()}")
+        parser.exit()
 
 
 def _version() -> str:

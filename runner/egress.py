@@ -20,12 +20,16 @@ import socket
 import ssl
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import certifi
-import httpx
 
 from qjsflow.runner.errors import FatalToolError
+
+# httpx is imported where a fetch needs it, not with this module: every CLI command loads the
+# runner, and httpx (with the command line it brings) would add a fifth to `qjsflow status`.
+if TYPE_CHECKING:
+    import httpx
 
 __all__ = ["FETCH_ADDRESS", "EgressPolicy", "fetch"]
 
@@ -52,6 +56,8 @@ class EgressPolicy:
     max_redirects: int = 5
 
     def allows(self, url: httpx.URL) -> bool:
+        import httpx  # noqa: PLC0415  (imported lazily: see the note above)
+
         host = (url.host or "").lower()
         for allowed in self.allow:
             entry = allowed.lower()
@@ -93,6 +99,8 @@ async def fetch(
         raise FatalToolError(
             f"fetch: the request body is larger than {policy.max_request_bytes} bytes"
         )
+    import httpx  # noqa: PLC0415  (imported lazily: see the note above)
+
     url = _url(str(args.get("url", "")))
     timeout = httpx.Timeout(policy.timeout_s)
     async with httpx.AsyncClient(
@@ -122,6 +130,8 @@ def _tls() -> ssl.SSLContext:
 
 
 def _url(text: str) -> httpx.URL:
+    import httpx  # noqa: PLC0415  (imported lazily: see the note above)
+
     try:
         url = httpx.URL(text)
     except httpx.InvalidURL as error:
@@ -183,6 +193,8 @@ async def _send(
     client: httpx.AsyncClient, wanted: _Request, address: str, policy: EgressPolicy
 ) -> dict[str, Any]:
     """One request to the checked `address`, keeping the name for Host and TLS."""
+    import httpx  # noqa: PLC0415  (imported lazily: see the note above)
+
     url = wanted.url
     request = client.build_request(
         wanted.method, url.copy_with(host=address),
