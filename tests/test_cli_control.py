@@ -227,3 +227,28 @@ def test_list_pages_by_cursor_and_since(cli: Cli, tmp_path: Path) -> None:
     bad = cli.run("list", "--cursor", "nonsense")
     assert bad.returncode == 2
     assert "invalid cursor" in bad.stderr
+
+
+def test_terminate_stops_a_drive_in_another_process(cli: Cli, tmp_path: Path) -> None:
+    snapshot = _published(cli, tmp_path, """
+export default async (event, step) =>
+  step.tool("stuck", "slow", { run: event.instanceId, seconds: 60 });
+""")  # fmt: skip
+    cli.ok("start", "flow", "--scope", "acme", "--snapshot", snapshot, "--run-id", "r1",
+           "--no-wait")  # fmt: skip
+    worker = subprocess.Popen(
+        cli.argv("worker", "--until-idle"), cwd=PROJECT_ROOT, env=cli.env,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    deadline = time.monotonic() + 30
+    while _calls(cli) != ["r1 slow"]:  # the worker is inside the 60-second tool call
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    began = time.monotonic()
+    assert cli.ok("terminate", "r1")["status"] == "terminated"
+    worker.communicate(timeout=30)
+    assert worker.returncode == 0
+    assert time.monotonic() - began < 10  # its heartbeat (a third of the 1 s lease) stopped it
+    run = cli.ok("status", "r1")
+    assert (run["status"], run["output"]) == ("terminated", None)
+    assert [event["type"] for event in cli.ok("history", "r1")][-1] == "run_terminated"

@@ -247,3 +247,20 @@ async def test_fork_refuses_new_code_that_diverges_naming_the_step(clocked_runne
         )  # fmt: skip
     assert [r.run_id for r in await clocked_runner.list(scope="acme")] == [run.run_id]
     assert tools.calls == Counter({"a": 1, "b": 1, "c": 1})  # the check called no tool
+
+
+async def test_history_shows_a_lease_taken_over_from_a_driver_that_died(
+    clocked_runner: Runner, clock: FakeClock
+) -> None:
+    run = await start_source(clocked_runner, NAP)
+    key = f"acme/{run.run_id}"
+    ghost = await clocked_runner.store.acquire_lease(key, "ghost-worker", int(clock() * 1000), 1)
+    assert ghost is not None  # a driver that takes the run and dies without releasing it
+    clock.advance(120)
+    await asyncio.sleep(0.01)  # PostgreSQL judges leases by its own clock
+    assert (await clocked_runner.resume(run.run_id, scope="acme")).status == "completed"
+    taken = [e for e in await clocked_runner.history(run.run_id, scope="acme")
+             if e.type == "lease_taken_over"]  # fmt: skip
+    assert len(taken) == 1
+    assert taken[0].data["from"] == "ghost-worker"
+    assert taken[0].data["forced"] is False

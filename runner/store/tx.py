@@ -142,12 +142,18 @@ class JournalTransaction:
             where = f"run_id = (SELECT run_id FROM runs WHERE {free} FOR UPDATE SKIP LOCKED)"
         else:  # SQLite: BEGIN IMMEDIATE has serialized the writers already
             where = free
+        held = self._one("SELECT worker_id FROM runs WHERE run_id = ?", (run_id,))
         row = self._one(
             f"UPDATE runs SET worker_id = ?, lease_expires_at = {clock} + ?, epoch = epoch + 1"
             f" WHERE {where} RETURNING epoch",
             (worker_id, *at, ttl_ms, run_id, *(() if force else at)),
         )
-        return None if row is None else Lease(run_id, worker_id, int(row[0]))
+        if row is None:
+            return None
+        if held is not None and held[0] is not None:  # its driver never released it
+            taken = {"from": held[0], "to": worker_id, "forced": force}
+            self.append_event(run_id, "lease_taken_over", now, dumps_text(taken))
+        return Lease(run_id, worker_id, int(row[0]))
 
     def renew_lease(self, lease: Lease, now: int, ttl_ms: int) -> bool:
         clock, at = self._lease_now(now)
