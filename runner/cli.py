@@ -459,8 +459,8 @@ def _show(args: argparse.Namespace, colour: bool) -> str:
         found = asyncio.run(_with_runner(args, _snapshots))
         return render_json(found) if args.json else render_snapshots(found)
     if command == "list":
-        if args.limit < 1 or args.offset < 0:
-            raise InvalidInput("--limit must be 1 or more and --offset 0 or more")
+        if not 1 <= args.limit <= 10_000 or args.offset < 0:
+            raise InvalidInput("--limit must be 1 to 10000 and --offset 0 or more")
         page = asyncio.run(_with_runner(args, _list))
         runs, more = page[: args.limit], len(page) > args.limit
         cursor = Runner.cursor_after(runs[-1]) if more else None

@@ -83,6 +83,7 @@ __all__ = ["PublishResult", "PublishedWorkflow", "Runner", "Source"]
 Source = str | os.PathLike[str] | Mapping[str, str | bytes]
 _SNAPSHOT_ID = re.compile(r"[0-9a-f]{64}")
 _SNAPSHOT_PREFIX = re.compile(r"[0-9a-f]{8,63}")
+_MAX_PAGE = 10_001  # runs a page may hold (the CLI asks for one more than it shows)
 _RUN_ID = re.compile(r"^[A-Za-z0-9_-]{1,128}$")
 
 
@@ -466,8 +467,8 @@ class Runner:
         at or after `since` (seconds since the epoch); an operator passes `scope=ALL_SCOPES`
         to see every scope's (there is no default, so isolation is never off by omission)."""
         chosen = None if scope is ALL_SCOPES else validate_scope(scope)
-        if limit < 1 or offset < 0:
-            raise InvalidInput("limit must be 1 or more and offset 0 or more")
+        if not 1 <= limit <= _MAX_PAGE or not 0 <= offset < 2**62:
+            raise InvalidInput(f"limit must be 1 to {_MAX_PAGE} and offset 0 or more")
         runs = await self._store.list_runs(
             chosen, workflow, status, limit, offset=offset, newest_first=newest_first,
             since_ms=None if since is None else int(since * 1000),
@@ -563,8 +564,10 @@ def _default_scope_root(store: JournalStore) -> Path:
 def _parse_cursor(cursor: str) -> tuple[int, str]:
     created, _, key = str(cursor).partition(".")
     try:
-        decoded = base64.urlsafe_b64decode(key.encode("ascii")).decode("utf-8")
-        split_run_key(decoded)
+        raw = base64.b64decode(key.encode("ascii"), altchars=b"-_", validate=True)
+        decoded = raw.decode("utf-8")
+        if not created.isdigit() or len(created) > 15 or "/" not in decoded[:300]:
+            raise ValueError(cursor)
         return int(created), decoded
     except (ValueError, UnicodeError):
         raise InvalidInput(

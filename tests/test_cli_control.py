@@ -224,9 +224,10 @@ def test_list_pages_by_cursor_and_since(cli: Cli, tmp_path: Path) -> None:
     assert ([run["run_id"] for run in rest["runs"]], rest["more"]) == (["c"], False)
     assert cli.ok("list", "--since", "1h")["runs"][0]["run_id"] == "a"
     assert cli.ok("list", "--since", "2999-01-01T00:00:00")["runs"] == []
-    bad = cli.run("list", "--cursor", "nonsense")
-    assert bad.returncode == 2
-    assert "invalid cursor" in bad.stderr
+    for cursor in ("nonsense", "9" * 40 + ".YS9h", "1.%%%", "-5.YS9h"):
+        bad = cli.run("list", f"--cursor={cursor}")
+        assert bad.returncode == 2, cursor
+        assert "invalid cursor" in bad.stderr
 
 
 def test_terminate_stops_a_drive_in_another_process(cli: Cli, tmp_path: Path) -> None:

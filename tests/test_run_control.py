@@ -264,3 +264,18 @@ async def test_history_shows_a_lease_taken_over_from_a_driver_that_died(
     assert len(taken) == 1
     assert taken[0].data["from"] == "ghost-worker"
     assert taken[0].data["forced"] is False
+
+
+def test_every_command_line_argument_has_help() -> None:
+    from qjsflow.runner.cli import _parser  # noqa: PLC0415
+
+    parser = _parser()
+    commands = next(a for a in parser._actions if a.dest == "command")
+    assert isinstance(commands.choices, dict)
+    missing = [
+        f"{name} {action.dest}"
+        for name, command in [("qjsflow", parser), *commands.choices.items()]
+        for action in command._actions
+        if action.dest not in ("help", "command") and not action.help
+    ]
+    assert missing == []
