@@ -127,11 +127,14 @@ def _split(rows: Sequence[StepRow], start: StepRef | None) -> tuple[list[StepRow
         named = ", ".join(str(StepRef(r.kind, r.name, r.count)) for r in rows[:20])
         raise InvalidInput(f"the run has no step {str(start)!r}; its steps: {named or 'none'}")
     cut = chosen.settled_seq
-    again = [r for r in rows if r.settled_seq is None or (cut is not None and r.settled_seq >= cut)]
+    later = {
+        r.key for r in rows if r.settled_seq is None or (cut is not None and r.settled_seq >= cut)
+    }
     # Calls inside a step that runs again are made again with it (their names hold its key).
-    inside = tuple(row.key + "/" for row in again)
-    again += [r for r in rows if r not in again and r.name.startswith(inside)]
-    return [r for r in rows if r not in again], again
+    inside = tuple(key + "/" for key in later)
+    again = [r for r in rows if r.key in later or r.name.startswith(inside)]
+    again_keys = {r.key for r in again}
+    return [r for r in rows if r.key not in again_keys], again
 
 
 def restart_run(

@@ -279,3 +279,26 @@ def test_every_command_line_argument_has_help() -> None:
         if action.dest not in ("help", "command") and not action.help
     ]
     assert missing == []
+
+
+NESTED = """
+export default async (event, step) => {
+  const outer = await step.do("outer", async () => await step.tool("inner", "a", {}));
+  const after = await step.tool("after", "b", {});
+  return [outer, after];
+};
+"""
+
+
+async def test_restart_from_a_step_reruns_the_calls_inside_it(clocked_runner: Runner) -> None:
+    tools = Tools()
+    run = await start_source(clocked_runner, NESTED, bindings=tools.bindings())
+    assert run.output == ["a:1", "b:1"]
+    again = await clocked_runner.restart(
+        run.run_id, tools.bindings(), scope="acme", from_step="do:outer"
+    )
+    assert again.output == ["a:2", "b:2"]  # the tool inside `outer` settled before it: rerun too
+    kept = await clocked_runner.restart(
+        run.run_id, tools.bindings(), scope="acme", from_step="tool:after"
+    )
+    assert kept.output == ["a:2", "b:3"]
