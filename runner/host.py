@@ -129,6 +129,7 @@ class DriveHost:
         # When each attempt this drive started began, on the monotonic clock: its timeout is
         # judged by how long it really took, whatever the wall clock does meanwhile.
         self._attempts: dict[tuple[str, int, int], float] = {}
+        self._effectful: set[str] = set()  # keys of steps whose body made an effect
 
     async def __call__(self, ops: Sequence[OpEnvelope]) -> list[Answer]:
         """Answers in op order. Ops that only touch the journal are serviced together in one
@@ -138,6 +139,7 @@ class DriveHost:
         for envelope in ops:
             op = envelope.op
             if isinstance(op, StepTool | StepNotify | DbSql):
+                self._effect(op.step)
                 answers += await self._in_journal(group)
                 group = []
                 match op:
@@ -159,9 +161,17 @@ class DriveHost:
         now = self.now()
         # Counted once, before the transaction (which may run again after a transient fault).
         group = [self._located(self._bounded(envelope)) for envelope in group]
-        # Starting attempts and console lines are not fsynced (see JournalStore): only a
-        # batch that settles something is.
-        durable = any(isinstance(e.op, StepRecord | StepSleep | StepWaitForEvent) for e in group)
+        # Only a batch that settles an effect is fsynced (see JournalStore and docs/
+        # PERFORMANCE.md, Durable writes): starting attempts, console lines, and the result of a
+        # step whose body made no effect in this drive (no tool, fetch, SQL or notification:
+        # a pure function of the journal, which a replay computes again alike) are committed
+        # without an fsync; the next fsynced commit (the next effect, suspension or end)
+        # makes them durable with it, as the journal's log is written in order.
+        durable = any(
+            isinstance(e.op, StepSleep | StepWaitForEvent)
+            or (isinstance(e.op, StepRecord) and self._had_effect(e.op))
+            for e in group
+        )
         answers = await self.store.transact(
             lambda tx: [a for e in group if (a := self._service(tx, e, now)) is not None],
             self.lease,
@@ -214,6 +224,20 @@ class DriveHost:
                 room = self.limits.journal_bytes_per_run - self.journal_bytes
                 return Answer(envelope.id, *steps.wait_for_event(tx, self.run_id, op, now, room))
         raise AssertionError(f"not a journal op: {type(op).__name__}")
+
+    def _had_effect(self, op: StepRecord) -> bool:
+        return step_key("do", op.count, op.step) in self._effectful
+
+    def _effect(self, step: str) -> None:
+        """Note an effect made under `step` (a call's full name): every step enclosing it had
+        an effect in this drive. A call's name is its enclosing step's key, '/', its own name;
+        that key is `kind:count:` and the enclosing step's own full name (an author's '/' is
+        escaped)."""
+        name = step
+        while "/" in name:
+            enclosing = name[: name.rfind("/")]
+            self._effectful.add(enclosing)
+            name = enclosing.split(":", 2)[2]
 
     def _renewed(self, name: str) -> str:
         return name if self.generation == 0 else f"{self.generation}@{name}"

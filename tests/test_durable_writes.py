@@ -1,0 +1,73 @@
+"""Which journal commits are fsynced: those that settle an effect, a suspension or the end;
+never the result of a step whose body made no effect (docs/PERFORMANCE.md, Durable writes)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from qjsflow.runner import Bindings, Runner
+from qjsflow.runner.store import journal
+from tests.conftest import start_source
+
+PURE = """
+export default async (event, step) => {
+  let total = 0;
+  for (let i = 0; i < 10; i++) total += await step.do("pure " + i, async () => i);
+  return total;
+};
+"""
+WITH_EFFECT = """
+export default async (event, step) => {
+  const a = await step.do("pure", async () => 1);
+  const b = await step.do("outer", async () =>
+    await step.do("inner", async () => await step.tool("t", "count", {})));
+  return [a, b];
+};
+"""
+
+
+@pytest.fixture
+def fsynced(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[bool]]:
+    """Each committed batch: whether it was fsynced."""
+    seen: list[bool] = []
+    original = journal._run_batch
+
+    def counting(connection: Any, batch: list[Any], backend: Any) -> Any:
+        seen.append(any(job.durable for job in batch))
+        return original(connection, batch, backend)
+
+    monkeypatch.setattr(journal, "_run_batch", counting)
+    yield seen
+
+
+async def test_pure_step_results_ride_on_the_next_durable_commit(
+    runner: Runner, fsynced: list[bool]
+) -> None:
+    await runner.publish("acme", {"workflows/flow.ts": PURE})
+    fsynced.clear()
+    run = await start_source(runner, PURE)
+    assert run.output == 45
+    assert fsynced.count(True) == 2  # the run's creation and its end; ten steps, no fsync
+    assert fsynced.count(False) >= 10
+
+
+async def test_a_step_whose_body_made_an_effect_is_fsynced(
+    runner: Runner, fsynced: list[bool]
+) -> None:
+    calls = 0
+
+    async def count(args: Any) -> int:
+        nonlocal calls
+        calls += 1
+        return calls
+
+    await runner.publish("acme", {"workflows/flow.ts": WITH_EFFECT})
+    fsynced.clear()
+    run = await start_source(runner, WITH_EFFECT, bindings=Bindings(tools={"count": count}))
+    assert run.output == [1, 1]
+    # creation, the tool's start and its result, `inner` and `outer` (each enclosing the
+    # tool), and the end; `pure` rides along.
+    assert fsynced.count(True) == 6
