@@ -3,7 +3,6 @@ never the result of a step whose body made no effect (docs/PERFORMANCE.md, Durab
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -30,7 +29,7 @@ export default async (event, step) => {
 
 
 @pytest.fixture
-def fsynced(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[bool]]:
+def fsynced(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
     """Each committed batch: whether it was fsynced."""
     seen: list[bool] = []
     original = journal._run_batch
@@ -40,7 +39,7 @@ def fsynced(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[bool]]:
         return original(connection, batch, backend)
 
     monkeypatch.setattr(journal, "_run_batch", counting)
-    yield seen
+    return seen
 
 
 async def test_pure_step_results_ride_on_the_next_durable_commit(
