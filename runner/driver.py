@@ -231,7 +231,12 @@ class RunDriver:
             unsettled=unsettled,
             export=bundle.export,
         )
-        outcome = await self.pool.drive(request, host)
+        try:
+            outcome = await self.pool.drive(request, host)
+        finally:
+            # What the host answered ahead is committed before the drive's end is recorded
+            # (a failure here, such as a lost lease, ends the drive as it would have then).
+            await host.flush()
         if isinstance(outcome, Failed) and outcome.stack is not None:
             outcome = dataclasses.replace(outcome, stack=host.locate(outcome.stack))
         return outcome, host

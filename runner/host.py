@@ -128,8 +128,10 @@ class DriveHost:
         self.blocked_on: str | None = None  # a tool address no binding of this process has
         # When each attempt this drive started began, on the monotonic clock: its timeout is
         # judged by how long it really took, whatever the wall clock does meanwhile.
-        self._attempts: dict[tuple[str, int, int], float] = {}
+        self._attempts: dict[tuple[str, int, int], tuple[float, int]] = {}  # and its timeout
         self._effectful: set[str] = set()  # keys of steps whose body made an effect
+        self._behind: list[asyncio.Future[bool]] = []  # batches answered ahead, being written
+        self.pause_seen = False  # a pause was asked: every answer waits for the journal
 
     async def __call__(self, ops: Sequence[OpEnvelope]) -> list[Answer]:
         """Answers in op order. Ops that only touch the journal are serviced together in one
@@ -141,6 +143,7 @@ class DriveHost:
             if isinstance(op, StepTool | StepNotify | DbSql):
                 self._effect(op.step)
                 answers += await self._in_journal(group)
+                await self.flush()  # an effect only ever follows what is journaled before it
                 group = []
                 match op:
                     case StepTool():
@@ -161,6 +164,11 @@ class DriveHost:
         now = self.now()
         # Counted once, before the transaction (which may run again after a transient fault).
         group = [self._located(self._bounded(envelope)) for envelope in group]
+        ahead = self._answers_ahead(group, now)
+        if ahead is not None:
+            self._write_behind(group, now)
+            return ahead
+        await self.flush()
         # Only a batch that settles an effect is fsynced (see JournalStore and docs/
         # PERFORMANCE.md, Durable writes): starting attempts, console lines, and the result of a
         # step whose body made no effect in this drive (no tool, fetch, SQL or notification:
@@ -182,10 +190,62 @@ class DriveHost:
             consumed = answer.result.value if isinstance(answer.result, Value) else None
             if answer.id in waits and isinstance(consumed, str):
                 self.journal_bytes += len(consumed)
-        # The workflow body's lines stored so far: the next drive skips as many.
+        self._count_logs(group)
+        return answers
+
+    def _count_logs(self, group: list[OpEnvelope]) -> None:
+        """The workflow body's lines stored so far: the next drive skips as many."""
         counts = [e.op.count for e in group if isinstance(e.op, Log) and e.op.source == ""]
         self.logs_count = max([self.logs_count, *counts])
+
+    def _answers_ahead(self, group: list[OpEnvelope], now: int) -> list[Answer] | None:
+        """The answers of a batch that needs nothing from the journal to be answered: steps
+        beginning, console lines, and the successful results of steps whose body made no
+        effect, begun in this drive, within their timeout (under this drive's lease nothing
+        else can settle them). None when some op's answer depends on the journal."""
+        if self.pause_seen:
+            return None
+        answers = []
+        for envelope in group:
+            op = envelope.op
+            if isinstance(op, StepBegin | Log):
+                continue
+            if not isinstance(op, StepRecord) or op.error is not None or self._had_effect(op):
+                return None
+            began = self._attempts.get((op.step, op.count, op.attempt))
+            elapsed = self._elapsed_ms_of(op)
+            if began is None or elapsed is None or elapsed > began[1]:
+                return None
+            answers.append(Answer(envelope.id, Value(None), now))
         return answers
+
+    def _write_behind(self, group: list[OpEnvelope], now: int) -> None:
+        """Journal a batch answered ahead: queued now (the journal commits in queue order),
+        awaited before anything that is not answered ahead (`flush`) and at the drive's end."""
+
+        def work(tx: JournalTransaction) -> bool:
+            for envelope in group:
+                self._service(tx, envelope, now)
+            return tx.pause_requested
+
+        written = self.store.transact_soon(work, self.lease, durable=False)
+        written.add_done_callback(self._note_pause)
+        self._behind.append(written)
+        self._count_logs(group)
+
+    def _note_pause(self, written: asyncio.Future[bool]) -> None:
+        if not written.cancelled() and written.exception() is None and written.result():
+            self.pause_seen = True
+
+    async def flush(self) -> None:
+        """Wait for the batches answered ahead to be committed; raise the first failure (a
+        lost lease, an unavailable journal) after all have finished."""
+        behind, self._behind = self._behind, []
+        if behind:
+            outcomes = await asyncio.gather(*behind, return_exceptions=True)
+            for outcome in outcomes:
+                if isinstance(outcome, BaseException):
+                    raise outcome
 
     def _service(self, tx: JournalTransaction, envelope: OpEnvelope, now: int) -> Answer | None:
         op = envelope.op
@@ -200,17 +260,17 @@ class DriveHost:
                 return Answer(envelope.id, PARKED, None)
             case StepBegin():  # under way in the sandbox already: it finishes, paused or not
                 steps.begin(tx, self.run_id, op, now)
-                self._attempts[(op.step, op.count, 1)] = self.monotonic()
+                self._attempts[(op.step, op.count, 1)] = (self.monotonic(), op.config.timeout_ms)
                 return None
             case StepCheck():
                 result, at = steps.check(tx, self.run_id, op, now)
                 started = result.value if isinstance(result, Value) else None
                 if isinstance(started, dict) and started.get("hit") is False:
-                    self._attempts[(op.step, op.count, started["attempt"])] = self.monotonic()
+                    began = (self.monotonic(), op.config.timeout_ms)
+                    self._attempts[(op.step, op.count, started["attempt"])] = began
                 return Answer(envelope.id, result, at)
             case StepRecord():
-                began = self._attempts.get((op.step, op.count, op.attempt))
-                elapsed = None if began is None else int((self.monotonic() - began) * 1000)
+                elapsed = self._elapsed_ms_of(op)
                 answer = steps.record(
                     tx, self.run_id, op, now, elapsed_ms=elapsed,
                     retry_in_drive_ms=self.limits.retry_in_drive_ms,
@@ -224,6 +284,11 @@ class DriveHost:
                 room = self.limits.journal_bytes_per_run - self.journal_bytes
                 return Answer(envelope.id, *steps.wait_for_event(tx, self.run_id, op, now, room))
         raise AssertionError(f"not a journal op: {type(op).__name__}")
+
+    def _elapsed_ms_of(self, op: StepRecord) -> int | None:
+        """How long the attempt took, if this drive began it."""
+        began = self._attempts.get((op.step, op.count, op.attempt))
+        return None if began is None else int((self.monotonic() - began[0]) * 1000)
 
     def _had_effect(self, op: StepRecord) -> bool:
         return step_key("do", op.count, op.step) in self._effectful

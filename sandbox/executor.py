@@ -29,6 +29,7 @@ import quickjs
 from qjsflow.bridge.codec import dumps, dumps_text, loads
 from qjsflow.bridge.errors import CodecError
 from qjsflow.bridge.rules import RULES
+from qjsflow.sandbox.bytecode import PreludeLoader
 from qjsflow.sandbox.frames import frame, read_frame_fd
 
 
@@ -61,14 +62,21 @@ _LAST_LOOK_S = 0.05  # reading the prelude's outcome after the budget ran out
 _LAST_LOOK_JOBS = 16
 
 
+def _with_prelude(prelude: PreludeLoader) -> tuple[quickjs.Context, Any]:
+    context = quickjs.Context()
+    context.set_time_limit(_PREPARE_TIME_LIMIT_S)
+    return context, prelude.evaluate(context)
+
+
 class Prepared:
     """A fresh context with the prelude evaluated and the intrinsics locked down: everything a
     drive needs that does not depend on the run, made while the executor waits for work."""
 
-    def __init__(self) -> None:
-        self.context = quickjs.Context()
-        self.context.set_time_limit(_PREPARE_TIME_LIMIT_S)
-        self.dispatch = self.context.eval(PRELUDE)
+    def __init__(self, prelude: PreludeLoader) -> None:
+        try:
+            self.context, self.dispatch = _with_prelude(prelude)
+        except RuntimeError:  # its bytecode failed to load: the source, in a clean context
+            self.context, self.dispatch = _with_prelude(prelude)
         if self.dispatch("prepare", "") != "{}":
             raise RuntimeError("the prelude failed to prepare a context")
 
@@ -283,12 +291,15 @@ def limit_self(address_space_bytes: int, cpu_s: int) -> None:
 
 def main() -> None:
     limit_self(int(sys.argv[1]), int(sys.argv[2]))
+    # Compiled once for every drive of this process; before the descriptors are limited, as
+    # finding the binding's version and library opens files.
+    prelude = PreludeLoader(PRELUDE)
     frames_out = os.dup(1)
     os.dup2(2, 1)
     highest = max(frames_out, 2) + 1
     resource.setrlimit(resource.RLIMIT_NOFILE, (highest, highest))
     _write_all(frames_out, frame(b'{"type":"ready"}'))
-    prepared = Prepared()
+    prepared = Prepared(prelude)
     while True:
         payload = read_frame_fd(0)
         if payload is None:
@@ -298,7 +309,7 @@ def main() -> None:
         result = drive.run()
         del drive, prepared
         _write_all(frames_out, frame(result))
-        prepared = Prepared()  # one context per drive, never shared between runs
+        prepared = Prepared(prelude)  # one context per drive, never shared between runs
 
 
 if __name__ == "__main__":

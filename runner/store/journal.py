@@ -188,16 +188,43 @@ class JournalStore:
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, _LAST_RETRY_S)
 
+    def transact_soon(
+        self,
+        work: Callable[[JournalTransaction], T],
+        fence: Lease | None = None,
+        *,
+        durable: bool = True,
+    ) -> asyncio.Future[T]:
+        """`transact`, queued now — committed before any transaction queued after this call —
+        and awaited later (a write behind an answer already given)."""
+        first = self._enqueue(work, fence, durable)
+
+        async def committed() -> T:
+            try:
+                result: T = await first
+                return result
+            except Exception as error:
+                if not self._backend.is_transient(error):
+                    raise
+                return await self.transact(work, fence, durable=durable)
+
+        return asyncio.ensure_future(committed())
+
     async def _transact_once(
         self, work: Callable[[JournalTransaction], T], fence: Lease | None, durable: bool
     ) -> T:
+        result: T = await self._enqueue(work, fence, durable)
+        return result
+
+    def _enqueue(
+        self, work: Callable[[JournalTransaction], T], fence: Lease | None, durable: bool
+    ) -> asyncio.Future[Any]:
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Any] = loop.create_future()
         self._queue.append(_Job(work, fence, durable, future))
         if self._committer is None or self._committer.done():
             self._committer = loop.create_task(self._commit_queued())
-        result: T = await future
-        return result
+        return future
 
     async def _commit_queued(self) -> None:
         while self._queue:
