@@ -170,16 +170,14 @@ class DriveHost:
             return ahead
         await self.flush()
         # Only a batch that settles an effect is fsynced (see JournalStore and docs/
-        # PERFORMANCE.md, Durable writes): starting attempts, console lines, and the result of a
-        # step whose body made no effect in this drive (no tool, fetch, SQL or notification:
-        # a pure function of the journal, which a replay computes again alike) are committed
-        # without an fsync; the next fsynced commit (the next effect, suspension or end)
-        # makes them durable with it, as the journal's log is written in order.
-        durable = any(
-            isinstance(e.op, StepSleep | StepWaitForEvent)
-            or (isinstance(e.op, StepRecord) and self._had_effect(e.op))
-            for e in group
-        )
+        # PERFORMANCE.md, Durable writes). Starting attempts, console lines, sleeps, waits (an
+        # event consumed is the oldest of the durable inbox: a replay consumes the same one),
+        # and the result of a step whose body made no effect in this drive (no tool, fetch,
+        # SQL or notification: a pure function of the journal, which a replay computes again
+        # alike) are committed without an fsync; the next fsynced commit (the next effect,
+        # the suspension or the end reported to the caller) makes them durable with it, as the
+        # journal's log is written in order.
+        durable = any(isinstance(e.op, StepRecord) and self._had_effect(e.op) for e in group)
         answers = await self.store.transact(
             lambda tx: [a for e in group if (a := self._service(tx, e, now)) is not None],
             self.lease,

@@ -232,7 +232,8 @@ class Runner:
         due, this drives any run; `drive=False` leaves it for a worker). A finished run is
         returned as it is."""
         key = _key(run_id, scope)
-        await self._store.transact(partial(lift_pause, key=key, now=self._driver.now_ms()))
+        if (await self._run(run_id, scope)).pause_requested:  # else nothing to write
+            await self._store.transact(partial(lift_pause, key=key, now=self._driver.now_ms()))
         if not drive:
             return await self.get(run_id, scope=scope)
         return await self._drive(key, bindings)

@@ -110,6 +110,10 @@ class JournalTransaction:
     def _lease_now(self, now: int) -> tuple[str, tuple[int, ...]]:
         return lease_now(self._dialect.lease_clock, now)
 
+    def adopt(self, lease: Lease) -> None:
+        """Write the rest of this transaction as the holder of a lease it just took."""
+        self._epoch = lease.epoch
+
     def check_fence(self, lease: Lease) -> None:
         """Raise `LeaseLost` if another driver took the run; note whether a pause is asked
         (read with the fence, so a drive learns of it at no extra cost)."""
