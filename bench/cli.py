@@ -31,7 +31,8 @@ def _median_ms(argv: list[str], cwd: Path) -> float:
     return statistics.median(times)
 
 
-def main() -> None:
+def measure() -> dict[str, float]:
+    """Medians, in ms: the interpreter alone, what any command loads, status and list."""
     script = shutil.which("qjsflow", path=str(Path(sys.executable).parent)) or "qjsflow"
     with tempfile.TemporaryDirectory() as folder:
         here = Path(folder)
@@ -47,7 +48,7 @@ def main() -> None:
         floor = _median_ms([sys.executable, "-c", "import asyncio, sqlite3"], here)
         status = _median_ms([script, "status", "r1", *common], here)
         listing = _median_ms([script, "list", *common], here)
-    results = {
+    return {
         "python_startup_ms": round(bare, 1),
         "asyncio_sqlite3_import_ms": round(floor, 1),
         "status_ms": round(status, 1),
@@ -55,6 +56,12 @@ def main() -> None:
         "status_over_startup": round(status / bare, 2),
         "status_target_ms": 250,
     }
+
+
+def main() -> None:
+    results = measure()
+    bare, floor = results["python_startup_ms"], results["asyncio_sqlite3_import_ms"]
+    status, listing = results["status_ms"], results["list_ms"]
     rows = [
         ("python -c pass", f"{bare:.0f} ms", "the interpreter alone"),
         ("python -c 'import asyncio, sqlite3'", f"{floor:.0f} ms", "what any command loads"),

@@ -33,6 +33,18 @@ export default async (event, step) => {{
 """
 
 
+def fan_out_steps(count: int) -> str:
+    return f"""
+export default async (event, step) => {{
+  const all = [];
+  for (let i = 0; i < {count}; i++) all.push(step.do("s", async () => i));
+  const values = await Promise.all(all);
+  await step.waitForEvent("go", {{ type: "go" }});
+  return values.length;
+}};
+"""
+
+
 WAITER = """
 export default async (event, step) => (await step.waitForEvent("go", { type: "go" })).payload;
 """

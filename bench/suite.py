@@ -12,6 +12,7 @@ from bench.baselines import dbos_step_s, raw_commit_s
 from bench.common import (
     TEN_STEPS,
     WAITER,
+    fan_out_steps,
     fresh_runner,
     many_steps,
     median,
@@ -116,6 +117,30 @@ async def cold_start(repeats: int = 5) -> dict[str, Any]:
             await asyncio.sleep(0.02)
             warm.append(await timed(lambda: runner.resume("w", scope="bench")))
     return {"publish_to_first_step_ms": median(cold) * 1e3, "warm_drive_ms": median(warm) * 1e3}
+
+
+async def fan_out(steps: int = 4000) -> dict[str, Any]:
+    """`Promise.all` over 4,000 new steps, then a wait; then the same run resumed (all 4,000
+    replayed). CPU of the executors (as the journal counts it per run) and of this process."""
+    async with fresh_runner() as runner:
+        snapshot = await publish(runner, fan_out_steps(steps))
+        host = time.process_time()
+        run = await runner.start(request(snapshot, "fan"))
+        first_host = time.process_time() - host
+        assert run.status == "waiting", run.error
+        first = await runner.store.get_run("bench/fan")
+        assert first is not None
+        host = time.process_time()
+        await runner.resume("fan", scope="bench")
+        replay_host = time.process_time() - host
+        second = await runner.store.get_run("bench/fan")
+        assert second is not None
+    return {
+        "steps": steps,
+        "first_drive_cpu_s": first.cpu_used_s + first_host,
+        "first_drive_executor_cpu_s": first.cpu_used_s,
+        "replay_cpu_s": second.cpu_used_s - first.cpu_used_s + replay_host,
+    }
 
 
 def _rss_bytes() -> int:
