@@ -4,7 +4,8 @@ Started by the pool as `python -I -m qjsflow.sandbox.executor` with an empty env
 private empty working folder and rlimits. It reads frames on fd 0 and writes frames on a
 private copy of fd 1 (fd 1 itself is pointed at stderr, so nothing can corrupt the frame
 stream). It never opens a
-file, socket or database: once started it lowers RLIMIT_NOFILE to the descriptors it holds.
+file, socket or database, and once started it cannot: `sandbox/confine.py` puts it under a
+seccomp filter and Landlock (docs/SANDBOX.md, Confinement).
 
 Per drive: take the context prepared while idle (prelude evaluated, which yields `dispatch`,
 and intrinsics locked down), set the memory and stack limits, boot the run, load the bundle,
@@ -21,6 +22,7 @@ import resource
 import signal
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +32,7 @@ from qjsflow.bridge.codec import dumps, dumps_text, loads
 from qjsflow.bridge.errors import CodecError
 from qjsflow.bridge.rules import RULES
 from qjsflow.sandbox.bytecode import PreludeLoader
+from qjsflow.sandbox.confine import confine
 from qjsflow.sandbox.frames import frame, read_frame_fd
 
 
@@ -289,21 +292,30 @@ def limit_self(address_space_bytes: int, cpu_s: int) -> None:
     signal.signal(signal.SIGPIPE, signal.SIG_DFL)
 
 
-def main() -> None:
+def main(before_drive: Callable[[], object] | None = None) -> None:
+    """argv: address-space bytes, CPU seconds, confinement mode (`require`, `best-effort`,
+    `off`). `before_drive` is for the confinement tests only (sandbox/confinement_probe.py)."""
     limit_self(int(sys.argv[1]), int(sys.argv[2]))
-    # Compiled once for every drive of this process; before the descriptors are limited, as
-    # finding the binding's version and library opens files.
+    mode = sys.argv[3] if len(sys.argv) > 3 else "best-effort"
+    # Compiled once for every drive of this process; before confinement, as finding the
+    # binding's version and library opens files.
     prelude = PreludeLoader(PRELUDE)
     frames_out = os.dup(1)
     os.dup2(2, 1)
-    highest = max(frames_out, 2) + 1
-    resource.setrlimit(resource.RLIMIT_NOFILE, (highest, highest))
-    _write_all(frames_out, frame(b'{"type":"ready"}'))
+    try:
+        layers = confine(frames_out, mode)  # from here on: no files, sockets or processes
+    except RuntimeError as refused:  # `require`, and a layer is missing: say which, stop
+        _write_all(frames_out, frame(dumps({"type": "refused", "reason": str(refused)})))
+        sys.exit(1)
+    ready = {"type": "ready", "layers": layers.as_wire()}
+    _write_all(frames_out, frame(dumps(ready)))
     prepared = Prepared(prelude)
     while True:
         payload = read_frame_fd(0)
         if payload is None:
             return
+        if before_drive is not None:
+            before_drive()
         message = loads(payload, max_depth=None)
         drive = Drive(message["request"], message["bundle"], frames_out, prepared)
         result = drive.run()

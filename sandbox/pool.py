@@ -13,8 +13,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import logging
 import os
 import shutil
+import signal
 import sys
 import tempfile
 from collections.abc import Awaitable, Callable, Sequence
@@ -40,7 +42,13 @@ from qjsflow.bridge.wire import (
 )
 from qjsflow.sandbox.frames import FrameError, frame, read_frame_async
 
-__all__ = ["ExecutorPool", "Host", "PoolConfig", "remove_stale_workdirs"]
+__all__ = ["FORBIDDEN_CALL", "ExecutorPool", "Host", "PoolConfig", "remove_stale_workdirs"]
+
+FORBIDDEN_CALL = (
+    "the executor made a system call its filter forbids and was killed by the kernel (SIGSYS):"
+    " an attempt to escape the sandbox, or a call a drive needs that the filter lacks"
+)
+_log = logging.getLogger("qjsflow.sandbox")
 
 Host = Callable[[Sequence[OpEnvelope]], Awaitable[Sequence[Answer]]]
 _CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
@@ -91,6 +99,11 @@ class PoolConfig:
     watchdog_grace_s: float = 0.25
     address_space_bytes: int = 1024 * 1024 * 1024
     startup_timeout_s: float = 30.0
+    # The executor's system-call filter and Landlock (sandbox/confine.py): "require" refuses
+    # to start an executor a layer is missing from, "best-effort" warns once, "off" (for
+    # machines without them, knowingly) applies none.
+    confinement: str = "best-effort"
+    entry: str = "qjsflow.sandbox.executor"  # the confinement tests' probe replaces it
 
 
 class _Executor:
@@ -101,6 +114,7 @@ class _Executor:
         self.workdir = workdir
         self.drives = 0
         self.killed_for: str | None = None
+        self.layers: dict[str, Any] = {}  # the confinement it reported (sandbox/confine.py)
 
     @classmethod
     async def spawn(cls, config: PoolConfig, cpu_limit_s: int) -> _Executor:
@@ -109,9 +123,10 @@ class _Executor:
             sys.executable,
             "-I",
             "-m",
-            "qjsflow.sandbox.executor",
+            config.entry,
             str(config.address_space_bytes),
             str(cpu_limit_s),
+            config.confinement,
             stdin=asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.PIPE,
             cwd=workdir,
@@ -128,10 +143,15 @@ class _Executor:
             executor.kill("it did not start")
             await executor.reap()
             raise QjsflowError("a QuickJS executor process failed to start") from None
-        if ready != {"type": "ready"}:
+        if not isinstance(ready, dict) or ready.get("type") != "ready":
             executor.kill("it did not start")
             await executor.reap()
+            if isinstance(ready, dict) and ready.get("type") == "refused":
+                raise QjsflowError(
+                    f"an executor refused to start: {str(ready.get('reason'))[:300]}"
+                )
             raise QjsflowError("a QuickJS executor process started with a bad greeting")
+        executor.layers = ready.get("layers") or {}
         return executor
 
     def cpu_seconds(self) -> float:
@@ -188,6 +208,8 @@ class ExecutorPool:
         self._swept = False  # stale executor folders removed (see remove_stale_workdirs)
         self._warming: asyncio.Task[_Executor] | None = None
         self._live = 0  # executors spawned and not yet reaped
+        self.layers: dict[str, Any] = {}  # the confinement the last executor reported
+        self._warned = False
         self.replaced = 0  # executors discarded after a kill, crash or limit (for tests, stats)
 
     async def __aenter__(self) -> ExecutorPool:
@@ -229,7 +251,7 @@ class ExecutorPool:
             try:
                 outcome, keep = await self._converse(executor, request, host)
             except (FrameError, ConnectionError, BrokenPipeError):
-                outcome = self._died(executor)
+                outcome = await self._died(executor)
             except CodecError as error:
                 executor.kill("protocol")
                 outcome = Failed(False, f"the sandbox broke the protocol: {error}", 0.0)
@@ -280,11 +302,15 @@ class ExecutorPool:
             raise QjsflowError("the host must answer every op but logs and begins, in order")
         return answers
 
-    def _died(self, executor: _Executor) -> Failed:
+    async def _died(self, executor: _Executor) -> Failed:
         reason = executor.killed_for
         if reason is not None and reason.startswith("compute"):
             return Failed(False, f"{reason} exceeded (the executor was killed)", 0.0)
+        with contextlib.suppress(TimeoutError):  # how it died: its exit status says
+            await asyncio.wait_for(executor.process.wait(), 2.0)
         executor.kill("died")
+        if executor.process.returncode == -signal.SIGSYS:
+            return Failed(False, FORBIDDEN_CALL, 0.0)
         return Failed(True, "the executor process died during the drive", 0.0)
 
     async def _take(self) -> _Executor:
@@ -327,6 +353,12 @@ class ExecutorPool:
         cpu_limit = int(self.config.recycle_after * 30 + 60)
         executor = await _Executor.spawn(self.config, cpu_limit)
         self._live += 1
+        self.layers = executor.layers
+        missing = executor.layers.get("missing") or []
+        if missing and not self._warned:  # once per pool: every executor would say the same
+            self._warned = True
+            _log.warning("executors run without part of their confinement: %s",
+                         "; ".join(str(m) for m in missing))  # fmt: skip
         return executor
 
     async def _give_back(self, executor: _Executor, keep: bool) -> None:
