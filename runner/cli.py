@@ -54,6 +54,8 @@ from qjsflow.runner.store import SnapshotRecord
 from qjsflow.runner.store.backends import is_postgres_url
 from qjsflow.runner.timeline import timeline_rows
 from qjsflow.runner.views import RUN_STATUSES, TERMINAL, RunView, StartRunInput, StepView
+from qjsflow.sandbox import PoolConfig
+from qjsflow.sandbox.confine import CONFINEMENT_MODES
 
 __all__ = ["main"]
 
@@ -188,6 +190,7 @@ def _parser() -> argparse.ArgumentParser:
     worker.add_argument("-v", "--verbose", action="store_true",
                         help="print one line per drive on stderr")  # fmt: skip
     add("demo", help="the whole story on a fresh database, with a timeline")
+    add("doctor", help="which sandbox layers and tools this machine gives qjsflow")
     add(
         "setup-tools",
         help=f"fetch esbuild {ESBUILD_VERSION} (checksum-verified) into the per-user cache",
@@ -273,7 +276,13 @@ def _config(args: argparse.Namespace) -> RunnerConfig:
     if args.notify:
         bindings = dataclasses.replace(bindings, notify=load_notify(args.notify))
     environments = load_environments(args.env) if args.env else {}
-    return RunnerConfig(lease_ttl_s=args.lease_ttl, bindings=bindings, environments=environments)
+    confinement = os.environ.get("QJSFLOW_CONFINEMENT", "best-effort")
+    if confinement not in CONFINEMENT_MODES:
+        raise InvalidInput(f"QJSFLOW_CONFINEMENT must be one of: {', '.join(CONFINEMENT_MODES)}")
+    return RunnerConfig(
+        lease_ttl_s=args.lease_ttl, bindings=bindings, environments=environments,
+        pool=PoolConfig(confinement=confinement),
+    )  # fmt: skip
 
 
 async def _with_runner(args: argparse.Namespace, action: _Command, *, create: bool = False) -> Any:
@@ -386,6 +395,11 @@ def _run(args: argparse.Namespace) -> str | tuple[str, int]:
         raise InvalidInput(f"{command} needs --scope (or QJSFLOW_SCOPE)")
     if command == "demo":
         return run_demo(as_json=args.json)
+    if command == "doctor":
+        from qjsflow.runner import doctor  # noqa: PLC0415  (only this command needs it)
+
+        report = asyncio.run(doctor.diagnose(_config(args).pool))
+        return render_json(report) if args.json else doctor.render(report)
     if command == "setup-tools":
         where = setup_tools()
         toolchain = find_toolchain()

@@ -103,7 +103,9 @@ class PoolConfig:
     # to start an executor a layer is missing from, "best-effort" warns once, "off" (for
     # machines without them, knowingly) applies none.
     confinement: str = "best-effort"
-    entry: str = "qjsflow.sandbox.executor"  # the confinement tests' probe replaces it
+    # The executor's module and extra arguments: only the confinement tests change them.
+    entry: str = "qjsflow.sandbox.executor"
+    entry_args: tuple[str, ...] = ()
 
 
 class _Executor:
@@ -127,6 +129,7 @@ class _Executor:
             str(config.address_space_bytes),
             str(cpu_limit_s),
             config.confinement,
+            *config.entry_args,
             stdin=asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.PIPE,
             cwd=workdir,
@@ -231,6 +234,13 @@ class ExecutorPool:
                 idle.append(await warming)
         for executor in idle:
             await executor.reap()
+
+    async def confinement(self) -> dict[str, Any]:
+        """The layers an executor of this pool reports (starting one if none has started)."""
+        if not self.layers:
+            executor = await self._take()
+            self._idle.append(executor)
+        return dict(self.layers)
 
     def warm(self) -> None:
         """Start an executor now for a drive that is coming (publishing starts one while

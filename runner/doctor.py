@@ -1,0 +1,41 @@
+"""`qjsflow doctor`: what this machine gives qjsflow — the executors' confinement layers, the
+toolchain that publishes — each as one line, a missing part with what to do about it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from qjsflow.bridge import QjsflowError
+from qjsflow.bundles import ESBUILD_VERSION, find_toolchain
+from qjsflow.sandbox import ExecutorPool, PoolConfig
+
+__all__ = ["diagnose"]
+
+
+async def diagnose(pool_config: PoolConfig) -> dict[str, Any]:
+    """Starts one executor as the runner would and reads the layers it reports."""
+    async with ExecutorPool(pool_config) as pool:
+        layers = await pool.confinement()
+    try:
+        toolchain = find_toolchain()
+        tools: dict[str, Any] = {"esbuild": ESBUILD_VERSION, "node": toolchain.node}
+    except QjsflowError as error:
+        tools = {"error": str(error)}
+    return {"confinement": pool_config.confinement, "executor": layers, "toolchain": tools}
+
+
+def render(report: dict[str, Any]) -> str:
+    layers, tools = report["executor"], report["toolchain"]
+    abi = layers.get("landlockAbi", 0)
+    lines = [
+        f"executor seccomp filter: {'on' if layers.get('seccomp') else 'OFF'}",
+        "executor Landlock: " + (f"on (ABI {abi}: no filesystem, no TCP)" if abi else "OFF"),
+        f"executor no_new_privs: {'on' if layers.get('noNewPrivs') else 'OFF'}",
+        f"confinement setting: {report['confinement']}",
+    ]
+    lines += [f"  missing: {reason}" for reason in layers.get("missing", [])]
+    if "error" in tools:
+        lines.append(f"publishing: {tools['error']}")
+    else:
+        lines.append(f"publishing: esbuild {tools['esbuild']}, node {tools['node']}")
+    return "\n".join(lines)
