@@ -20,9 +20,10 @@ import ctypes
 import os
 import platform
 import resource
+from collections.abc import Sequence
 from dataclasses import dataclass
 
-__all__ = ["ALLOWED", "CONFINEMENT_MODES", "Layers", "confine"]
+__all__ = ["ALLOWED", "CONFINEMENT_MODES", "Layers", "confine", "confine_to_folder"]
 
 CONFINEMENT_MODES = ("require", "best-effort", "off")
 
@@ -57,7 +58,10 @@ _SCMP_ACT_ALLOW = 0x7FFF0000
 _SCMP_CMP_EQ = 4
 _PR_SET_NO_NEW_PRIVS = 38
 _PR_SET_DUMPABLE = 4
-_LANDLOCK_SYSCALLS = {"x86_64": (444, 446), "aarch64": (444, 446)}  # create_ruleset, restrict
+# landlock_create_ruleset, landlock_add_rule, landlock_restrict_self
+_LANDLOCK_SYSCALLS = {"x86_64": (444, 445, 446), "aarch64": (444, 445, 446)}
+_FS_EXECUTE = 1 << 0
+_FS_READ = (1 << 2) | (1 << 3)  # READ_FILE, READ_DIR
 _LANDLOCK_CREATE_RULESET_VERSION = 1
 
 
@@ -69,6 +73,11 @@ class _ArgCmp(ctypes.Structure):
 class _RulesetAttr(ctypes.Structure):
     _fields_ = [("handled_access_fs", ctypes.c_uint64), ("handled_access_net", ctypes.c_uint64),
                 ("scoped", ctypes.c_uint64)]  # fmt: skip
+
+
+class _PathBeneath(ctypes.Structure):
+    _pack_ = 1
+    _fields_ = [("allowed_access", ctypes.c_uint64), ("parent_fd", ctypes.c_int32)]
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,30 +125,55 @@ def confine(answer_fd: int, mode: str) -> Layers:
     return Layers(seccomp, abi, no_new_privs, tuple(missing))
 
 
-def _landlock(libc: ctypes.CDLL) -> int:
-    """No filesystem access and no TCP bind or connect, for this process and its children."""
+def _landlock(libc: ctypes.CDLL, grants: Sequence[tuple[str, bool]] = ()) -> int:
+    """No filesystem access but `grants` (a folder, and whether everything beneath it may be
+    written too, or only read), and no TCP bind or connect, for this process and its
+    children. The Landlock ABI applied, or 0 when the kernel has none."""
     numbers = _LANDLOCK_SYSCALLS.get(platform.machine())
     if numbers is None:
         return 0
-    create, restrict = numbers
+    create, add_rule, restrict = numbers
     libc.syscall.restype = ctypes.c_long
     abi = libc.syscall(create, None, ctypes.c_size_t(0), ctypes.c_uint(
         _LANDLOCK_CREATE_RULESET_VERSION))  # fmt: skip
     if abi < 1:
         return 0
-    # Every filesystem right this ABI knows, handled and granted nowhere: no access at all.
-    fs_rights = {1: 13, 2: 14, 3: 15, 4: 15}.get(abi, 16)
-    attr = _RulesetAttr((1 << fs_rights) - 1, 0b11 if abi >= 4 else 0, 0b11 if abi >= 6 else 0)
+    # Every filesystem right this ABI knows is handled: what no rule grants is denied.
+    every = (1 << {1: 13, 2: 14, 3: 15, 4: 15}.get(abi, 16)) - 1
+    attr = _RulesetAttr(every, 0b11 if abi >= 4 else 0, 0b11 if abi >= 6 else 0)
     size = ctypes.sizeof(_RulesetAttr) if abi >= 6 else 16 if abi >= 4 else 8
     ruleset = libc.syscall(create, ctypes.byref(attr), ctypes.c_size_t(size), ctypes.c_uint(0))
     if ruleset < 0:
         return 0
     try:
+        for folder, writable in grants:
+            rights = (every & ~_FS_EXECUTE) if writable else _FS_READ
+            beneath = os.open(folder, os.O_PATH | os.O_CLOEXEC)
+            try:
+                rule = _PathBeneath(rights, beneath)
+                if libc.syscall(add_rule, ctypes.c_int(ruleset), ctypes.c_int(1),
+                                ctypes.byref(rule), ctypes.c_uint(0)) != 0:  # fmt: skip
+                    return 0
+            finally:
+                os.close(beneath)
         if libc.syscall(restrict, ctypes.c_int(ruleset), ctypes.c_uint(0)) != 0:
             return 0
     finally:
         os.close(ruleset)
     return int(abi)
+
+
+def confine_to_folder(folder: str, readable: Sequence[str]) -> Layers:
+    """The scope-database process: files beneath `folder` only (and reading `readable`, the
+    interpreter's own, for a late import), no TCP, no new privileges, no core files."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    libc.prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0)
+    no_new_privs = libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) == 0
+    grants = [(folder, True)] + [(path, False) for path in readable if os.path.isdir(path)]
+    abi = _landlock(libc, grants) if no_new_privs else 0
+    missing = () if abi else ("Landlock is not offered by this kernel",)
+    return Layers(False, abi, no_new_privs, missing)
 
 
 def _seccomp(library: ctypes.CDLL, answer_fd: int, missing: list[str]) -> bool:

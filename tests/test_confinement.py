@@ -12,6 +12,7 @@ import pytest
 
 from qjsflow.bridge import QjsflowError
 from qjsflow.bridge.types import Completed, Failed
+from qjsflow.runner.scopedb import ScopeDatabases
 from qjsflow.sandbox import ExecutorPool, PoolConfig
 from qjsflow.sandbox.confine import ALLOWED
 from qjsflow.sandbox.pool import FORBIDDEN_CALL
@@ -109,3 +110,49 @@ def test_doctor_reports_the_layers_of_this_machine(tmp_path: Path) -> None:
     assert report["executor"]["seccomp"] is True
     assert report["executor"]["landlockAbi"] >= 1
     assert report["confinement"] == "best-effort"
+
+
+FOLDER_PROBE = """
+import socket, sys
+from qjsflow.sandbox.confine import confine_to_folder
+layers = confine_to_folder(sys.argv[1], sys.path)
+seen = [layers.landlock_abi > 0]
+with open(sys.argv[1] + "/inside.txt", "w") as inside:
+    seen.append(inside.write("ok") == 2)
+for attempt in (lambda: open("/etc/hostname").read(), lambda: open(sys.argv[2], "w"),
+                lambda: socket.create_connection(("127.0.0.1", 9), timeout=1)):
+    try:
+        attempt()
+        seen.append("allowed")
+    except PermissionError:
+        seen.append("denied")
+    except OSError as error:
+        seen.append(type(error).__name__)
+print(seen)
+"""
+
+
+def test_the_scope_database_process_reaches_its_folder_only(tmp_path: Path) -> None:
+    root = tmp_path / "scopes"
+    root.mkdir()
+    done = subprocess.run(
+        [sys.executable, "-c", FOLDER_PROBE, str(root), str(tmp_path / "outside.txt")],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[True, True, 'denied', 'denied', 'denied']"
+    assert not (tmp_path / "outside.txt").exists()
+
+
+async def test_the_scope_database_process_says_it_is_confined(tmp_path: Path) -> None:
+    databases = ScopeDatabases(tmp_path / "scopes")
+    try:
+        outcome = await databases.execute(
+            "acme", run_id="acme/r", call_key="sql:1:", sql="SELECT 1 AS one", params="[]",
+            deadline_s=5,
+        )  # fmt: skip
+        assert outcome.result is not None
+        assert databases.layers["landlockAbi"] >= 1
+        assert databases.layers["noNewPrivs"] is True
+    finally:
+        await databases.aclose()

@@ -55,6 +55,7 @@ class ScopeDatabases:
         self.root = root
         self.limits = limits or SqlLimits()
         self._scopes: OrderedDict[str, _ScopeProcess] = OrderedDict()
+        self.layers: dict[str, Any] = {}  # the confinement the last process reported
 
     def path_of(self, scope: str) -> Path:
         return self.root / f"{validate_scope(scope)}.sqlite"
@@ -139,9 +140,11 @@ class ScopeDatabases:
             process.kill()
             await process.wait()
             raise RuntimeError("the scope-database process failed to start") from None
-        if loads(ready) != {"ready": True}:
+        greeting = loads(ready)
+        if not isinstance(greeting, dict) or greeting.get("ready") is not True:
             raise RuntimeError("the scope-database process started with a bad greeting")
         slot.process = process
+        self.layers = greeting.get("layers") or {}
         return process
 
     async def aclose(self) -> None:

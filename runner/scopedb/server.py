@@ -28,6 +28,7 @@ import apsw
 from qjsflow.bridge.codec import dumps, loads
 from qjsflow.bridge.values import JsValue, from_python, to_python
 from qjsflow.runner.scopedb.policy import MIN_SQLITE_VERSION, SqlLimits
+from qjsflow.sandbox.confine import confine_to_folder
 from qjsflow.sandbox.frames import frame, read_frame_fd
 
 _SCOPE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,63}$")
@@ -324,7 +325,10 @@ def main() -> None:
     server = ScopeServer(root)
     out = os.dup(1)
     os.dup2(2, 1)
-    os.write(out, frame(b'{"ready":true}'))
+    # Files beneath the scope folder only (and the interpreter's own, read-only, for a late
+    # import), no TCP: a hostile statement that escaped SQLite's authorizer would gain nothing.
+    layers = confine_to_folder(str(root.resolve()), [sys.prefix, sys.base_prefix, *sys.path])
+    os.write(out, frame(dumps({"ready": True, "layers": layers.as_wire()})))
     while True:
         payload = read_frame_fd(0)
         if payload is None:
