@@ -93,6 +93,14 @@ async def main() -> None:
             await pool.drive(replay_host.request(many), replay_host)
 
         replay_s = await _median(10, replay)
+    async with ExecutorPool(PoolConfig(size=1, confinement="off")) as unconfined:
+
+        async def warm_unconfined() -> None:
+            host = MemoryHost()
+            await unconfined.drive(host.request(trivial, '{"n": 1}'), host)
+
+        await warm_unconfined()
+        unconfined_s = await _median(50, warm_unconfined)
     raw_s = _raw_eval(trivial)
     # Each new step is two round trips (check, record).
     per_op_s = (steps_s - warm_s) / (2 * STEPS)
@@ -100,6 +108,7 @@ async def main() -> None:
         "raw in-process eval (baseline)": raw_s,
         "drive, cold pool": cold_s,
         "drive, warm pool, back to back": warm_s,
+        "the same, executors without seccomp and Landlock": unconfined_s,
         "drive, warm pool, idle executor": idle_s,
         "per-op round trip": per_op_s,
         f"replay of {STEPS} settled steps": replay_s,
