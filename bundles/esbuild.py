@@ -10,12 +10,13 @@ import contextlib
 import os
 import resource
 import signal
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from qjsflow.bridge import dumps, loads
-from qjsflow.bundles.toolchain import find_toolchain
+from qjsflow.bundles.toolchain import Toolchain, find_toolchain
 
 __all__ = ["BuildLimits", "run_driver"]
 
@@ -29,6 +30,8 @@ class BuildLimits:
     timeout_s: float = 30.0
     address_space_bytes: int = 2 * 1024 * 1024 * 1024
     max_output_bytes: int = 32 * 1024 * 1024
+    # Landlock around the bundler (bundles/confined.py): "require", "best-effort" or "off".
+    confinement: str = "best-effort"
 
 
 async def run_driver(request: dict[str, Any], limits: BuildLimits) -> Any:
@@ -42,6 +45,7 @@ async def run_driver(request: dict[str, Any], limits: BuildLimits) -> Any:
         }
     )
     process = await asyncio.create_subprocess_exec(
+        *_confined(toolchain, request["root"], limits.confinement),
         toolchain.node,
         "--max-old-space-size=512",
         str(_DRIVER),
@@ -74,6 +78,22 @@ async def run_driver(request: dict[str, Any], limits: BuildLimits) -> Any:
         # stderr is not shown: it could echo text the bundler read while it failed.
         return {"errors": [{"text": f"the bundler stopped with exit status {process.returncode}"}]}
     return loads(stdout, max_bytes=limits.max_output_bytes + _ENVELOPE_BYTES)
+
+
+def _confined(toolchain: Toolchain, root: str, mode: str) -> list[str]:
+    """The command that puts the bundler under Landlock (bundles/confined.py): it may read the
+    tree, the driver and a few system files, read and run node, the system's libraries and the
+    esbuild packages, and nothing else; no TCP. Empty for `off`."""
+    if mode == "off":
+        return []
+    node_prefix = Path(os.path.realpath(toolchain.node)).parent.parent
+    spec = {
+        "read": [root, str(_DRIVER.parent), "/etc/ld.so.cache", "/etc/ssl", "/dev/null"],
+        "exec": [str(node_prefix), "/usr/lib", "/lib", "/lib64", "/usr/lib64",
+                 str(toolchain.esbuild_package.parent)],
+        "mode": mode,
+    }  # fmt: skip
+    return [sys.executable, "-I", "-m", "qjsflow.bundles.confined", dumps(spec).decode()]
 
 
 # The JSON around the bundles: entry names, quotes and escapes (the code is ASCII already).

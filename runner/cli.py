@@ -26,7 +26,13 @@ from typing import Any
 
 from qjsflow.bridge import CodecError, InvalidInput, QjsflowError
 from qjsflow.bridge.codec import loads
-from qjsflow.bundles import ESBUILD_VERSION, PublishError, find_toolchain, setup_tools
+from qjsflow.bundles import (
+    ESBUILD_VERSION,
+    BuildLimits,
+    PublishError,
+    find_toolchain,
+    setup_tools,
+)
 from qjsflow.runner import cli_control, cli_output
 from qjsflow.runner.bindings import Bindings, Notification, ToolFn
 from qjsflow.runner.cli_control import CONTROL_VERBS, Bulk, add_control_commands
@@ -282,6 +288,7 @@ def _config(args: argparse.Namespace) -> RunnerConfig:
     return RunnerConfig(
         lease_ttl_s=args.lease_ttl, bindings=bindings, environments=environments,
         pool=PoolConfig(confinement=confinement),
+        build_limits=BuildLimits(confinement=confinement),
     )  # fmt: skip
 
 

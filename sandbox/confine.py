@@ -23,7 +23,14 @@ import resource
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-__all__ = ["ALLOWED", "CONFINEMENT_MODES", "Layers", "confine", "confine_to_folder"]
+__all__ = [
+    "ALLOWED",
+    "CONFINEMENT_MODES",
+    "Layers",
+    "confine",
+    "confine_paths",
+    "confine_to_folder",
+]
 
 CONFINEMENT_MODES = ("require", "best-effort", "off")
 
@@ -62,6 +69,7 @@ _PR_SET_DUMPABLE = 4
 _LANDLOCK_SYSCALLS = {"x86_64": (444, 445, 446), "aarch64": (444, 445, 446)}
 _FS_EXECUTE = 1 << 0
 _FS_READ = (1 << 2) | (1 << 3)  # READ_FILE, READ_DIR
+_FS_FILE = 0b111 | (1 << 14) | (1 << 15)  # EXECUTE, WRITE_FILE, READ_FILE, TRUNCATE, IOCTL_DEV
 _LANDLOCK_CREATE_RULESET_VERSION = 1
 
 
@@ -125,9 +133,9 @@ def confine(answer_fd: int, mode: str) -> Layers:
     return Layers(seccomp, abi, no_new_privs, tuple(missing))
 
 
-def _landlock(libc: ctypes.CDLL, grants: Sequence[tuple[str, bool]] = ()) -> int:
-    """No filesystem access but `grants` (a folder, and whether everything beneath it may be
-    written too, or only read), and no TCP bind or connect, for this process and its
+def _landlock(libc: ctypes.CDLL, grants: Sequence[tuple[str, str]] = ()) -> int:
+    """No filesystem access but `grants` (a path, and "read", "execute" — read and run — or
+    "write": everything but running), and no TCP bind or connect, for this process and its
     children. The Landlock ABI applied, or 0 when the kernel has none."""
     numbers = _LANDLOCK_SYSCALLS.get(platform.machine())
     if numbers is None:
@@ -146,9 +154,13 @@ def _landlock(libc: ctypes.CDLL, grants: Sequence[tuple[str, bool]] = ()) -> int
     if ruleset < 0:
         return 0
     try:
-        for folder, writable in grants:
-            rights = (every & ~_FS_EXECUTE) if writable else _FS_READ
-            beneath = os.open(folder, os.O_PATH | os.O_CLOEXEC)
+        for path, kind in grants:
+            rights = {"write": every & ~_FS_EXECUTE, "read": _FS_READ,
+                      "execute": _FS_READ | _FS_EXECUTE}[kind]  # fmt: skip
+            if not os.path.isdir(path):  # a file takes file rights only
+                rights &= _FS_FILE
+            rights &= every
+            beneath = os.open(path, os.O_PATH | os.O_CLOEXEC)
             try:
                 rule = _PathBeneath(rights, beneath)
                 if libc.syscall(add_rule, ctypes.c_int(ruleset), ctypes.c_int(1),
@@ -163,6 +175,20 @@ def _landlock(libc: ctypes.CDLL, grants: Sequence[tuple[str, bool]] = ()) -> int
     return int(abi)
 
 
+def confine_paths(*, read: Sequence[str], execute: Sequence[str], mode: str) -> Layers:
+    """The bundler: reading `read`, reading and executing `execute`, nothing else; no TCP; no
+    new privileges. For `mode` "off", nothing."""
+    if mode == "off":
+        return Layers(missing=("confinement is off (an operator's setting)",))
+    libc = ctypes.CDLL(None, use_errno=True)
+    no_new_privs = libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) == 0
+    grants = [(path, "read") for path in read if os.path.exists(path)]
+    grants += [(path, "execute") for path in execute if os.path.exists(path)]
+    abi = _landlock(libc, grants) if no_new_privs else 0
+    missing = () if abi else ("Landlock is not offered by this kernel",)
+    return Layers(False, abi, no_new_privs, missing)
+
+
 def confine_to_folder(folder: str, readable: Sequence[str]) -> Layers:
     """The scope-database process: files beneath `folder` only (and reading `readable`, the
     interpreter's own, for a late import), no TCP, no new privileges, no core files."""
@@ -170,7 +196,7 @@ def confine_to_folder(folder: str, readable: Sequence[str]) -> Layers:
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
     libc.prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0)
     no_new_privs = libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) == 0
-    grants = [(folder, True)] + [(path, False) for path in readable if os.path.isdir(path)]
+    grants = [(folder, "write")] + [(path, "read") for path in readable if os.path.isdir(path)]
     abi = _landlock(libc, grants) if no_new_privs else 0
     missing = () if abi else ("Landlock is not offered by this kernel",)
     return Layers(False, abi, no_new_privs, missing)

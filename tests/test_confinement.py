@@ -12,6 +12,8 @@ import pytest
 
 from qjsflow.bridge import QjsflowError
 from qjsflow.bridge.types import Completed, Failed
+from qjsflow.bundles import find_toolchain
+from qjsflow.bundles.esbuild import _confined
 from qjsflow.runner.scopedb import ScopeDatabases
 from qjsflow.sandbox import ExecutorPool, PoolConfig
 from qjsflow.sandbox.confine import ALLOWED
@@ -156,3 +158,29 @@ async def test_the_scope_database_process_says_it_is_confined(tmp_path: Path) ->
         assert databases.layers["noNewPrivs"] is True
     finally:
         await databases.aclose()
+
+
+BUNDLER_PROBE = """
+const fs = require("fs");
+const seen = [];
+for (const attempt of [() => fs.readFileSync(process.argv[1]), () => fs.readFileSync(process.argv[2]),
+                       () => fs.writeFileSync(process.argv[3], "x")]) {
+  try { attempt(); seen.push("allowed"); } catch (error) { seen.push(error.code); }
+}
+console.log(JSON.stringify(seen));
+"""
+
+
+@pytest.mark.parametrize("mode", ["best-effort", "off"])
+def test_the_bundler_reads_its_tree_only(tmp_path: Path, mode: str) -> None:
+    tree, outside = tmp_path / "tree", tmp_path / "secret.txt"
+    tree.mkdir()
+    (tree / "inside.ts").write_text("export {};")
+    outside.write_text("host secret")
+    toolchain = find_toolchain()
+    command = [*_confined(toolchain, str(tree), mode), toolchain.node, "-e", BUNDLER_PROBE,
+               str(tree / "inside.ts"), str(outside), str(tree / "written.txt")]  # fmt: skip
+    done = subprocess.run(command, capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 0, done.stderr
+    expected = ["allowed", "EACCES", "EACCES"] if mode != "off" else ["allowed"] * 3
+    assert orjson.loads(done.stdout) == expected
