@@ -3,10 +3,13 @@ toolchain that publishes — each as one line, a missing part with what to do ab
 
 from __future__ import annotations
 
+import tempfile
+from pathlib import Path
 from typing import Any
 
 from qjsflow.bridge import QjsflowError
 from qjsflow.bundles import ESBUILD_VERSION, find_toolchain
+from qjsflow.runner.scopedb import ScopeDatabases
 from qjsflow.sandbox import ExecutorPool, PoolConfig
 
 __all__ = ["diagnose"]
@@ -16,12 +19,21 @@ async def diagnose(pool_config: PoolConfig) -> dict[str, Any]:
     """Starts one executor as the runner would and reads the layers it reports."""
     async with ExecutorPool(pool_config) as pool:
         layers = await pool.confinement()
+    with tempfile.TemporaryDirectory(prefix="qjsflow-doctor-") as folder:
+        databases = ScopeDatabases(Path(folder))
+        try:
+            await databases.execute("doctor", run_id="doctor/check", call_key="sql:1:",
+                                    sql="SELECT 1", params="[]", deadline_s=5)  # fmt: skip
+            scope_layers = dict(databases.layers)
+        finally:
+            await databases.aclose()
     try:
         toolchain = find_toolchain()
         tools: dict[str, Any] = {"esbuild": ESBUILD_VERSION, "node": toolchain.node}
     except QjsflowError as error:
         tools = {"error": str(error)}
-    return {"confinement": pool_config.confinement, "executor": layers, "toolchain": tools}
+    return {"confinement": pool_config.confinement, "executor": layers,
+            "scope_database": scope_layers, "toolchain": tools}  # fmt: skip
 
 
 def render(report: dict[str, Any]) -> str:
@@ -34,6 +46,11 @@ def render(report: dict[str, Any]) -> str:
         f"confinement setting: {report['confinement']}",
     ]
     lines += [f"  missing: {reason}" for reason in layers.get("missing", [])]
+    scope_abi = report["scope_database"].get("landlockAbi", 0)
+    lines.append(
+        "scope-database process Landlock: "
+        + (f"on (ABI {scope_abi}: its scope folder only)" if scope_abi else "OFF")
+    )
     if "error" in tools:
         lines.append(f"publishing: {tools['error']}")
     else:

@@ -112,6 +112,7 @@ def test_doctor_reports_the_layers_of_this_machine(tmp_path: Path) -> None:
     assert report["executor"]["seccomp"] is True
     assert report["executor"]["landlockAbi"] >= 1
     assert report["confinement"] == "best-effort"
+    assert report["scope_database"]["landlockAbi"] >= 1
 
 
 FOLDER_PROBE = """
