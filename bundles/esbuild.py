@@ -30,7 +30,7 @@ class BuildLimits:
     timeout_s: float = 30.0
     address_space_bytes: int = 2 * 1024 * 1024 * 1024
     max_output_bytes: int = 32 * 1024 * 1024
-    # Landlock around the bundler (bundles/confined.py): "require", "best-effort" or "off".
+    # Landlock around the bundler (sandbox/confined_exec.py): "require", "best-effort" or "off".
     confinement: str = "best-effort"
 
 
@@ -81,7 +81,7 @@ async def run_driver(request: dict[str, Any], limits: BuildLimits) -> Any:
 
 
 def _confined(toolchain: Toolchain, root: str, mode: str) -> list[str]:
-    """The command that puts the bundler under Landlock (bundles/confined.py): it may read the
+    """The command that puts the bundler under Landlock (sandbox/confined_exec.py): it may read the
     tree, the driver and a few system files, read and run node, the system's libraries and the
     esbuild packages, and nothing else; no TCP. Empty for `off`."""
     if mode == "off":
@@ -93,7 +93,7 @@ def _confined(toolchain: Toolchain, root: str, mode: str) -> list[str]:
                  str(toolchain.esbuild_package.parent)],
         "mode": mode,
     }  # fmt: skip
-    return [sys.executable, "-I", "-m", "qjsflow.bundles.confined", dumps(spec).decode()]
+    return [sys.executable, "-I", "-m", "qjsflow.sandbox.confined_exec", dumps(spec).decode()]
 
 
 # The JSON around the bundles: entry names, quotes and escapes (the code is ASCII already).

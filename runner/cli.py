@@ -197,11 +197,23 @@ def _parser() -> argparse.ArgumentParser:
                         help="print one line per drive on stderr")  # fmt: skip
     add("demo", help="the whole story on a fresh database, with a timeline")
     add("doctor", help="which sandbox layers and tools this machine gives qjsflow")
+    _add_console(add)
     add(
         "setup-tools",
         help=f"fetch esbuild {ESBUILD_VERSION} (checksum-verified) into the per-user cache",
     )
     return parser  # fmt: skip
+
+
+def _add_console(add: Callable[..., argparse.ArgumentParser]) -> None:
+    console = add("console", help="serve the web console over this journal")
+    console.add_argument("--host", default="127.0.0.1", help="where to listen (127.0.0.1)")
+    console.add_argument("--port", type=int, default=8470, help="the port (8470)")
+    console.add_argument(
+        "--token-file", metavar="FILE",
+        help="tokens, one per line: `TOKEN` (an operator) or `TOKEN scope=NAME` (one tenant); "
+        "required to listen beyond loopback",
+    )  # fmt: skip
 
 
 def _add_run_views(add: Callable[..., argparse.ArgumentParser]) -> None:
@@ -402,6 +414,12 @@ def _run(args: argparse.Namespace) -> str | tuple[str, int]:
         raise InvalidInput(f"{command} needs --scope (or QJSFLOW_SCOPE)")
     if command == "demo":
         return run_demo(as_json=args.json)
+    if command == "console":
+        from qjsflow.runner.console.serve import serve_console  # noqa: PLC0415
+
+        serve_console(args.db, _config(args), host=args.host, port=args.port,
+                      token_file=args.token_file)  # fmt: skip
+        return ""
     if command == "doctor":
         from qjsflow.runner import doctor  # noqa: PLC0415  (only this command needs it)
 

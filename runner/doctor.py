@@ -22,9 +22,7 @@ async def diagnose(pool_config: PoolConfig) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="qjsflow-doctor-") as folder:
         databases = ScopeDatabases(Path(folder))
         try:
-            await databases.execute("doctor", run_id="doctor/check", call_key="sql:1:",
-                                    sql="SELECT 1", params="[]", deadline_s=5)  # fmt: skip
-            scope_layers = dict(databases.layers)
+            scope_layers = await databases.confinement()
         finally:
             await databases.aclose()
     try:

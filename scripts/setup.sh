@@ -29,6 +29,12 @@ if [ -z "${QJSFLOW_TEST_POSTGRES_URL:-}" ] && ! ls /usr/lib/postgresql/*/bin/ini
   system_packages postgresql
 fi
 
+# Chromium, for the console's browser tests (Playwright drives the system browser: its own
+# browser download is not used).
+if ! command -v chromium >/dev/null; then
+  system_packages chromium
+fi
+
 python=${PYTHON:-python3.11}
 command -v "$python" >/dev/null || python=python3
 if [ ! -x .venv/bin/python ]; then

@@ -97,6 +97,15 @@ class ScopeDatabases:
         if "ok" not in reply:
             raise RuntimeError(f"the scope database of {scope!r} could not forget pruned runs")
 
+    async def confinement(self) -> dict[str, Any]:
+        """The layers a scope-database process reports (one is started for a scope named
+        `doctor` if none has been)."""
+        if not self.layers:
+            slot = self._slot("doctor")
+            async with slot.lock:
+                await self._server(slot)
+        return dict(self.layers)
+
     async def _ask(self, slot: _ScopeProcess, request: bytes, wait_s: float) -> Any:
         """One request and its reply; the caller holds the slot's lock."""
         process = await self._server(slot)

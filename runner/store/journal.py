@@ -495,6 +495,12 @@ class JournalStore:
     async def count_unused_snapshots(self, before: float, scope: str | None = None) -> int:
         return len(await self._read(lambda tx: tx.unused_snapshots(before, scope)))
 
+    async def count_runs_by_status(self, scope: str | None) -> dict[str, int]:
+        """How many runs of a scope (None: every scope) have each status."""
+        where, args = ("WHERE scope = ?", (scope,)) if scope is not None else ("", ())
+        rows = await self._all(f"SELECT status, count(*) FROM runs {where} GROUP BY status", args)
+        return {str(row[0]): int(row[1]) for row in rows}
+
     async def list_steps(self, run_id: str) -> list[StepRow]:
         return await self._read(lambda tx: tx.list_steps(run_id))
 

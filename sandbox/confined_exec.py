@@ -1,4 +1,5 @@
-"""`python -I -m qjsflow.bundles.confined SPEC PROGRAM ARGS…`: run the bundler under Landlock.
+"""`python -I -m qjsflow.sandbox.confined_exec SPEC PROGRAM ARGS…`: run a program (the
+bundler) under Landlock.
 
 The build parses hostile source trees; should a bug in the bundler be exploited by one, the
 process may read only what a build needs — the tree, the esbuild package, the driver, and the

@@ -1,0 +1,262 @@
+"""The console's routes (Starlette): pages for people, JSON for API clients, actions as POST.
+
+Every run a principal may not see answers 404, exactly like a missing one. Author content
+(names, values, logs, errors, sources) only ever reaches a page through Jinja2's escaping;
+pages load one script and one stylesheet from this package, and the Content-Security-Policy
+allows nothing else.
+"""
+
+from __future__ import annotations
+
+import hmac
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs
+
+from jinja2 import Environment, FileSystemLoader, select_autoescape
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
+from starlette.middleware.base import BaseHTTPMiddleware
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
+from starlette.routing import Mount, Route
+from starlette.staticfiles import StaticFiles
+
+from qjsflow.bridge import InvalidInput, QjsflowError
+from qjsflow.runner.console import views
+from qjsflow.runner.console.auth import OPERATOR, SESSION_COOKIE, Principal, Sessions, Tokens
+from qjsflow.runner.runner import Runner
+from qjsflow.runner.scopes import ALL_SCOPES
+from qjsflow.runner.views import RUN_STATUSES
+
+__all__ = ["create_app"]
+
+_HERE = Path(__file__).parent
+_CSP = (
+    "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; "
+    "form-action 'self'; frame-ancestors 'none'; base-uri 'none'; connect-src 'self'"
+)
+_MAX_FORM_BYTES = 64 * 1024
+_VERBS = ("signal", "cancel", "terminate", "pause", "resume", "restart", "fork")
+_CONFIRMED = ("cancel", "terminate", "restart", "fork")
+
+
+class _Headers(BaseHTTPMiddleware):
+    async def dispatch(
+        self, request: Request, call_next: Callable[..., Awaitable[Response]]
+    ) -> Response:
+        response = await call_next(request)
+        response.headers["Content-Security-Policy"] = _CSP
+        response.headers["X-Content-Type-Options"] = "nosniff"
+        response.headers["Referrer-Policy"] = "no-referrer"
+        response.headers["X-Frame-Options"] = "DENY"
+        response.headers["Cache-Control"] = "no-store"
+        return response
+
+
+class _Console:
+    """The handlers, over one Runner (opened by the app's lifespan)."""
+
+    def __init__(self, runner_factory: Callable[[], Awaitable[Runner]], tokens: Tokens | None):
+        self.templates = Environment(
+            loader=FileSystemLoader(_HERE / "templates"), autoescape=select_autoescape(["html"])
+        )
+        self.templates.filters.update(views.FILTERS)
+        self.sessions = Sessions()
+        self.tokens = tokens
+        self.runner_factory = runner_factory
+        self._runner: Runner | None = None
+
+    @property
+    def runner(self) -> Runner:
+        assert self._runner is not None, "the console's runner opens with the app"
+        return self._runner
+
+    @asynccontextmanager
+    async def lifespan(self, app: Starlette) -> AsyncIterator[None]:
+        self._runner = await self.runner_factory()
+        try:
+            yield
+        finally:
+            await self._runner.aclose()
+
+    def who(self, request: Request) -> Principal:
+        if self.tokens is None:
+            return OPERATOR
+        header = request.headers.get("authorization", "")
+        if header.startswith("Bearer "):
+            principal = self.tokens.principal(header.removeprefix("Bearer ").strip())
+            if principal is not None:
+                return principal
+        session = self.sessions.get(request.cookies.get(SESSION_COOKIE))
+        if session is not None:
+            return session.principal
+        raise HTTPException(401)
+
+    def csrf_of(self, request: Request) -> str:
+        session = self.sessions.get(request.cookies.get(SESSION_COOKIE))
+        return "" if session is None else session.csrf
+
+    def render(self, name: str, csrf: str = "", **context: Any) -> str:
+        return self.templates.get_template(name).render(
+            csrf=csrf, signed_in=self.tokens is not None, statuses=RUN_STATUSES, **context
+        )
+
+    def page(self, request: Request, name: str, **context: Any) -> HTMLResponse:
+        return HTMLResponse(self.render(name, self.csrf_of(request), **context))
+
+    async def runs(self, request: Request) -> Response:
+        query = views.RunQuery.parse(request.query_params, self.who(request))
+        listed = await views.list_runs(self.runner, query)
+        counts = await self.runner.store.count_runs_by_status(query.scope)
+        if _api(request):
+            return JSONResponse(views.plain({**listed, "counts": counts}))
+        return self.page(request, "runs.html", query=query, counts=counts, **listed)
+
+    async def run(self, request: Request) -> Response:
+        scope, run_id = _visible(request, self.who(request))
+        detail = await views.run_detail(self.runner, scope, run_id)
+        if _api(request):
+            return JSONResponse(views.plain(detail))
+        return self.page(request, "run.html", **detail)
+
+    async def run_state(self, request: Request) -> Response:
+        """What a run's page polls: it reloads when this changes."""
+        scope, run_id = _visible(request, self.who(request))
+        try:
+            found = await self.runner.get(run_id, scope=scope)
+        except InvalidInput:
+            raise HTTPException(404) from None
+        return JSONResponse({"status": found.status, "updated": found.updated_at})
+
+    async def act(self, request: Request) -> Response:
+        scope, run_id = _visible(request, self.who(request))
+        verb = request.path_params["verb"]
+        if verb not in _VERBS:
+            raise HTTPException(404)
+        form = await _form(request)
+        api = _api(request)
+        if not api and not _same(form.get("csrf"), self.csrf_of(request)):
+            raise HTTPException(403, "the form's CSRF token is missing or wrong")
+        if not api and verb in _CONFIRMED and form.get("confirm") != "yes":
+            raise HTTPException(400, f"confirm the {verb} first")
+        try:
+            done = await views.act(self.runner, verb, scope, run_id, form)
+        except (InvalidInput, QjsflowError) as error:
+            if api:
+                return JSONResponse({"error": str(error)[:500]}, status_code=400)
+            return self.page(request, "error.html", message=str(error)[:500],
+                             back=f"/runs/{scope}/{run_id}")  # fmt: skip
+        if api:
+            return JSONResponse(views.plain(done))
+        return RedirectResponse(f"/runs/{done.scope}/{done.run_id}", status_code=303)
+
+    async def snapshots(self, request: Request) -> Response:
+        principal = self.who(request)
+        scope = principal.scope or request.query_params.get("scope") or None
+        try:
+            found = await self.runner.snapshots(scope=scope or ALL_SCOPES, limit=200)
+        except InvalidInput:
+            raise HTTPException(404) from None
+        if _api(request):
+            return JSONResponse(views.plain(found))
+        return self.page(request, "snapshots.html", snapshots=found, scope=scope)
+
+    async def snapshot(self, request: Request) -> Response:
+        scope = request.path_params["scope"]
+        if not self.who(request).may_see(scope):
+            raise HTTPException(404)
+        snapshot_id = request.path_params["snapshot_id"]
+        detail = await views.snapshot_detail(self.runner, scope, snapshot_id)
+        return self.page(request, "snapshot.html", **detail)
+
+    async def login(self, request: Request) -> Response:
+        if request.method == "GET":
+            return self.page(request, "login.html", failed=False)
+        form = await _form(request)
+        token = str(form.get("token") or "")
+        principal = None if self.tokens is None else self.tokens.principal(token)
+        if principal is None:
+            return HTMLResponse(self.render("login.html", failed=True), status_code=401)
+        session_id, _ = self.sessions.open(principal)
+        response = RedirectResponse("/runs", status_code=303)
+        response.set_cookie(SESSION_COOKIE, session_id, httponly=True, samesite="strict",
+                            secure=request.url.scheme == "https", path="/")  # fmt: skip
+        return response
+
+    async def home(self, request: Request) -> Response:
+        return RedirectResponse("/runs", status_code=303)
+
+    async def refused(self, request: Request, error: Exception) -> Response:
+        assert isinstance(error, HTTPException)
+        if _api(request):
+            return JSONResponse({"error": error.detail}, status_code=error.status_code)
+        if error.status_code == 401:
+            return RedirectResponse("/login", status_code=303)
+        body = self.render("error.html", message=f"{error.status_code}: {error.detail}",
+                           back="/runs")  # fmt: skip
+        return HTMLResponse(body, status_code=error.status_code)
+
+
+def create_app(runner_factory: Callable[[], Awaitable[Runner]], tokens: Tokens | None) -> Starlette:
+    """The app; `tokens` None means no sign-in (only for a console bound to loopback)."""
+    console = _Console(runner_factory, tokens)
+    routes = [
+        Route("/", console.home),
+        Route("/login", console.login, methods=["GET", "POST"]),
+        Route("/runs", console.runs),
+        Route("/api/runs", console.runs),
+        Route("/runs/{scope}/{run_id}", console.run),
+        Route("/api/runs/{scope}/{run_id}", console.run),
+        Route("/runs/{scope}/{run_id}/state", console.run_state),
+        Route("/runs/{scope}/{run_id}/{verb}", console.act, methods=["POST"]),
+        Route("/api/runs/{scope}/{run_id}/{verb}", console.act, methods=["POST"]),
+        Route("/snapshots", console.snapshots),
+        Route("/api/snapshots", console.snapshots),
+        Route("/snapshots/{scope}/{snapshot_id}", console.snapshot),
+        Mount("/static", StaticFiles(directory=_HERE / "static"), name="static"),
+    ]
+    return Starlette(
+        routes=routes, lifespan=console.lifespan, middleware=[Middleware(_Headers)],
+        exception_handlers={HTTPException: console.refused},
+    )  # fmt: skip
+
+
+async def _form(request: Request) -> dict[str, str]:
+    """A posted form (`application/x-www-form-urlencoded`), at most 64 KiB: the first value
+    of each field."""
+    body = b""
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > _MAX_FORM_BYTES:
+            raise HTTPException(413, "the form is too large")
+    try:
+        fields = parse_qs(body.decode("utf-8"), keep_blank_values=True, max_num_fields=50)
+    except (UnicodeDecodeError, ValueError):
+        raise HTTPException(400, "the form cannot be read") from None
+    return {name: values[0] for name, values in fields.items()}
+
+
+def _api(request: Request) -> bool:
+    return request.url.path.startswith("/api/")
+
+
+def _visible(request: Request, principal: Principal) -> tuple[str, str]:
+    scope, run_id = request.path_params["scope"], request.path_params["run_id"]
+    if not principal.may_see(scope):
+        raise HTTPException(404)  # as a missing run: another scope's runs do not exist here
+    return scope, run_id
+
+
+async def _found(lookup: Awaitable[Any]) -> Any:
+    try:
+        return await lookup
+    except InvalidInput:
+        raise HTTPException(404) from None
+
+
+def _same(given: object, expected: str) -> bool:
+    return bool(expected) and isinstance(given, str) and hmac.compare_digest(given, expected)

@@ -1,0 +1,204 @@
+"""What the console's pages and API show, gathered from the Runner, and its actions."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from starlette.exceptions import HTTPException
+
+from qjsflow.bridge import CodecError, InvalidInput, loads
+from qjsflow.bridge.codec import dumps_text
+from qjsflow.bridge.values import to_json_form
+from qjsflow.runner.cli_output import printable
+from qjsflow.runner.console.auth import Principal
+from qjsflow.runner.runner import Runner
+from qjsflow.runner.scopes import ALL_SCOPES, run_key
+from qjsflow.runner.timeline import timeline_rows
+from qjsflow.runner.views import RUN_STATUSES, TERMINAL, RunView
+
+__all__ = ["FILTERS", "RunQuery", "act", "list_runs", "plain", "run_detail", "snapshot_detail"]
+
+_PAGE = 50
+_SHOWN_CHARS = 20_000  # a value longer than this is cut on the page (the API has it whole)
+
+
+@dataclass(frozen=True, slots=True)
+class RunQuery:
+    scope: str | None
+    workflow: str | None
+    status: str | None
+    since_hours: float | None
+    cursor: str | None
+
+    @classmethod
+    def parse(cls, params: Mapping[str, str], principal: Principal) -> RunQuery:
+        asked = params.get("scope") or None
+        if principal.scope is not None and asked not in (None, principal.scope):
+            raise HTTPException(404)
+        status = params.get("status") or None
+        if status is not None and status not in RUN_STATUSES:
+            raise HTTPException(400, "unknown status")
+        since = params.get("since_hours") or None
+        try:
+            hours = None if since is None else float(since)
+        except ValueError:
+            raise HTTPException(400, "since_hours must be a number") from None
+        if hours is not None and not (math.isfinite(hours) and hours > 0):
+            raise HTTPException(400, "since_hours must be more than 0")
+        return cls(principal.scope or asked, params.get("workflow") or None, status, hours,
+                   params.get("cursor") or None)  # fmt: skip
+
+
+async def list_runs(runner: Runner, query: RunQuery) -> dict[str, Any]:
+    since = None if query.since_hours is None else time.time() - query.since_hours * 3600
+    try:
+        page = await runner.list(
+            scope=query.scope or ALL_SCOPES, workflow=query.workflow, status=query.status,
+            limit=_PAGE + 1, newest_first=True, since=since, cursor=query.cursor,
+        )  # fmt: skip
+    except InvalidInput as error:
+        raise HTTPException(400, str(error)) from None
+    runs, more = page[:_PAGE], len(page) > _PAGE
+    return {"runs": runs, "next_cursor": Runner.cursor_after(runs[-1]) if more else None}
+
+
+async def run_detail(runner: Runner, scope: str, run_id: str) -> dict[str, Any]:
+    try:
+        run = await runner.get(run_id, scope=scope)
+    except InvalidInput:
+        raise HTTPException(404) from None
+    steps = await runner.list_steps(run_id, scope=scope)
+    history = await runner.history(run_id, scope=scope)
+    return {
+        "run": run,
+        "steps": steps,
+        "logs": await runner.list_logs(run_id, scope=scope),
+        "tools": await runner.list_tool_calls(run_id, scope=scope),
+        "history": history,
+        "drives": (await timeline_rows(runner, run))[1:],
+        "timeline": _timeline(run, steps, history),
+    }
+
+
+def _timeline(run: RunView, steps: list[Any], history: list[Any]) -> dict[str, Any]:
+    """Bars on a time axis, in percent of the run's span: one per step's latest attempt,
+    sleeps and waits included, and a mark for every retry scheduled."""
+    end = max([run.updated_at, *(s.completed_at or 0 for s in steps)])
+    start = min([run.created_at, *(s.started_at or run.created_at for s in steps)])
+    span = max(end - start, 0.001)
+    bars = []
+    for index, step in enumerate(steps):
+        began = step.started_at or start
+        finished = step.completed_at or (time.time() if run.status not in TERMINAL else end)
+        bars.append({
+            "y": 24 + index * 22, "x": 100 * (began - start) / span,
+            "width": max(0.4, 100 * (min(finished, end) - began) / span),
+            "label": f"{step.kind} {step.name or ''} #{step.count}"[:80],
+            "status": step.status, "attempt": step.attempt,
+        })  # fmt: skip
+    retries = [
+        {"x": 100 * (event.at - start) / span, "data": event.data}
+        for event in history
+        if event.type == "step_retrying"
+    ]
+    return {"bars": bars, "retries": retries, "span_s": span,
+            "height": 40 + 22 * len(steps)}  # fmt: skip
+
+
+async def act(
+    runner: Runner, verb: str, scope: str, run_id: str, form: Mapping[str, Any]
+) -> RunView:
+    """One action, through the same Runner methods as the CLI; runs that must move are left
+    to the workers (this process binds no tools)."""
+    text = {key: str(form.get(key) or "").strip() for key in
+            ("type", "payload", "reason", "from_step", "new_run_id")}  # fmt: skip
+    match verb:
+        case "signal":
+            try:
+                payload = loads(text["payload"] or "null")
+            except CodecError as error:
+                raise InvalidInput(f"the payload is not valid JSON: {error}") from None
+            return await runner.signal(run_id, text["type"], payload, scope=scope, drive=False)
+        case "cancel":
+            return await runner.cancel(run_id, scope=scope)
+        case "terminate":
+            return await runner.terminate(run_id, scope=scope, reason=text["reason"] or None)
+        case "pause":
+            return await runner.pause(run_id, scope=scope)
+        case "resume":
+            return await runner.resume(run_id, scope=scope, drive=False)
+        case "restart":
+            return await runner.restart(
+                run_id, scope=scope, from_step=text["from_step"] or None, drive=False
+            )
+        case "fork":
+            return await runner.fork(
+                run_id, scope=scope, from_step=text["from_step"] or None,
+                new_run_id=text["new_run_id"] or None, drive=False,
+            )  # fmt: skip
+    raise HTTPException(404)
+
+
+async def snapshot_detail(runner: Runner, scope: str, snapshot_id: str) -> dict[str, Any]:
+    try:
+        snapshot = await runner.find_snapshot(snapshot_id, scope=scope)
+    except InvalidInput:
+        raise HTTPException(404) from None
+    bundles = []
+    for workflow in snapshot.workflows:
+        bundle = await runner.store.load_bundle(scope, snapshot.snapshot_id, workflow.workflow)
+        if bundle is None:
+            continue
+        sources: list[tuple[str, list[str]]] = []
+        if bundle.source_map:
+            source_map = loads(bundle.source_map)
+            contents = source_map.get("sourcesContent") or []
+            for name, content in zip(source_map.get("sources") or [], contents, strict=False):
+                if isinstance(name, str) and isinstance(content, str):
+                    sources.append((name, content.splitlines()))
+        if not sources:  # no sources kept with the map: the bundle itself, as it runs
+            sources.append((f"{workflow.entry_path} (as bundled)", bundle.code.splitlines()))
+        bundles.append({"workflow": workflow, "sources": sources})
+    runs = await runner.list(scope=scope, limit=1000, newest_first=True)
+    pinned = [run for run in runs if run.snapshot_id == snapshot.snapshot_id][:100]
+    return {"snapshot": snapshot, "bundles": bundles, "runs": pinned}
+
+
+def plain(value: Any) -> Any:
+    """JSON-ready: dataclasses as dicts, author values in the journal's tagged form."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, dict):
+        return {str(k): plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [plain(v) for v in value]
+    return to_json_form(value)
+
+
+def _shown(value: Any) -> str:
+    """An author value as JSON text, cut to a size a page can hold (escaped by Jinja2)."""
+    text = dumps_text(to_json_form(value))
+    return text if len(text) <= _SHOWN_CHARS else text[:_SHOWN_CHARS] + f"… ({len(text)} chars)"
+
+
+def _text(value: Any) -> str:
+    """Author text with controls and bidirectional overrides made visible, cut to size."""
+    text = printable(str(value))
+    return text if len(text) <= _SHOWN_CHARS else text[:_SHOWN_CHARS] + f"… ({len(text)} chars)"
+
+
+def _when(seconds: float | None) -> str:
+    if seconds is None:
+        return ""
+    return (
+        time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(seconds))
+        + f".{int(seconds * 1000) % 1000:03d}Z"
+    )
+
+
+FILTERS = {"shown": _shown, "text": _text, "when": _when, "key": run_key}

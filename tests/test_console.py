@@ -1,0 +1,304 @@
+"""The web console: a real server on loopback, real HTTP, and a real browser (Chromium from
+Debian's packages, driven by Playwright) for what people do with it."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import uvicorn
+
+from qjsflow.runner import Runner, RunnerConfig, StartRunInput
+from qjsflow.runner.console import Tokens, create_app
+from qjsflow.runner.console.auth import OPERATOR, Principal
+from qjsflow.sandbox import PoolConfig
+from tests.conftest import PROJECT_ROOT
+
+OPERATOR_TOKEN = "operator-token-0123456789"
+ACME_TOKEN = "acme-tenant-token-0123456789"
+
+WAITER = """
+export default async (event, step) => {
+  const first = await step.do("prepare", async () => ({ n: event.payload.n }));
+  console.log("prepared", first.n);
+  await step.sleep("breathe", "1 second");
+  const go = await step.waitForEvent("approval", { type: "approve", timeout: "1 hour" });
+  return { n: first.n, approved: go.payload };
+};
+"""
+XSS = "<script>window.__xss = 1</script>"
+HOSTILE = """
+export default async (event, step) => {
+  const names = ["<script>window.__xss = 1</script>", '"><img src=x onerror="window.__xss = 2">',
+                 "javascript:window.__xss = 3", "\\u202eevil\\u202c", "x".repeat(1_000_000)];
+  for (const name of names.slice(0, 4)) {
+    await step.do(name, async () => '<img src=x onerror="window.__xss = 4">');
+    console.log(name, '<svg onload="window.__xss = 5">');
+  }
+  await step.do("big", async () => names[4]);
+  throw new Error('<a href="javascript:window.__xss = 6">click</a>');
+};
+"""
+
+
+@dataclass
+class Console:
+    url: str
+    db: Path
+    server: uvicorn.Server
+    thread: threading.Thread
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+async def _seed(db: Path, scope_root: Path) -> None:
+    config = RunnerConfig(pool=PoolConfig(size=2), scope_root=scope_root)
+    async with Runner.open(db, config) as runner:
+        for scope in ("acme", "other"):
+            published = await runner.publish(scope, {"workflows/flow.ts": WAITER,
+                                                     "workflows/hostile.ts": HOSTILE})  # fmt: skip
+            for name, workflow in (("r1", "flow"), ("evil", "hostile")):
+                request = StartRunInput(scope, workflow, published.snapshot_id, {"n": 7}, name)
+                await runner.start(request)
+        await asyncio.sleep(1.1)
+        await runner.serve(until_idle=True)  # past the sleep: now waiting for approval
+
+
+async def _serve_worker(db: Path, scope_root: Path) -> None:
+    config = RunnerConfig(pool=PoolConfig(size=2), scope_root=scope_root)
+    async with Runner.open(db, config) as runner:
+        await runner.serve(until_idle=True)
+
+
+def _in_thread(work: Any) -> None:
+    """Run a coroutine to its end on a thread of its own (Playwright's loop holds this one)."""
+    failures: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            asyncio.run(work)
+        except BaseException as error:
+            failures.append(error)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    thread.join(120)
+    if failures:
+        raise failures[0]
+
+
+def _start_console(db: Path, scope_root: Path, tokens: Tokens | None) -> Console:
+    config = RunnerConfig(pool=PoolConfig(size=1), scope_root=scope_root)
+
+    async def factory() -> Runner:
+        return await Runner.connect(db, config, create=False)
+
+    port = _free_port()
+    server = uvicorn.Server(uvicorn.Config(create_app(factory, tokens), host="127.0.0.1",
+                                           port=port, log_level="warning"))  # fmt: skip
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started:
+        assert time.monotonic() < deadline, "the console did not start"
+        time.sleep(0.05)
+    return Console(f"http://127.0.0.1:{port}", db, server, thread)
+
+
+@pytest.fixture(scope="module")
+def journal(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    folder = tmp_path_factory.mktemp("console")
+    db, scopes = folder / "journal.db", folder / "scopes"
+    _in_thread(_seed(db, scopes))
+    return db, scopes
+
+
+@pytest.fixture(scope="module")
+def console(journal: tuple[Path, Path]) -> Iterator[Console]:
+    tokens = Tokens({OPERATOR_TOKEN: OPERATOR, ACME_TOKEN: Principal("acme")})
+    started = _start_console(*journal, tokens)
+    yield started
+    started.server.should_exit = True
+    started.thread.join(10)
+
+
+def _client(console: Console, token: str | None = OPERATOR_TOKEN) -> httpx.Client:
+    headers = {} if token is None else {"Authorization": f"Bearer {token}"}
+    return httpx.Client(base_url=console.url, headers=headers, follow_redirects=False)
+
+
+# -- HTTP ------------------------------------------------------------------------------------
+
+
+def test_every_page_carries_a_strict_policy(console: Console) -> None:
+    with _client(console) as client:
+        response = client.get("/runs")
+    assert response.status_code == 200
+    policy = response.headers["content-security-policy"]
+    assert "script-src 'self'" in policy
+    assert "default-src 'none'" in policy
+    assert "unsafe-inline" not in policy
+    assert response.headers["x-frame-options"] == "DENY"
+
+
+def test_without_a_token_nothing_is_shown(console: Console) -> None:
+    with _client(console, token=None) as client:
+        assert client.get("/api/runs").status_code == 401
+        assert client.get("/runs").headers["location"] == "/login"
+        assert client.get("/api/runs", headers={"Authorization": "Bearer wrong"}).status_code == 401
+
+
+def test_a_scope_token_sees_its_scope_only(console: Console) -> None:
+    with _client(console, ACME_TOKEN) as client:
+        listed = client.get("/api/runs").json()
+        assert {run["scope"] for run in listed["runs"]} == {"acme"}
+        assert set(listed["counts"]) <= {"waiting", "failed"}
+        assert client.get("/api/runs/other/r1").status_code == 404  # as a missing run
+        assert client.get("/api/runs/acme/nope").status_code == 404
+        assert client.get("/api/runs?scope=other").status_code == 404
+        assert client.post("/api/runs/other/r1/cancel").status_code == 404
+        assert client.get("/api/runs/acme/r1").json()["run"]["status"] == "waiting"
+    with _client(console) as client:
+        assert {run["scope"] for run in client.get("/api/runs").json()["runs"]} == {"acme", "other"}
+
+
+def test_forms_need_their_csrf_token(console: Console) -> None:
+    with _client(console, token=None) as client:
+        signed_in = client.post("/login", data={"token": OPERATOR_TOKEN})
+        assert signed_in.status_code == 303
+        refused = client.post("/runs/other/r1/pause", data={"csrf": "forged"})
+        assert refused.status_code == 403
+    with _client(console) as client:  # an API client's bearer token is not a cookie: no CSRF
+        assert client.get("/api/runs/other/r1").json()["run"]["status"] == "waiting"
+
+
+def test_a_console_beyond_loopback_needs_a_token_file(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "qjsflow.runner.cli", "--db", str(tmp_path / "j.db"), "console",
+         "--host", "0.0.0.0"],
+        cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert done.returncode == 2
+    assert "needs --token-file" in done.stderr
+
+
+# -- a real browser --------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    from playwright.sync_api import sync_playwright  # noqa: PLC0415
+
+    chromium = shutil.which("chromium")
+    assert chromium is not None, "Chromium is missing: run make setup (it installs it)"
+    with sync_playwright() as playwright:
+        launched = playwright.chromium.launch(executable_path=chromium, args=["--no-sandbox"])
+        yield launched
+        launched.close()
+
+
+def _signed_in(browser: Any, console: Console, token: str = OPERATOR_TOKEN) -> Any:
+    page = browser.new_page(viewport={"width": 1280, "height": 900})
+    dialogs: list[str] = []
+
+    def dismissed(dialog: Any) -> None:
+        dialogs.append(dialog.message)
+        dialog.dismiss()
+
+    page.on("dialog", dismissed)
+    page.dialogs = dialogs
+    page.goto(console.url + "/runs")
+    page.fill("input[name=token]", token)
+    page.click("button[type=submit]")
+    page.wait_for_url(console.url + "/runs")
+    return page
+
+
+@pytest.mark.slow
+def test_list_to_run_to_timeline_and_logs(browser: Any, console: Console, tmp_path: Path) -> None:
+    page = _signed_in(browser, console)
+    page.click("a[href='/runs/acme/r1']")
+    page.wait_for_url(console.url + "/runs/acme/r1")
+    assert page.inner_text("#run-status") == "waiting"
+    assert page.locator("svg.timeline .bar").count() == 3  # prepare, breathe, approval
+    assert "prepared 7" in page.inner_text("#logs")
+    page.screenshot(path=str(tmp_path / "run.png"), full_page=True)
+    assert (tmp_path / "run.png").stat().st_size > 10_000
+    page.close()
+
+
+@pytest.mark.slow
+def test_a_signal_from_the_page_wakes_the_waiting_run(browser: Any, console: Console) -> None:
+    page = _signed_in(browser, console)
+    page.goto(console.url + "/runs/acme/r1")
+    page.fill("form[action$='/signal'] input[name=type]", "approve")
+    page.fill("form[action$='/signal'] input[name=payload]", '"from the console"')
+    page.click("form[action$='/signal'] button")
+    page.wait_for_url(console.url + "/runs/acme/r1")
+    _in_thread(_serve_worker(console.db, console.db.with_name("scopes")))
+    page.reload()
+    assert page.inner_text("#run-status") == "completed"
+    assert "from the console" in page.inner_text("#output")
+    page.close()
+
+
+@pytest.mark.slow
+def test_a_restart_from_a_step_from_the_page(browser: Any, console: Console) -> None:
+    page = _signed_in(browser, console)
+    page.goto(console.url + "/runs/other/r1")
+    page.select_option("form[action$='/restart'] select", "sleep:breathe:1")
+    page.check("form[action$='/restart'] input[name=confirm]")
+    page.click("form[action$='/restart'] button")
+    page.wait_for_url(console.url + "/runs/other/r1")
+    assert page.inner_text("#run-status") == "running"
+    history = page.inner_text("table.history")
+    assert "run_restarted" in history
+    assert "sleep:breathe:1" in history
+    page.close()
+
+
+@pytest.mark.slow
+def test_a_scope_token_cannot_open_another_scopes_run(browser: Any, console: Console) -> None:
+    page = _signed_in(browser, console, ACME_TOKEN)
+    response = page.goto(console.url + "/runs/other/r1")
+    assert response.status == 404
+    assert page.locator("a[href^='/runs/other/']").count() == 0
+    page.goto(console.url + "/runs")
+    assert page.locator("a[href^='/runs/other/']").count() == 0
+    assert page.locator("a[href='/runs/acme/r1']").count() == 1
+    page.close()
+
+
+@pytest.mark.slow
+def test_hostile_names_logs_and_outputs_stay_text(browser: Any, console: Console) -> None:
+    page = _signed_in(browser, console)
+    page.goto(console.url + "/runs/acme/evil")
+    page.wait_for_timeout(500)  # time for anything that would run to run
+    assert page.evaluate("window.__xss") is None
+    assert page.dialogs == []
+    assert XSS.replace("/", "%2F") in page.inner_text(
+        "table.steps"
+    )  # shown as text (a / in a step name is escaped)
+    assert "\\u202e" in page.inner_text("table.steps")  # the override made visible
+    assert page.locator("main img, main script, main a[href^='javascript']").count() == 0
+    assert page.inner_text("#run-status") == "failed"  # the page is still usable
+    page.goto(console.url + "/snapshots")
+    page.click("a[href^='/snapshots/acme/']")
+    assert "window.__xss = 1" in page.inner_text("main")  # the hostile source, as text
+    assert page.evaluate("window.__xss") is None
+    page.close()
