@@ -30,3 +30,4 @@ bench: setup
 	.venv/bin/python -m bench
 	.venv/bin/python -m bench.sandbox
 	.venv/bin/python -m bench.scaleout
+	.venv/bin/python -m bench.console

@@ -81,33 +81,61 @@ async def run_detail(runner: Runner, scope: str, run_id: str) -> dict[str, Any]:
         "tools": await runner.list_tool_calls(run_id, scope=scope),
         "history": history,
         "drives": (await timeline_rows(runner, run))[1:],
-        "timeline": _timeline(run, steps, history),
+        "timeline": _timeline(run, history),
     }
 
 
-def _timeline(run: RunView, steps: list[Any], history: list[Any]) -> dict[str, Any]:
-    """Bars on a time axis, in percent of the run's span: one per step's latest attempt,
-    sleeps and waits included, and a mark for every retry scheduled."""
-    end = max([run.updated_at, *(s.completed_at or 0 for s in steps)])
-    start = min([run.created_at, *(s.started_at or run.created_at for s in steps)])
-    span = max(end - start, 0.001)
+_OPENS = {"step_started": "attempt", "sleep_scheduled": "sleep", "waiting_for_event": "wait",
+          "tool_called": None}  # fmt: skip
+_CLOSES = {"step_completed": "completed", "step_failed": "failed", "step_retrying": "retrying",
+           "sleep_completed": "completed", "event_consumed": "completed",
+           "event_timed_out": "failed", "event_refused": "failed"}  # fmt: skip
+
+
+def _timeline(run: RunView, history: list[Any]) -> dict[str, Any]:
+    """The run on a time axis, from its history: a bar per step attempt, sleep and wait (in
+    percent of the run's span), a dashed bar for each retry's delay, and a tick per drive."""
+    start = run.created_at
+    end = max([run.updated_at, *(e.at for e in history)])
+    now = time.time() if run.status not in TERMINAL else end
+    spans: list[dict[str, Any]] = []
+    open_spans: dict[str, dict[str, Any]] = {}
+    drives: list[float] = []
+    for event in history:
+        data = event.data if isinstance(event.data, dict) else {}
+        key = str(data.get("key", ""))
+        if event.type == "drive_started":
+            drives.append(event.at)
+        elif event.type in _OPENS and _OPENS[event.type] is not None and key not in open_spans:
+            kind = _OPENS[event.type]
+            label = f"{key} (attempt {data.get('attempt', 1)})" if kind == "attempt" else key
+            span = {"label": label, "from": event.at, "to": None, "status": kind}
+            if kind == "sleep" and isinstance(data.get("dueAt"), int | float):
+                span["due"] = data["dueAt"] / 1000
+            open_spans[key] = span
+            spans.append(span)
+        elif event.type in _CLOSES and key in open_spans:
+            span = open_spans.pop(key)
+            span["to"], span["status"] = event.at, _CLOSES[event.type]
+            if event.type == "step_retrying" and isinstance(data.get("retryAt"), int | float):
+                retry = data["retryAt"] / 1000
+                spans.append({"label": f"{key}: retry delay", "from": event.at, "to": retry,
+                              "status": "delay"})  # fmt: skip
+                end = max(end, retry)
+    end = max(end, *(s.get("due", 0) for s in spans), start + 0.001)
+    span_s = end - start
+
+    def x(moment: float) -> float:
+        return float(1000 * (min(max(moment, start), end) - start) / span_s)
+
     bars = []
-    for index, step in enumerate(steps):
-        began = step.started_at or start
-        finished = step.completed_at or (time.time() if run.status not in TERMINAL else end)
-        bars.append({
-            "y": 24 + index * 22, "x": 100 * (began - start) / span,
-            "width": max(0.4, 100 * (min(finished, end) - began) / span),
-            "label": f"{step.kind} {step.name or ''} #{step.count}"[:80],
-            "status": step.status, "attempt": step.attempt,
-        })  # fmt: skip
-    retries = [
-        {"x": 100 * (event.at - start) / span, "data": event.data}
-        for event in history
-        if event.type == "step_retrying"
-    ]
-    return {"bars": bars, "retries": retries, "span_s": span,
-            "height": 40 + 22 * len(steps)}  # fmt: skip
+    for row, span in enumerate(spans[:300]):
+        finished = span["to"] if span["to"] is not None else span.get("due", now)
+        bars.append({"y": 24 + row * 20, "x": x(span["from"]),
+                     "width": max(2.0, x(finished) - x(span["from"])),
+                     "label": str(span["label"])[:100], "status": span["status"]})  # fmt: skip
+    return {"bars": bars, "drives": [x(at) for at in drives], "span_s": span_s,
+            "height": 40 + 20 * len(bars)}  # fmt: skip
 
 
 async def act(
