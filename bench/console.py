@@ -13,6 +13,7 @@ import statistics
 import tempfile
 import threading
 import time
+from functools import partial
 from pathlib import Path
 
 import httpx
@@ -22,7 +23,7 @@ import uvicorn
 from bench.common import TEN_STEPS, publish
 from qjsflow.runner import Runner, RunnerConfig
 from qjsflow.runner.console import create_app
-from qjsflow.runner.store import RunRecord
+from qjsflow.runner.store import JournalTransaction, RunRecord
 
 RUNS = 100_000
 STATUSES = ("completed", "failed", "waiting", "sleeping")
@@ -33,13 +34,20 @@ async def _fill(db: Path) -> None:
         snapshot = await publish(runner, TEN_STEPS)
         base = int(time.time() * 1000) - RUNS
         for start in range(0, RUNS, 5000):
-            records = [
-                RunRecord(f"bench/r{n}", "bench", "flow", snapshot, "workflows/flow.ts",
-                          STATUSES[n % 4], "null", "{}", None, None, base + n, base + n, None,
-                          None, 0.0, 0, False)  # fmt: skip
-                for n in range(start, start + 5000)
-            ]
-            await runner.store.transact(lambda tx, rs=records: [tx.insert_run(r) for r in rs])
+            records = [_record(snapshot, n, base) for n in range(start, start + 5000)]
+            await runner.store.transact(partial(_insert, records=records))
+
+
+def _record(snapshot: str, n: int, base: int) -> RunRecord:
+    return RunRecord(
+        f"bench/r{n}", "bench", "flow", snapshot, "workflows/flow.ts", STATUSES[n % 4], "null",
+        "{}", None, None, base + n, base + n, None, None, 0.0, 0, False,
+    )  # fmt: skip
+
+
+def _insert(tx: JournalTransaction, records: list[RunRecord]) -> None:
+    for record in records:
+        tx.insert_run(record)
 
 
 async def _direct(db: Path) -> float:
