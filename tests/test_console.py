@@ -335,6 +335,9 @@ def test_hostile_names_logs_and_outputs_stay_text(browser: Any, console: Console
     )  # shown as text (a / in a step name is escaped)
     assert "\\u202e" in page.inner_text("table.steps")  # the override made visible
     assert page.locator("main img, main script, main a[href^='javascript']").count() == 0
+    big = page.inner_text("table.results")
+    assert "… (1000002 chars)" in big  # the 1 MB result is cut on the page, whole in the API
+    assert len(big) < 100_000
     assert page.inner_text("#run-status") == "failed"  # the page is still usable
     page.goto(console.url + "/snapshots")
     page.click("a[href^='/snapshots/acme/']")
