@@ -186,6 +186,18 @@ def _parser() -> argparse.ArgumentParser:
     listing.add_argument("--desc", action="store_true", help="newest first")
     listing.add_argument("--since", metavar="WHEN", help="created since: 2h, 7d, or an ISO time")
     listing.add_argument("--cursor", help="start after this (the next_cursor of a page)")
+    _add_worker(add)
+    add("demo", help="the whole story on a fresh database, with a timeline")
+    add("doctor", help="which sandbox layers and tools this machine gives qjsflow")
+    _add_console(add)
+    add(
+        "setup-tools",
+        help=f"fetch esbuild {ESBUILD_VERSION} (checksum-verified) into the per-user cache",
+    )
+    return parser  # fmt: skip
+
+
+def _add_worker(add: Callable[..., argparse.ArgumentParser]) -> None:
     worker = add("worker", help="wake due runs and recover crashed ones")
     worker.add_argument(
         "--until-idle",
@@ -195,14 +207,16 @@ def _parser() -> argparse.ArgumentParser:
     worker.add_argument("--concurrency", type=int, default=8, help="drives at once (8)")
     worker.add_argument("-v", "--verbose", action="store_true",
                         help="print one line per drive on stderr")  # fmt: skip
-    add("demo", help="the whole story on a fresh database, with a timeline")
-    add("doctor", help="which sandbox layers and tools this machine gives qjsflow")
-    _add_console(add)
-    add(
-        "setup-tools",
-        help=f"fetch esbuild {ESBUILD_VERSION} (checksum-verified) into the per-user cache",
-    )
-    return parser  # fmt: skip
+    worker.add_argument(
+        "--log-format", choices=("text", "json"), default="text",
+        help="log lines as text or one JSON object each (json logs at info)",
+    )  # fmt: skip
+    worker.add_argument("--metrics-port", type=int, metavar="PORT",
+                        help="serve Prometheus metrics at /metrics on this port")  # fmt: skip
+    worker.add_argument("--health-port", type=int, metavar="PORT",
+                        help="serve /healthz and /readyz on this port")  # fmt: skip
+    worker.add_argument("--listen-host", default="127.0.0.1",
+                        help="where the metrics and health ports listen (127.0.0.1)")  # fmt: skip
 
 
 def _add_console(add: Callable[..., argparse.ArgumentParser]) -> None:
@@ -321,7 +335,33 @@ async def _serve(args: argparse.Namespace, runner: Runner) -> int:
         loop.add_signal_handler(signum, stop.set)
     mode = "until idle" if args.until_idle else "until SIGTERM"
     print(f"qjsflow worker: serving {args.db} ({mode})", file=sys.stderr, flush=True)
-    return await runner.serve(until_idle=args.until_idle, concurrency=args.concurrency, stop=stop)
+    serving = asyncio.Event()
+    if args.metrics_port is not None:
+        _serve_metrics(args.listen_host, args.metrics_port)
+    health = None
+    if args.health_port is not None:
+        from qjsflow.runner.health import serve_health  # noqa: PLC0415
+
+        health = await serve_health(args.listen_host, args.health_port, runner.store,
+                                    serving.is_set)  # fmt: skip
+    loop.call_soon(serving.set)  # ready once the loop below runs
+    try:
+        return await runner.serve(
+            until_idle=args.until_idle, concurrency=args.concurrency, stop=stop
+        )
+    finally:
+        if health is not None:
+            health.close()
+
+
+def _serve_metrics(host: str, port: int) -> None:
+    try:
+        import prometheus_client  # noqa: PLC0415  (the otel extra)
+    except ImportError:
+        raise InvalidInput(
+            "--metrics-port needs prometheus-client: pip install 'qjsflow[otel]'"
+        ) from None
+    prometheus_client.start_http_server(port, addr=host)
 
 
 async def _start(args: argparse.Namespace, runner: Runner) -> RunView:
@@ -444,8 +484,7 @@ def _run(args: argparse.Namespace) -> str | tuple[str, int]:
     if command in (*CONTROL_VERBS, "prune") or (command == "logs" and args.follow):
         return _operate(args, colour)
     if command == "worker":
-        if args.verbose:
-            _log_drives()
+        _configure_logging(args.log_format, verbose=args.verbose)
         drives = asyncio.run(_with_runner(args, _serve))
         return (
             render_json({"drives": drives})
@@ -537,13 +576,26 @@ async def _follow_logs(args: argparse.Namespace, runner: Runner) -> str:
         await asyncio.sleep(0.5)
 
 
-def _log_drives() -> None:
-    """`worker -v`: the worker's line per drive, on stderr."""
+def _configure_logging(log_format: str, *, verbose: bool) -> None:
+    """The worker's log lines on stderr: text (`-v` adds a line per drive) or JSON, one object
+    per line, at info. No author payload is logged at info."""
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter("qjsflow worker: %(message)s"))
-    worker_log = logging.getLogger("qjsflow.worker")
-    worker_log.addHandler(handler)
-    worker_log.setLevel(logging.INFO)
+    handler.setFormatter(
+        JsonLines() if log_format == "json" else logging.Formatter("qjsflow worker: %(message)s")
+    )
+    qjsflow_log = logging.getLogger("qjsflow")
+    qjsflow_log.addHandler(handler)
+    qjsflow_log.propagate = False
+    qjsflow_log.setLevel(logging.INFO if verbose or log_format == "json" else logging.WARNING)
+
+
+class JsonLines(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        line = {"time": round(record.created, 3), "level": record.levelname.lower(),
+                "logger": record.name, "message": record.getMessage()}  # fmt: skip
+        if record.exc_info:
+            line["error"] = self.formatException(record.exc_info).splitlines()[-1]
+        return render_json(line)
 
 
 def _check_utf8(argv: Sequence[str]) -> None:

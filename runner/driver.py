@@ -18,6 +18,7 @@ import dataclasses
 import os
 import secrets
 import socket
+import time
 from collections.abc import AsyncIterator
 from functools import partial
 
@@ -36,6 +37,7 @@ from qjsflow.runner.config import RunnerConfig
 from qjsflow.runner.errors import JournalUnavailable, RunNotFound, StoredCodeDamaged
 from qjsflow.runner.host import DriveHost
 from qjsflow.runner.locations import Locator, SourceMap, author_frames
+from qjsflow.runner.metrics import METRICS
 from qjsflow.runner.scopedb import ScopeDatabases
 from qjsflow.runner.scopes import split_run_key
 from qjsflow.runner.steps import failure_from_json
@@ -180,7 +182,9 @@ class RunDriver:
             if isinstance(begun, RunRecord):
                 return begun  # finished, or cancelled just now
             run, journal, unsettled = begun
+            began = time.monotonic()
             outcome, host = await self._drive_once(run, journal, unsettled, lease, bindings)
+            _count(outcome, time.monotonic() - began)
             if isinstance(outcome, Failed) and outcome.retryable:
                 # The executor process died: the OOM killer, an operator, or the run's own
                 # code. Try again at once a few times, then park the run and come back later;
@@ -443,6 +447,19 @@ def _cancel(tx: JournalTransaction, run_id: str, now: int, common: dict[str, obj
     tx.delete_timers(run_id)
     tx.update_run(run_id, status="cancelled", wake_at=None, waiting_for=None, **common)
     tx.append_event(run_id, "run_cancelled", now, None)
+
+
+def _count(outcome: DriveOutcome, seconds: float) -> None:
+    """A drive in the metrics: how it ended, how long it took, and a limit it hit."""
+    name = type(outcome).__name__.lower()
+    if isinstance(outcome, Failed) and outcome.retryable:
+        name = "executor_died"
+    METRICS.drives.labels(outcome=name).inc()
+    METRICS.drive_seconds.observe(seconds)
+    if isinstance(outcome, Failed):
+        kind = METRICS.limit_kind(outcome.message)
+        if kind is not None:
+            METRICS.limits_hit.labels(kind=kind).inc()
 
 
 class _KeyedLocks:

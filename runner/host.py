@@ -60,6 +60,7 @@ from qjsflow.runner.egress import FETCH_ADDRESS, fetch
 from qjsflow.runner.environment import MissingSecret, ScopeEnvironment, reveal
 from qjsflow.runner.errors import FatalToolError
 from qjsflow.runner.locations import Locator
+from qjsflow.runner.metrics import METRICS
 from qjsflow.runner.scopedb import ScopeDatabases, SqlOutcome
 from qjsflow.runner.scopes import split_run_key
 from qjsflow.runner.steps import Answered, failure_to_json
@@ -70,6 +71,19 @@ __all__ = ["PARKED", "DriveHost"]
 # The answer to the run's own calls while a pause is asked: the body waits there until the run
 # is resumed, and the drive ends as soon as the steps under way have recorded their results.
 PARKED = Suspend("retry")
+
+
+def _count_step(kind: str, result: object, elapsed_ms: int | None) -> None:
+    outcome = (
+        "ok"
+        if isinstance(result, Value)
+        else "error"
+        if isinstance(result, StepFailure)
+        else "suspended"
+    )
+    METRICS.steps.labels(kind=kind, outcome=outcome).inc()
+    if elapsed_ms is not None:
+        METRICS.step_seconds.labels(kind=kind).observe(elapsed_ms / 1000)
 
 
 def _parks(tx: JournalTransaction, step: str) -> bool:
@@ -273,6 +287,7 @@ class DriveHost:
                     tx, self.run_id, op, now, elapsed_ms=elapsed,
                     retry_in_drive_ms=self.limits.retry_in_drive_ms,
                 )  # fmt: skip
+                _count_step("do", answer[0], elapsed)
                 if _parks(tx, op.step):  # recorded; the body goes on after the resume
                     return Answer(envelope.id, PARKED, None)
                 return Answer(envelope.id, *answer)
@@ -403,7 +418,9 @@ class DriveHost:
             )  # fmt: skip
             return (PARKED, None) if _parks(tx, op.step) else answer
 
-        return await self.store.transact(end, self.lease)
+        answered = await self.store.transact(end, self.lease)
+        _count_step("tool", answered[0], duration_ms)
+        return answered
 
     def _builtin(self, address: str) -> ToolFn | None:
         """fetch, and the local KV, queue and R2 bindings, unless the operator bound these."""
@@ -512,6 +529,7 @@ class DriveHost:
                 scope, run_id=self.run_id, call_key=self._renewed(key), sql=op.sql,
                 params=op.params, deadline_s=min(sql_limits.deadline_s, left),
             )  # fmt: skip
+        METRICS.sql_seconds.observe(outcome.elapsed_s)
         # Counted once, outside the transaction below (which may run again after a fault).
         refused = None if outcome.result is None else self._over_journal_limit(key, outcome.result)
         finished = self.now()

@@ -20,6 +20,7 @@ from typing import Any
 from qjsflow.runner.bindings import Bindings
 from qjsflow.runner.driver import RunDriver
 from qjsflow.runner.errors import JournalUnavailable
+from qjsflow.runner.metrics import METRICS
 from qjsflow.runner.retention import prune
 from qjsflow.runner.scopes import split_run_key
 from qjsflow.runner.store import JournalStore
@@ -81,6 +82,9 @@ class Worker:
         self.drives = 0
         self.backoff = _Backoff()
         self.pruned = 0  # runs this worker pruned under the retention setting
+        self._reported_kills: dict[str, int] = {}
+        self._next_report = 0.0  # on the monotonic clock
+        self._next_census = 0.0
         self._next_prune = 0.0  # on the monotonic clock
 
     async def serve(self, *, until_idle: bool = False, stop: asyncio.Event | None = None) -> None:
@@ -92,6 +96,7 @@ class Worker:
             while not stop.is_set():
                 try:
                     now = self.driver.now_ms()
+                    await self._report(now)
                     await self._prune(now)
                     claimable = await self._claim(tasks, now)
                     if until_idle and not tasks and not claimable:
@@ -115,6 +120,29 @@ class Worker:
         if delay:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), delay)
+
+    async def _report(self, now: int) -> None:
+        """The metrics only this loop knows: scheduling lag, the pool, and (every 15 s, a
+        count over the journal) runs by scope and status."""
+        if not METRICS.available or time.monotonic() < self._next_report:
+            return
+        self._next_report = time.monotonic() + 2.0
+        due = await self.store.next_due()
+        METRICS.scheduling_lag.set(max(0.0, (now - due) / 1000) if due is not None else 0.0)
+        pool = self.driver.pool
+        stats = pool.stats()
+        METRICS.executors.labels(state="idle").set(stats["idle"])
+        METRICS.executors.labels(state="busy").set(stats["live"] - stats["idle"])
+        for reason, total in pool.killed.items():
+            METRICS.executors_killed.labels(reason=reason).inc(
+                total - self._reported_kills.get(reason, 0)
+            )
+            self._reported_kills[reason] = total
+        if time.monotonic() >= self._next_census:
+            self._next_census = time.monotonic() + 15.0
+            METRICS.runs.clear()
+            for (scope, status), count in (await self.store.count_runs_by_scope()).items():
+                METRICS.runs.labels(scope=scope, status=status).set(count)
 
     async def _prune(self, now: int) -> None:
         """Under a retention setting, prune ended runs once every `every_s` (several workers
@@ -192,6 +220,8 @@ class Worker:
         running = list(tasks.values())
         if not running:
             return
+        _log.warning("stopping: finishing %d drives in progress (at most %.0f s, then their "
+                     "leases are handed back)", len(running), self.shutdown_grace_s)  # fmt: skip
         _, late = await asyncio.wait(running, timeout=self.shutdown_grace_s)
         for task in late:
             task.cancel()

@@ -11,6 +11,7 @@ executors are also recycled after `recycle_after` drives.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import dataclasses
 import logging
@@ -212,6 +213,7 @@ class ExecutorPool:
         self._warming: asyncio.Task[_Executor] | None = None
         self._live = 0  # executors spawned and not yet reaped
         self.layers: dict[str, Any] = {}  # the confinement the last executor reported
+        self.killed: collections.Counter[str] = collections.Counter()  # by reason, for metrics
         self._warned = False
         self.replaced = 0  # executors discarded after a kill, crash or limit (for tests, stats)
 
@@ -234,6 +236,10 @@ class ExecutorPool:
                 idle.append(await warming)
         for executor in idle:
             await executor.reap()
+
+    def stats(self) -> dict[str, int]:
+        """Executors alive and idle now (the rest are driving)."""
+        return {"live": self._live, "idle": len(self._idle)}
 
     async def confinement(self) -> dict[str, Any]:
         """The layers an executor of this pool reports (starting one if none has started)."""
@@ -315,12 +321,15 @@ class ExecutorPool:
     async def _died(self, executor: _Executor) -> Failed:
         reason = executor.killed_for
         if reason is not None and reason.startswith("compute"):
+            self.killed["compute limit"] += 1
             return Failed(False, f"{reason} exceeded (the executor was killed)", 0.0)
         with contextlib.suppress(TimeoutError):  # how it died: its exit status says
             await asyncio.wait_for(executor.process.wait(), 2.0)
         executor.kill("died")
         if executor.process.returncode == -signal.SIGSYS:
+            self.killed["forbidden system call"] += 1
             return Failed(False, FORBIDDEN_CALL, 0.0)
+        self.killed["died"] += 1
         return Failed(True, "the executor process died during the drive", 0.0)
 
     async def _take(self) -> _Executor:

@@ -23,6 +23,7 @@ from typing import Any, TypeVar
 from qjsflow.bridge import dumps_text
 from qjsflow.bundles import Snapshot
 from qjsflow.runner.errors import JournalUnavailable, StoredCodeDamaged
+from qjsflow.runner.metrics import METRICS
 from qjsflow.runner.store.backends import Backend, is_postgres_url, open_backend
 from qjsflow.runner.store.records import (
     ENDED_SQL,
@@ -229,10 +230,13 @@ class JournalStore:
     async def _commit_queued(self) -> None:
         while self._queue:
             batch, self._queue = self._queue[:_MAX_BATCH], self._queue[_MAX_BATCH:]
+            began = time.monotonic()
             try:
                 outcomes = await self._backend.run(
                     partial(_run_batch, batch=batch, backend=self._backend)
                 )
+                durable = "yes" if any(job.durable for job in batch) else "no"
+                METRICS.journal_seconds.labels(durable=durable).observe(time.monotonic() - began)
             except BaseException as error:  # the commit itself failed: no writes of the batch
                 for job in batch:
                     if not job.future.done():
@@ -500,6 +504,11 @@ class JournalStore:
         where, args = ("WHERE scope = ?", (scope,)) if scope is not None else ("", ())
         rows = await self._all(f"SELECT status, count(*) FROM runs {where} GROUP BY status", args)
         return {str(row[0]): int(row[1]) for row in rows}
+
+    async def count_runs_by_scope(self) -> dict[tuple[str, str], int]:
+        """How many runs each scope has in each status."""
+        rows = await self._all("SELECT scope, status, count(*) FROM runs GROUP BY scope, status")
+        return {(str(row[0]), str(row[1])): int(row[2]) for row in rows}
 
     async def list_steps(self, run_id: str) -> list[StepRow]:
         return await self._read(lambda tx: tx.list_steps(run_id))

@@ -15,6 +15,7 @@ from typing import Any
 
 from qjsflow.bridge import QjsflowError, dumps_text
 from qjsflow.bridge.types import step_key
+from qjsflow.runner.metrics import METRICS
 from qjsflow.runner.store.dialect import SQLITE, Dialect
 from qjsflow.runner.store.records import (
     ENDED,
@@ -155,6 +156,7 @@ class JournalTransaction:
         if row is None:
             return None
         if held is not None and held[0] is not None:  # its driver never released it
+            METRICS.lease_takeovers.inc()
             taken = {"from": held[0], "to": worker_id, "forced": force}
             self.append_event(run_id, "lease_taken_over", now, dumps_text(taken))
         return Lease(run_id, worker_id, int(row[0]))
