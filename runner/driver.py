@@ -32,6 +32,7 @@ from qjsflow.bridge.types import (
     JournalEntry,
     Suspended,
 )
+from qjsflow.runner import tracing
 from qjsflow.runner.bindings import Bindings
 from qjsflow.runner.config import RunnerConfig
 from qjsflow.runner.errors import JournalUnavailable, RunNotFound, StoredCodeDamaged
@@ -213,6 +214,29 @@ class RunDriver:
         return await self.store.transact(partial(_release, lease=lease), lease, durable=False)
 
     async def _drive_once(
+        self,
+        run: RunRecord,
+        journal: tuple[JournalEntry, ...],
+        unsettled: tuple[str, ...],
+        lease: Lease,
+        bindings: Bindings,
+    ) -> tuple[DriveOutcome, DriveHost]:
+        attributes = {
+            "qjsflow.run_id": split_run_key(run.run_id)[1], "qjsflow.scope": run.scope,
+            "qjsflow.workflow": run.workflow, "qjsflow.snapshot": run.snapshot_id,
+            "qjsflow.worker": lease.worker_id, "qjsflow.replayed_steps": len(journal),
+        }  # fmt: skip
+        with tracing.drive_span(run.traceparent, attributes) as span:
+            outcome, host = await self._drive_traced(run, journal, unsettled, lease, bindings)
+            if span is not None:
+                span.set_attribute("qjsflow.outcome", type(outcome).__name__.lower())
+                if isinstance(outcome, Suspended):
+                    span.add_event("suspended", {"qjsflow.on": [m.kind for m in outcome.markers]})
+                elif isinstance(outcome, Failed):
+                    tracing.failed(span, outcome.message)
+        return outcome, host
+
+    async def _drive_traced(
         self,
         run: RunRecord,
         journal: tuple[JournalEntry, ...],

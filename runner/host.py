@@ -39,7 +39,7 @@ from qjsflow.bridge.types import (
     step_key,
 )
 from qjsflow.bridge.values import from_python, to_python
-from qjsflow.runner import steps
+from qjsflow.runner import steps, tracing
 from qjsflow.runner.bindings import (
     Bindings,
     Notification,
@@ -142,7 +142,9 @@ class DriveHost:
         self.blocked_on: str | None = None  # a tool address no binding of this process has
         # When each attempt this drive started began, on the monotonic clock: its timeout is
         # judged by how long it really took, whatever the wall clock does meanwhile.
-        self._attempts: dict[tuple[str, int, int], tuple[float, int]] = {}  # and its timeout
+        # and its timeout, and when it began on the wall clock (for its trace span)
+        self._attempts: dict[tuple[str, int, int], tuple[float, int, int]] = {}
+        self.trace = tracing.current()  # the drive's span: the parent of those made here
         self._effectful: set[str] = set()  # keys of steps whose body made an effect
         self._behind: list[asyncio.Future[bool]] = []  # batches answered ahead, being written
         self.pause_seen = False  # a pause was asked: every answer waits for the journal
@@ -178,6 +180,11 @@ class DriveHost:
         now = self.now()
         # Counted once, before the transaction (which may run again after a transient fault).
         group = [self._located(self._bounded(envelope)) for envelope in group]
+        for envelope in group:  # attempts the sandbox began: timed from here, on this thread
+            if isinstance(envelope.op, StepBegin):
+                began = (self.monotonic(), envelope.op.config.timeout_ms, time.time_ns())
+                self._attempts[(envelope.op.step, envelope.op.count, 1)] = began
+        self._trace_attempts(group)
         ahead = self._answers_ahead(group, now)
         if ahead is not None:
             self._write_behind(group, now)
@@ -209,6 +216,23 @@ class DriveHost:
         """The workflow body's lines stored so far: the next drive skips as many."""
         counts = [e.op.count for e in group if isinstance(e.op, Log) and e.op.source == ""]
         self.logs_count = max([self.logs_count, *counts])
+
+    def _trace_attempts(self, group: list[OpEnvelope]) -> None:
+        """A span for each step attempt this batch ends."""
+        if tracing.TRACER is None:
+            return
+        for envelope in group:
+            op = envelope.op
+            if isinstance(op, StepRecord):
+                began = self._attempts.get((op.step, op.count, op.attempt))
+                if began is not None:
+                    tracing.attempt_span(
+                        self.trace, f"qjsflow.step {op.step[:100]}", start_ns=began[2],
+                        end_ns=time.time_ns(),
+                        attributes={"qjsflow.step": step_key("do", op.count, op.step),
+                                    "qjsflow.attempt": op.attempt},
+                        error=None if op.error is None else f"{op.error.name}: {op.error.message}",
+                    )  # fmt: skip
 
     def _answers_ahead(self, group: list[OpEnvelope], now: int) -> list[Answer] | None:
         """The answers of a batch that needs nothing from the journal to be answered: steps
@@ -272,13 +296,12 @@ class DriveHost:
                 return Answer(envelope.id, PARKED, None)
             case StepBegin():  # under way in the sandbox already: it finishes, paused or not
                 steps.begin(tx, self.run_id, op, now)
-                self._attempts[(op.step, op.count, 1)] = (self.monotonic(), op.config.timeout_ms)
                 return None
             case StepCheck():
                 result, at = steps.check(tx, self.run_id, op, now)
                 started = result.value if isinstance(result, Value) else None
                 if isinstance(started, dict) and started.get("hit") is False:
-                    began = (self.monotonic(), op.config.timeout_ms)
+                    began = (self.monotonic(), op.config.timeout_ms, time.time_ns())
                     self._attempts[(op.step, op.count, started["attempt"])] = began
                 return Answer(envelope.id, result, at)
             case StepRecord():
@@ -398,7 +421,11 @@ class DriveHost:
         scope, run_id = split_run_key(self.run_id)
         token = bind_tool_call(ToolCall(scope, run_id, key, attempt, op.address))
         try:
-            value, failure, duration_ms = await self._call_tool(op, tool, args)
+            traced = {"qjsflow.step": key, "qjsflow.attempt": attempt}
+            with tracing.call_span(self.trace, f"qjsflow.tool {op.address[:100]}", traced) as span:
+                value, failure, duration_ms = await self._call_tool(op, tool, args)
+                if failure is not None:
+                    tracing.failed(span, f"{failure.name}: {failure.message}")
         finally:
             unbind_tool_call(token)
         if value is not None:
@@ -525,10 +552,11 @@ class DriveHost:
             message = f"the run's SQL time budget of {budget} is used up"
             outcome = SqlOutcome(None, "quota", message, 0.0)
         else:
-            outcome = await self.scopes.execute(
-                scope, run_id=self.run_id, call_key=self._renewed(key), sql=op.sql,
-                params=op.params, deadline_s=min(sql_limits.deadline_s, left),
-            )  # fmt: skip
+            with tracing.call_span(self.trace, "qjsflow.db.sql", {"qjsflow.step": key}):
+                outcome = await self.scopes.execute(
+                    scope, run_id=self.run_id, call_key=self._renewed(key), sql=op.sql,
+                    params=op.params, deadline_s=min(sql_limits.deadline_s, left),
+                )  # fmt: skip
         METRICS.sql_seconds.observe(outcome.elapsed_s)
         # Counted once, outside the transaction below (which may run again after a fault).
         refused = None if outcome.result is None else self._over_journal_limit(key, outcome.result)

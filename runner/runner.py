@@ -62,6 +62,7 @@ from qjsflow.runner.store import (
     SnapshotRecord,
     WorkflowRecord,
 )
+from qjsflow.runner.tracing import new_traceparent
 from qjsflow.runner.views import (
     TERMINAL,
     EventView,
@@ -208,6 +209,7 @@ class Runner:
         record = RunRecord(
             run_id, scope, request.workflow, snapshot.snapshot_id, entry_path, "running",
             encoded_input, bindings_text, None, None, now, now, None, None, 0.0, 0, False,
+            traceparent=new_traceparent(request.traceparent),
         )  # fmt: skip
 
         def create(tx: JournalTransaction) -> RunRecord | None:
@@ -310,6 +312,7 @@ class Runner:
             created_at=now, updated_at=now, wake_at=None, waiting_for=None, cpu_used_s=0.0,
             logs_count=0, cancel_requested=False, sql_used_s=0.0, executor_deaths=0,
             error_stack=None, pause_requested=False, generation=0,
+            traceparent=new_traceparent(None),
         )  # fmt: skip
         if snapshot.snapshot_id != source.snapshot_id:
             await check_fork(self._driver, source, fork, start)

@@ -47,6 +47,9 @@ class StartRunInput:
     run_id: str | None = None
     entry_path: str | None = None
     persisted_bindings: dict[str, Any] = field(default_factory=dict)
+    # A W3C trace context (`00-<trace>-<span>-<flags>`) the run's drives are traced under, so
+    # the caller's trace continues into the workflow; one is made when none is given.
+    traceparent: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,6 +14,7 @@ from qjsflow.runner.store.dialect import Dialect
 __all__ = [
     "MIGRATIONS",
     "RUN_CONTROL",
+    "TRACE_CONTEXT",
     "Migration",
     "current_version",
     "migrate",
@@ -65,6 +66,10 @@ RUN_CONTROL = (
     " ALTER TABLE runs ADD COLUMN generation INTEGER NOT NULL DEFAULT 0;"
     " CREATE INDEX runs_by_age ON runs (updated_at)"
 )
+
+
+# Migration 11 (PostgreSQL's 6): the W3C traceparent every drive of a run is traced under.
+TRACE_CONTEXT = "ALTER TABLE runs ADD COLUMN traceparent TEXT"
 
 
 MIGRATIONS: tuple[tuple[int, str, str], ...] = (
@@ -255,6 +260,7 @@ MIGRATIONS: tuple[tuple[int, str, str], ...] = (
         """,
     ),
     (10, "run control: pause requests, restarts; ended runs by age", RUN_CONTROL),
+    (11, "each run's trace context", TRACE_CONTEXT),
 )
 
 

@@ -7,7 +7,12 @@ serialize on an advisory lock (the dialect's migration prologue).
 
 from __future__ import annotations
 
-from qjsflow.runner.store.migrations import RUN_CONTROL, Migration, scoped_run_keys
+from qjsflow.runner.store.migrations import (
+    RUN_CONTROL,
+    TRACE_CONTEXT,
+    Migration,
+    scoped_run_keys,
+)
 
 __all__ = ["PG_MIGRATIONS"]
 
@@ -105,4 +110,5 @@ PG_MIGRATIONS: tuple[Migration, ...] = (
         """,
     ),
     (5, "run control (SQLite migration 10)", RUN_CONTROL),
+    (6, "each run's trace context (SQLite migration 11)", TRACE_CONTEXT),
 )

@@ -51,6 +51,7 @@ class RunRecord:
     error_stack: str | None = None  # where it failed: the author's frames, one per line
     pause_requested: bool = False  # parked after the step in progress, until resumed
     generation: int = 0  # how many times an operator restarted it
+    traceparent: str | None = None  # the W3C trace context its drives are traced under
 
 
 @dataclass(frozen=True, slots=True)

@@ -39,7 +39,8 @@ __all__ = [
 RUN_COLUMNS = (
     "run_id, scope, workflow, snapshot_id, entry_path, status, input, persisted_bindings,"
     " output, error, created_at, updated_at, wake_at, waiting_for, cpu_used_s, logs_count,"
-    " cancel_requested, sql_used_s, executor_deaths, error_stack, pause_requested, generation"
+    " cancel_requested, sql_used_s, executor_deaths, error_stack, pause_requested, generation,"
+    " traceparent"
 )
 STEP_COLUMNS = (
     "run_id, kind, name, count, status, attempt, config, detail, output, error, started_at,"
@@ -216,7 +217,7 @@ class JournalTransaction:
             run.input, run.persisted_bindings, run.output, run.error, run.created_at,
             run.updated_at, run.wake_at, run.waiting_for, run.cpu_used_s, run.logs_count,
             int(run.cancel_requested), run.sql_used_s, run.executor_deaths, run.error_stack,
-            int(run.pause_requested), run.generation,
+            int(run.pause_requested), run.generation, run.traceparent,
         )  # fmt: skip
         placeholders = ", ".join("?" for _ in values)
         row = self._one(
