@@ -31,3 +31,4 @@ bench: setup
 	.venv/bin/python -m bench.sandbox
 	.venv/bin/python -m bench.scaleout
 	.venv/bin/python -m bench.console
+	.venv/bin/python -m bench.tracing
