@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import re
 import time
 from collections.abc import Sequence
 from datetime import UTC, datetime
@@ -11,6 +10,7 @@ from typing import Any
 
 from qjsflow.bridge.codec import dumps_text
 from qjsflow.bridge.values import JsValue, to_json_form
+from qjsflow.runner.printable import printable
 from qjsflow.runner.runner import PublishResult
 from qjsflow.runner.store import LogRecord, SnapshotRecord
 from qjsflow.runner.views import TERMINAL, EventView, RunView, StepView, ToolCallView
@@ -37,25 +37,6 @@ _COLOURS = {
     "paused": "33",
     "terminated": "31",
 }
-
-
-# What a terminal acts on or hides: C0 and C1 controls (ESC, BEL, CR, a newline that forges a
-# line), DEL, bidirectional overrides and isolates, and lone surrogates (which cannot be
-# written as UTF-8 at all).
-_UNPRINTABLE = re.compile(
-    r"[\x00-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069\ud800-\udfff]"
-)
-
-
-def printable(text: str) -> str:
-    """Author-controlled text made safe for a terminal: every character that a terminal would
-    act on, or that would hide or reorder what follows, is shown as an escape (`\\x1b`)."""
-    return _UNPRINTABLE.sub(_escape, text)
-
-
-def _escape(match: re.Match[str]) -> str:
-    code = ord(match.group())
-    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
 
 
 def render_json(value: Any) -> str:

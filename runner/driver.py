@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import logging
 import os
 import secrets
 import socket
@@ -39,6 +40,7 @@ from qjsflow.runner.errors import JournalUnavailable, RunNotFound, StoredCodeDam
 from qjsflow.runner.host import DriveHost
 from qjsflow.runner.locations import Locator, SourceMap, author_frames
 from qjsflow.runner.metrics import METRICS
+from qjsflow.runner.printable import printable
 from qjsflow.runner.scopedb import ScopeDatabases
 from qjsflow.runner.scopes import split_run_key
 from qjsflow.runner.steps import failure_from_json
@@ -57,6 +59,7 @@ from qjsflow.sandbox import ExecutorPool
 
 __all__ = ["SIGNAL_TIMER", "RunDriver", "park_paused"]
 
+_log = logging.getLogger("qjsflow.driver")
 SIGNAL_TIMER = "signal"  # a timer key that wakes a waiting run when an event arrives
 _MAX_DRIVES_PER_CALL = 10_000
 _BUNDLES_KEPT = 64
@@ -103,6 +106,9 @@ class RunDriver:
             final: RunRecord | None = None
             if taken is not None:
                 lease, begun = taken
+                if lease.taken_from is not None:
+                    _log.warning("run %s: taken over from %s, whose lease lapsed", run_id,
+                                 lease.taken_from[:100])  # fmt: skip
                 if isinstance(begun, RunRecord):
                     return begun  # over, cancelled or paused: released with its beginning
                 try:
@@ -185,7 +191,7 @@ class RunDriver:
             run, journal, unsettled = begun
             began = time.monotonic()
             outcome, host = await self._drive_once(run, journal, unsettled, lease, bindings)
-            _count(outcome, time.monotonic() - began)
+            _count(run.run_id, outcome, time.monotonic() - began)
             if isinstance(outcome, Failed) and outcome.retryable:
                 # The executor process died: the OOM killer, an operator, or the run's own
                 # code. Try again at once a few times, then park the run and come back later;
@@ -473,8 +479,9 @@ def _cancel(tx: JournalTransaction, run_id: str, now: int, common: dict[str, obj
     tx.append_event(run_id, "run_cancelled", now, None)
 
 
-def _count(outcome: DriveOutcome, seconds: float) -> None:
-    """A drive in the metrics: how it ended, how long it took, and a limit it hit."""
+def _count(run_id: str, outcome: DriveOutcome, seconds: float) -> None:
+    """A drive in the metrics (how it ended, how long it took, a limit it hit), and a warning
+    for a limit hit."""
     name = type(outcome).__name__.lower()
     if isinstance(outcome, Failed) and outcome.retryable:
         name = "executor_died"
@@ -484,6 +491,8 @@ def _count(outcome: DriveOutcome, seconds: float) -> None:
         kind = METRICS.limit_kind(outcome.message)
         if kind is not None:
             METRICS.limits_hit.labels(kind=kind).inc()
+            _log.warning("run %s hit its %s limit: %s", run_id, kind,
+                         printable(outcome.message[:200]))  # fmt: skip
 
 
 class _KeyedLocks:

@@ -4,13 +4,17 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from qjsflow.bridge import InvalidInput
+from qjsflow.bridge.limits import Limits
 from qjsflow.runner import Bindings, RunClosed, Runner, RunView
+from qjsflow.runner.config import RunnerConfig
 from qjsflow.runner.fork_check import ForkMismatch
+from qjsflow.sandbox import PoolConfig
 from tests.conftest import FakeClock, start_source
 
 
@@ -250,7 +254,7 @@ async def test_fork_refuses_new_code_that_diverges_naming_the_step(clocked_runne
 
 
 async def test_history_shows_a_lease_taken_over_from_a_driver_that_died(
-    clocked_runner: Runner, clock: FakeClock
+    clocked_runner: Runner, clock: FakeClock, caplog: pytest.LogCaptureFixture
 ) -> None:
     run = await start_source(clocked_runner, NAP)
     key = f"acme/{run.run_id}"
@@ -264,6 +268,19 @@ async def test_history_shows_a_lease_taken_over_from_a_driver_that_died(
     assert len(taken) == 1
     assert taken[0].data["from"] == "ghost-worker"
     assert taken[0].data["forced"] is False
+    assert f"run acme/{run.run_id}: taken over from ghost-worker" in caplog.text  # a warning
+
+
+async def test_a_limit_hit_is_logged_as_a_warning_naming_the_run(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    config = RunnerConfig(limits=Limits(compute_per_drive_s=0.3), pool=PoolConfig(size=1),
+                          scope_root=tmp_path / "scopes")  # fmt: skip
+    async with Runner.open(tmp_path / "j.db", config) as runner:
+        run = await start_source(runner, "export default async () => { for (;;) {} };",
+                                 run_id="spin")  # fmt: skip
+    assert run.status == "failed"
+    assert "run acme/spin hit its compute limit: compute limit per drive of 0.3 s" in caplog.text
 
 
 def test_every_command_line_argument_has_help() -> None:

@@ -63,6 +63,7 @@ class Lease:
     run_id: str
     worker_id: str
     epoch: int
+    taken_from: str | None = None  # the driver it was taken over from, which never released it
 
 
 class LeaseLost(QjsflowError):
@@ -160,6 +161,7 @@ class JournalTransaction:
             METRICS.lease_takeovers.inc()
             taken = {"from": held[0], "to": worker_id, "forced": force}
             self.append_event(run_id, "lease_taken_over", now, dumps_text(taken))
+            return Lease(run_id, worker_id, int(row[0]), taken_from=str(held[0]))
         return Lease(run_id, worker_id, int(row[0]))
 
     def renew_lease(self, lease: Lease, now: int, ttl_ms: int) -> bool:
