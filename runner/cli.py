@@ -12,7 +12,6 @@ import argparse
 import asyncio
 import dataclasses
 import importlib
-import importlib.metadata
 import logging
 import math
 import os
@@ -258,6 +257,8 @@ class _Version(argparse.Action):
 
 
 def _version() -> str:
+    import importlib.metadata  # noqa: PLC0415  (only --version reads it)
+
     try:
         return importlib.metadata.version("qjsflow")
     except importlib.metadata.PackageNotFoundError:
@@ -355,12 +356,12 @@ async def _serve(args: argparse.Namespace, runner: Runner) -> int:
 
 
 def _serve_metrics(host: str, port: int) -> None:
-    try:
-        import prometheus_client  # noqa: PLC0415  (the otel extra)
-    except ImportError:
-        raise InvalidInput(
-            "--metrics-port needs prometheus-client: pip install 'qjsflow[otel]'"
-        ) from None
+    from qjsflow.runner.metrics import METRICS  # noqa: PLC0415
+
+    if not METRICS.enable():
+        raise InvalidInput("--metrics-port needs prometheus-client: pip install 'qjsflow[otel]'")
+    import prometheus_client  # noqa: PLC0415  (installed: enable() imported it)
+
     prometheus_client.start_http_server(port, addr=host)
 
 

@@ -219,7 +219,7 @@ class DriveHost:
 
     def _trace_attempts(self, group: list[OpEnvelope]) -> None:
         """A span for each step attempt this batch ends."""
-        if tracing.TRACER is None:
+        if not tracing.tracing():
             return
         for envelope in group:
             op = envelope.op

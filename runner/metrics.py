@@ -34,14 +34,27 @@ class _Nothing:
 
 
 class Metrics:
-    def __init__(self) -> None:
-        prometheus: Any
-        try:
-            import prometheus_client as prometheus  # noqa: PLC0415  (optional: the otel extra)
-        except ImportError:
-            prometheus = None
-        self.available = prometheus is not None
+    """The process's metrics: no-ops until `enable()` (a worker with `--metrics-port` calls
+    it; prometheus-client is imported only then: it would add ~65 ms to every command)."""
 
+    def __init__(self) -> None:
+        self.available = False
+        self._define(None)
+
+    def enable(self) -> bool:
+        """Record from now on, in prometheus-client's default registry; False when it is not
+        installed. Once only."""
+        if self.available:
+            return True
+        try:
+            import prometheus_client  # noqa: PLC0415  (optional: the otel extra)
+        except ImportError:
+            return False
+        self._define(prometheus_client)
+        self.available = True
+        return True
+
+    def _define(self, prometheus: Any) -> None:
         def make(kind: str, name: str, text: str, labels: tuple[str, ...] = (), **more: Any) -> Any:
             if prometheus is None:
                 return _Nothing()

@@ -18,17 +18,46 @@ from typing import Any
 
 from qjsflow.bridge import InvalidInput
 
-__all__ = ["TRACER", "attempt_span", "call_span", "current", "drive_span", "new_traceparent"]
+__all__ = [
+    "attempt_span",
+    "call_span",
+    "current",
+    "drive_span",
+    "failed",
+    "new_traceparent",
+    "tracing",
+]
 
-try:
-    from opentelemetry import context as otel_context
-    from opentelemetry import trace
-    from opentelemetry.trace import NonRecordingSpan, SpanContext, Status, StatusCode, TraceFlags
-except ImportError:  # pragma: no cover - exercised where the extra is not installed
-    trace = None  # type: ignore[assignment]
-
-TRACER: Any = None if trace is None else trace.get_tracer("qjsflow")
 _TRACEPARENT = re.compile(r"^00-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})$")
+# OpenTelemetry is imported at the first drive, not with this module: a CLI command that
+# drives nothing would pay ~30 ms for it.
+_otel: dict[str, Any] = {}
+
+
+def _api() -> dict[str, Any]:
+    """The OpenTelemetry names this module uses; none when it is not installed."""
+    if "loaded" not in _otel:
+        _otel["loaded"] = True
+        try:
+            from opentelemetry import context, trace  # noqa: PLC0415
+            from opentelemetry.trace import (  # noqa: PLC0415
+                NonRecordingSpan,
+                SpanContext,
+                Status,
+                StatusCode,
+                TraceFlags,
+            )
+        except ImportError:
+            return _otel
+        _otel.update(trace=trace, context=context, tracer=trace.get_tracer("qjsflow"),
+                     NonRecordingSpan=NonRecordingSpan, SpanContext=SpanContext,
+                     Status=Status, StatusCode=StatusCode, TraceFlags=TraceFlags)  # fmt: skip
+    return _otel
+
+
+def tracing() -> bool:
+    """Whether spans are made at all (OpenTelemetry is installed)."""
+    return "tracer" in _api()
 
 
 def new_traceparent(given: str | None) -> str:
@@ -42,23 +71,24 @@ def new_traceparent(given: str | None) -> str:
 
 
 def _parent(traceparent: str | None) -> Any:
-    if trace is None or traceparent is None:
-        return None
-    matched = _TRACEPARENT.match(traceparent)
-    if matched is None:
+    api = _api()
+    matched = None if traceparent is None else _TRACEPARENT.match(traceparent)
+    if "tracer" not in api or matched is None:
         return None
     trace_id, span_id, flags = (int(part, 16) for part in matched.groups())
-    context = SpanContext(trace_id, span_id, is_remote=True, trace_flags=TraceFlags(flags))
-    return trace.set_span_in_context(NonRecordingSpan(context))
+    context = api["SpanContext"](
+        trace_id, span_id, is_remote=True, trace_flags=api["TraceFlags"](flags)
+    )
+    return api["trace"].set_span_in_context(api["NonRecordingSpan"](context))
 
 
 @contextlib.contextmanager
 def drive_span(traceparent: str | None, attributes: dict[str, Any]) -> Iterator[Any]:
     """The span of one drive, current while it runs (None without OpenTelemetry)."""
-    if TRACER is None:
+    if not tracing():
         yield None
         return
-    with TRACER.start_as_current_span(
+    with _api()["tracer"].start_as_current_span(
         "qjsflow.drive", context=_parent(traceparent), attributes=attributes
     ) as span:
         yield span
@@ -66,7 +96,7 @@ def drive_span(traceparent: str | None, attributes: dict[str, Any]) -> Iterator[
 
 def current() -> Any:
     """The context spans made later for this drive hang under (None without OpenTelemetry)."""
-    return None if trace is None else otel_context.get_current()
+    return _api()["context"].get_current() if tracing() else None
 
 
 def attempt_span(
@@ -79,21 +109,23 @@ def attempt_span(
     error: str | None,
 ) -> None:
     """A step attempt that has ended, with the times it ran."""
-    if TRACER is None:
+    if not tracing():
         return
-    span = TRACER.start_span(name, context=parent, start_time=start_ns, attributes=attributes)
+    span = _api()["tracer"].start_span(
+        name, context=parent, start_time=start_ns, attributes=attributes
+    )
     if error is not None:
-        span.set_status(Status(StatusCode.ERROR, error[:200]))
+        failed(span, error)
     span.end(end_time=end_ns)
 
 
 @contextlib.contextmanager
 def call_span(parent: Any, name: str, attributes: dict[str, Any]) -> Iterator[Any]:
     """A tool call or a statement, timed as it runs."""
-    if TRACER is None:
+    if not tracing():
         yield None
         return
-    span = TRACER.start_span(name, context=parent, attributes=attributes)
+    span = _api()["tracer"].start_span(name, context=parent, attributes=attributes)
     try:
         yield span
     finally:
@@ -101,5 +133,6 @@ def call_span(parent: Any, name: str, attributes: dict[str, Any]) -> Iterator[An
 
 
 def failed(span: Any, message: str) -> None:
-    if span is not None and trace is not None:
-        span.set_status(Status(StatusCode.ERROR, message[:200]))
+    api = _api()
+    if span is not None and "Status" in api:
+        span.set_status(api["Status"](api["StatusCode"].ERROR, message[:200]))
