@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import ipaddress
 from pathlib import Path
 
@@ -30,6 +31,11 @@ def serve_console(
 
     async def runner() -> Runner:
         return await Runner.connect(db, config, create=False)
+
+    async def check() -> None:  # a journal that cannot be opened: one line, before serving
+        await (await runner()).aclose()
+
+    asyncio.run(check())
 
     app = create_app(runner, tokens)
     uvicorn.run(app, host=host, port=port, log_level="warning", server_header=False)
