@@ -48,3 +48,8 @@ class RunnerConfig:
     journal_retry_s: float = 60.0
     # Workers prune runs that ended longer ago than this on their own (None: never).
     retention: Retention | None = None
+    # Fair scheduling across scopes (docs/TENANCY.md): a scope's share of drives relative to
+    # the others (1 when not named), and how many of its runs may be driven at once across
+    # every worker on the journal (no limit when not named).
+    scope_weights: Mapping[str, float] = field(default_factory=dict)
+    scope_concurrency: Mapping[str, int] = field(default_factory=dict)

@@ -10,6 +10,7 @@ drives it.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import functools
 import logging
@@ -83,6 +84,8 @@ class Worker:
         self.backoff = _Backoff()
         self.pruned = 0  # runs this worker pruned under the retention setting
         self._reported_kills: dict[str, int] = {}
+        # Per scope: drives this worker gave it over its weight (see _fair_order).
+        self._virtual: collections.defaultdict[str, float] = collections.defaultdict(float)
         self._next_report = 0.0  # on the monotonic clock
         self._next_census = 0.0
         self._next_prune = 0.0  # on the monotonic clock
@@ -163,17 +166,42 @@ class Worker:
         free = self.concurrency - len(tasks)
         if free <= 0:
             return []
-        claimable = await self.store.claimable_runs(now, free + len(tasks))
+        claimable = await self._fair_order(now, free + len(tasks))
         # A blocked run is this worker's to drive only if it has the tool the run is missing.
         blocked = await self.store.blocked_runs(now, _BLOCKED_LOOKED_AT)
         claimable += [run_id for run_id, missing in blocked if self._can_unblock(run_id, missing)]
+        limits = self.driver.config.scope_concurrency
+        driving = await self.store.driving_by_scope(now) if limits else {}
         for run_id in claimable:
             if run_id in tasks or len(tasks) >= self.concurrency:
                 continue
+            scope = split_run_key(run_id)[0]
+            if scope in limits and driving.get(scope, 0) >= limits[scope]:
+                continue  # the scope drives as many runs at once as it may, on all workers
+            driving[scope] = driving.get(scope, 0) + 1
+            self._virtual[scope] += 1 / self._weight(scope)
             task = asyncio.get_running_loop().create_task(self._drive(run_id))
             tasks[run_id] = task
             task.add_done_callback(functools.partial(_forget, tasks, run_id))
         return claimable
+
+    async def _fair_order(self, now: int, wanted: int) -> list[str]:
+        """Due runs in the order to drive them, fair across scopes (weighted fair queueing):
+        each scope has a virtual time — the drives this worker gave it, divided by its weight
+        (`RunnerConfig.scope_weights`, 1 when not named) — and its next runs come at that time
+        plus their turn in the scope over the weight; oldest first within a scope. A few turns
+        more than needed are read, so a scope at its concurrency limit leaves room to others."""
+        turns = await self.store.claimable_turns(now, wanted * 4)
+        virtual = self._virtual
+        if turns:  # only the differences between the scopes waiting now matter
+            floor = min(virtual[scope] for _, scope, _ in turns)
+            for scope in {scope for _, scope, _ in turns}:
+                virtual[scope] -= floor
+        turns.sort(key=lambda due: virtual[due[1]] + due[2] / self._weight(due[1]))
+        return [run_id for run_id, _, _ in turns]
+
+    def _weight(self, scope: str) -> float:
+        return max(self.driver.config.scope_weights.get(scope, 1.0), 1e-6)
 
     def _can_unblock(self, run_id: str, missing: str) -> bool:
         """Whether this worker has what a blocked run is missing: a tool, or a secret."""

@@ -289,18 +289,38 @@ class JournalStore:
 
     async def claimable_runs(self, now: int, limit: int) -> list[str]:
         """Runs a worker should drive now: a timer is due, a cancel is pending, or the run is
-        `running` with no live lease (its driver died, or it was started without a drive)."""
+        `running` with no live lease (its driver died, or it was started without a drive).
+
+        Fair across scopes: each scope's due runs are numbered oldest first, and the runs are
+        taken by that turn (every scope's first, then every scope's second, …), so a scope
+        with thousands due delays another's by at most one run per turn."""
+        return [run_id for run_id, _, _ in await self.claimable_turns(now, limit)]
+
+    async def claimable_turns(self, now: int, limit: int) -> list[tuple[str, str, int]]:
+        """(run key, scope, turn) of claimable runs, by turn then age (`claimable_runs`)."""
         clock, at = lease_now(self._backend.dialect.lease_clock, now)
         rows = await self._all(
-            "SELECT run_id FROM runs r"
+            "SELECT run_id, scope, turn FROM (SELECT run_id, scope, updated_at,"
+            " row_number() OVER (PARTITION BY scope ORDER BY updated_at, run_id) AS turn"
+            " FROM runs r"
             f" WHERE status NOT IN {ENDED_SQL}"
             f" AND (worker_id IS NULL OR lease_expires_at IS NULL OR lease_expires_at <= {clock})"
             " AND (cancel_requested = 1 OR status <> 'paused' AND (status = 'running'"
             "  OR EXISTS (SELECT 1 FROM timers t WHERE t.run_id = r.run_id AND t.due_at <= ?)))"
-            " ORDER BY updated_at LIMIT ?",
-            (*at, now, limit),
+            ") due WHERE turn <= ? ORDER BY turn, updated_at, run_id LIMIT ?",
+            (*at, now, limit, limit),
         )
-        return [str(row[0]) for row in rows]
+        return [(str(row[0]), str(row[1]), int(row[2])) for row in rows]
+
+    async def driving_by_scope(self, now: int) -> dict[str, int]:
+        """Runs each scope has a live lease on now (being driven somewhere)."""
+        clock, at = lease_now(self._backend.dialect.lease_clock, now)
+        rows = await self._all(
+            "SELECT scope, count(*) FROM runs WHERE worker_id IS NOT NULL"
+            f" AND lease_expires_at > {clock} GROUP BY scope",
+            at,
+        )
+        return {str(row[0]): int(row[1]) for row in rows}
 
     # -- the local Cloudflare bindings (runner/cloudflare_bindings.py) ----------------------
 
