@@ -174,6 +174,8 @@ def _parser() -> argparse.ArgumentParser:
     signal_.add_argument(
         "--event-id", help="an idempotency key: the same id delivered again adds nothing"
     )
+    usage = add("usage", help="runs per scope by status, and those not ended")
+    usage.add_argument("--scope", help="one tenant's (all without it)")
     snapshots = add("snapshots", help="list published snapshots, newest first")
     snapshots.add_argument("--scope", help="one tenant's (all without it)")
     listing = add("list", help="list runs")
@@ -534,6 +536,18 @@ def _show(args: argparse.Namespace, colour: bool) -> str:
         method, render = _VIEWS[command]
         rows = asyncio.run(_with_runner(args, _on_run(method)))
         return render_json(rows) if args.json else render(rows)
+    if command == "usage":
+        found = asyncio.run(_with_runner(
+            args, lambda a, r: r.usage(scope=ALL_SCOPES if a.scope is None else a.scope)
+        ))  # fmt: skip
+        if args.json:
+            return render_json(found)
+        rows = [("SCOPE", "LIVE", "BY STATUS")]
+        rows += [(scope, str(counts["live"]), ", ".join(
+                    f"{status} {n}" for status, n in sorted(counts.items())
+                    if status not in ("live", "live_budget")))
+                 for scope, counts in sorted(found.items())]  # fmt: skip
+        return "\n".join(table(rows)) if found else "no runs"
     if command == "snapshots":
         found = asyncio.run(_with_runner(args, _snapshots))
         return render_json(found) if args.json else render_snapshots(found)

@@ -53,3 +53,6 @@ class RunnerConfig:
     # every worker on the journal (no limit when not named).
     scope_weights: Mapping[str, float] = field(default_factory=dict)
     scope_concurrency: Mapping[str, int] = field(default_factory=dict)
+    # Budgets per scope (docs/TENANCY.md): how many runs that have not ended a scope may hold;
+    # a start past it is refused (BudgetExceeded), naming the budget.
+    scope_live_runs: Mapping[str, int] = field(default_factory=dict)

@@ -60,6 +60,14 @@ class RunConflict(InvalidInput):
         )
 
 
+class BudgetExceeded(QjsflowError):
+    """A scope's budget refuses what was asked (docs/TENANCY.md, Budgets)."""
+
+    def __init__(self, scope: str, budget: str, limit: int) -> None:
+        self.scope, self.budget, self.limit = scope, budget, limit
+        super().__init__(f"scope {scope!r} is at its budget of {limit} {budget}: refused")
+
+
 class RunClosed(InvalidInput):
     def __init__(self, run_id: str, status: str) -> None:
         super().__init__(f"run {run_id!r} is {status} and accepts no more events")

@@ -33,6 +33,7 @@ from qjsflow.runner.control import (
 from qjsflow.runner.driver import SIGNAL_TIMER, RunDriver
 from qjsflow.runner.environment import env_of
 from qjsflow.runner.errors import (
+    BudgetExceeded,
     InvalidEvent,
     InvalidRunId,
     RunClosed,
@@ -212,8 +213,13 @@ class Runner:
             traceparent=new_traceparent(request.traceparent),
         )  # fmt: skip
 
+        live_budget = self.config.scope_live_runs.get(scope)
+
         def create(tx: JournalTransaction) -> RunRecord | None:
             """None when the run was created; else the run that already has this id."""
+            new_run = live_budget is not None and tx.get_run(run_id) is None
+            if new_run and tx.count_live_runs(scope) >= (live_budget or 0):
+                raise BudgetExceeded(scope, "live runs", live_budget or 0)
             if tx.insert_run(record):
                 tx.append_event(run_id, "run_created", now, dumps_text({"scope": scope}))
                 return None
@@ -485,6 +491,21 @@ class Runner:
         """Where the next page starts: after this run."""
         key = run_key(run.scope, run.run_id)
         return f"{round(run.created_at * 1000)}.{base64.urlsafe_b64encode(key.encode()).decode()}"
+
+    async def usage(self, *, scope: str | AllScopes) -> dict[str, dict[str, int]]:
+        """Per scope: its runs by status, and `live` (those not ended) with `live_budget` when
+        the scope has one."""
+        chosen = None if scope is ALL_SCOPES else validate_scope(scope)
+        found: dict[str, dict[str, int]] = {}
+        for (name, status), count in (await self._store.count_runs_by_scope()).items():
+            if chosen is None or name == chosen:
+                found.setdefault(name, {})[status] = count
+        for name, counts in found.items():
+            counts["live"] = sum(n for status, n in counts.items() if status not in TERMINAL)
+            budget = self.config.scope_live_runs.get(name)
+            if budget is not None:
+                counts["live_budget"] = budget
+        return found
 
     async def snapshots(
         self, *, scope: str | AllScopes, limit: int = 1000

@@ -253,3 +253,13 @@ export default async (event, step) =>
     run = cli.ok("status", "r1")
     assert (run["status"], run["output"]) == ("terminated", None)
     assert [event["type"] for event in cli.ok("history", "r1")][-1] == "run_terminated"
+
+
+def test_usage_counts_runs_per_scope(cli: Cli, tmp_path: Path) -> None:
+    snapshot = _published(cli, tmp_path)
+    _start(cli, snapshot, "r1", nap="1 hour")
+    assert cli.ok("usage") == {"acme": {"sleeping": 1, "live": 1}}
+    assert cli.ok("usage", "--scope", "nobody") == {}
+    shown = cli.run("usage", json=False).stdout
+    assert "acme" in shown
+    assert "sleeping 1" in shown

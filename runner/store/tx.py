@@ -212,6 +212,13 @@ class JournalTransaction:
         row = self._one(f"SELECT {RUN_COLUMNS} FROM runs WHERE run_id = ?", (run_id,))
         return None if row is None else run_record(row)
 
+    def count_live_runs(self, scope: str) -> int:
+        """Runs of a scope that have not ended."""
+        row = self._one(
+            f"SELECT count(*) FROM runs WHERE scope = ? AND status NOT IN {ENDED_SQL}", (scope,)
+        )
+        return int(row[0])
+
     def insert_run(self, run: RunRecord) -> bool:
         """First writer wins: False when a run with this id already exists."""
         values = (
