@@ -22,6 +22,7 @@ import socket
 import time
 from collections.abc import AsyncIterator
 from functools import partial
+from typing import Any
 
 from qjsflow.bridge import dumps_text
 from qjsflow.bridge.hints import with_run_hint
@@ -190,8 +191,9 @@ class RunDriver:
                 return begun  # finished, or cancelled just now
             run, journal, unsettled = begun
             began = time.monotonic()
-            outcome, host = await self._drive_once(run, journal, unsettled, lease, bindings)
-            _count(run.run_id, outcome, time.monotonic() - began)
+            with tracing.drive_span(run.traceparent, _span_attributes(run, lease, journal)) as span:
+                outcome, host = await self._drive_once(run, journal, unsettled, lease, bindings)
+                _observe(span, run.run_id, outcome, time.monotonic() - began)
             if isinstance(outcome, Failed) and outcome.retryable:
                 # The executor process died: the OOM killer, an operator, or the run's own
                 # code. Try again at once a few times, then park the run and come back later;
@@ -220,29 +222,6 @@ class RunDriver:
         return await self.store.transact(partial(_release, lease=lease), lease, durable=False)
 
     async def _drive_once(
-        self,
-        run: RunRecord,
-        journal: tuple[JournalEntry, ...],
-        unsettled: tuple[str, ...],
-        lease: Lease,
-        bindings: Bindings,
-    ) -> tuple[DriveOutcome, DriveHost]:
-        attributes = {
-            "qjsflow.run_id": split_run_key(run.run_id)[1], "qjsflow.scope": run.scope,
-            "qjsflow.workflow": run.workflow, "qjsflow.snapshot": run.snapshot_id,
-            "qjsflow.worker": lease.worker_id, "qjsflow.replayed_steps": len(journal),
-        }  # fmt: skip
-        with tracing.drive_span(run.traceparent, attributes) as span:
-            outcome, host = await self._drive_traced(run, journal, unsettled, lease, bindings)
-            if span is not None:
-                span.set_attribute("qjsflow.outcome", type(outcome).__name__.lower())
-                if isinstance(outcome, Suspended):
-                    span.add_event("suspended", {"qjsflow.on": [m.kind for m in outcome.markers]})
-                elif isinstance(outcome, Failed):
-                    tracing.failed(span, outcome.message)
-        return outcome, host
-
-    async def _drive_traced(
         self,
         run: RunRecord,
         journal: tuple[JournalEntry, ...],
@@ -479,15 +458,31 @@ def _cancel(tx: JournalTransaction, run_id: str, now: int, common: dict[str, obj
     tx.append_event(run_id, "run_cancelled", now, None)
 
 
-def _count(run_id: str, outcome: DriveOutcome, seconds: float) -> None:
-    """A drive in the metrics (how it ended, how long it took, a limit it hit), and a warning
-    for a limit hit."""
+def _span_attributes(
+    run: RunRecord, lease: Lease, journal: tuple[JournalEntry, ...]
+) -> dict[str, object]:
+    return {
+        "qjsflow.run_id": split_run_key(run.run_id)[1], "qjsflow.scope": run.scope,
+        "qjsflow.workflow": run.workflow, "qjsflow.snapshot": run.snapshot_id,
+        "qjsflow.worker": lease.worker_id, "qjsflow.replayed_steps": len(journal),
+    }  # fmt: skip
+
+
+def _observe(span: Any, run_id: str, outcome: DriveOutcome, seconds: float) -> None:
+    """A drive in the metrics and its trace span (how it ended, how long it took), and a
+    warning for a limit it hit."""
     name = type(outcome).__name__.lower()
     if isinstance(outcome, Failed) and outcome.retryable:
         name = "executor_died"
     METRICS.drives.labels(outcome=name).inc()
     METRICS.drive_seconds.observe(seconds)
+    if span is not None:
+        span.set_attribute("qjsflow.outcome", type(outcome).__name__.lower())
+        if isinstance(outcome, Suspended):
+            markers = [marker.kind for marker in outcome.markers]
+            span.add_event("suspended", {"qjsflow.on": markers})
     if isinstance(outcome, Failed):
+        tracing.failed(span, outcome.message)
         kind = METRICS.limit_kind(outcome.message)
         if kind is not None:
             METRICS.limits_hit.labels(kind=kind).inc()
