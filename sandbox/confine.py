@@ -29,7 +29,6 @@ __all__ = [
     "Layers",
     "confine",
     "confine_paths",
-    "confine_to_folder",
 ]
 
 CONFINEMENT_MODES = ("require", "best-effort", "off")
@@ -112,9 +111,7 @@ def confine(answer_fd: int, mode: str) -> Layers:
         return Layers(missing=("confinement is off (an operator's setting)",))
     libc = ctypes.CDLL(None, use_errno=True)
     missing: list[str] = []
-    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-    libc.prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0)
-    no_new_privs = libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) == 0
+    no_new_privs = _harden(libc)
     if not no_new_privs:
         missing.append("no_new_privs could not be set")
     try:  # loaded first: after Landlock no file can be read. By its soname (ctypes.util.
@@ -175,31 +172,26 @@ def _landlock(libc: ctypes.CDLL, grants: Sequence[tuple[str, str]] = ()) -> int:
     return int(abi)
 
 
-def confine_paths(*, read: Sequence[str], execute: Sequence[str], mode: str) -> Layers:
-    """The bundler: reading `read`, reading and executing `execute`, nothing else; no TCP; no
-    new privileges. For `mode` "off", nothing."""
+def confine_paths(grants: Sequence[tuple[str, str]], mode: str = "best-effort") -> Layers:
+    """A process that must open files (the scope database, the bundler): Landlock granting
+    only `grants` (a path and "read", "execute" or "write"; missing paths are skipped), no TCP,
+    no new privileges, no core files. For `mode` "off", nothing."""
     if mode == "off":
         return Layers(missing=("confinement is off (an operator's setting)",))
     libc = ctypes.CDLL(None, use_errno=True)
-    no_new_privs = libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) == 0
-    grants = [(path, "read") for path in read if os.path.exists(path)]
-    grants += [(path, "execute") for path in execute if os.path.exists(path)]
-    abi = _landlock(libc, grants) if no_new_privs else 0
+    no_new_privs = _harden(libc)
+    present = [(path, kind) for path, kind in grants if os.path.exists(path)]
+    abi = _landlock(libc, present) if no_new_privs else 0
     missing = () if abi else ("Landlock is not offered by this kernel",)
     return Layers(False, abi, no_new_privs, missing)
 
 
-def confine_to_folder(folder: str, readable: Sequence[str]) -> Layers:
-    """The scope-database process: files beneath `folder` only (and reading `readable`, the
-    interpreter's own, for a late import), no TCP, no new privileges, no core files."""
-    libc = ctypes.CDLL(None, use_errno=True)
+def _harden(libc: ctypes.CDLL) -> bool:
+    """No core files, not dumpable, no new privileges (Landlock and seccomp need the last);
+    whether no_new_privs took."""
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
     libc.prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0)
-    no_new_privs = libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) == 0
-    grants = [(folder, "write")] + [(path, "read") for path in readable if os.path.isdir(path)]
-    abi = _landlock(libc, grants) if no_new_privs else 0
-    missing = () if abi else ("Landlock is not offered by this kernel",)
-    return Layers(False, abi, no_new_privs, missing)
+    return bool(libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) == 0)
 
 
 def _seccomp(library: ctypes.CDLL, answer_fd: int, missing: list[str]) -> bool:

@@ -21,7 +21,9 @@ from qjsflow.sandbox.confine import confine_paths
 def main() -> None:
     spec = loads(sys.argv[1])
     program, arguments = sys.argv[2], sys.argv[2:]
-    layers = confine_paths(read=spec["read"], execute=spec["exec"], mode=spec["mode"])
+    grants = [(path, "read") for path in spec["read"]]
+    grants += [(path, "execute") for path in spec["exec"]]
+    layers = confine_paths(grants, spec["mode"])
     if spec["mode"] == "require" and layers.missing:
         sys.exit(f"qjsflow build: confinement required but missing: {'; '.join(layers.missing)}")
     os.execv(program, arguments)

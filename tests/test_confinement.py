@@ -117,8 +117,8 @@ def test_doctor_reports_the_layers_of_this_machine(tmp_path: Path) -> None:
 
 FOLDER_PROBE = """
 import socket, sys
-from qjsflow.sandbox.confine import confine_to_folder
-layers = confine_to_folder(sys.argv[1], sys.path)
+from qjsflow.sandbox.confine import confine_paths
+layers = confine_paths([(sys.argv[1], "write"), *((path, "read") for path in sys.path)])
 seen = [layers.landlock_abi > 0]
 with open(sys.argv[1] + "/inside.txt", "w") as inside:
     seen.append(inside.write("ok") == 2)

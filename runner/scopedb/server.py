@@ -28,7 +28,7 @@ import apsw
 from qjsflow.bridge.codec import dumps, loads
 from qjsflow.bridge.values import JsValue, from_python, to_python
 from qjsflow.runner.scopedb.policy import MIN_SQLITE_VERSION, SqlLimits
-from qjsflow.sandbox.confine import confine_to_folder
+from qjsflow.sandbox.confine import confine_paths
 from qjsflow.sandbox.frames import frame, read_frame_fd
 
 _SCOPE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,63}$")
@@ -327,7 +327,8 @@ def main() -> None:
     os.dup2(2, 1)
     # Files beneath the scope folder only (and the interpreter's own, read-only, for a late
     # import), no TCP: a hostile statement that escaped SQLite's authorizer would gain nothing.
-    layers = confine_to_folder(str(root.resolve()), [sys.prefix, sys.base_prefix, *sys.path])
+    readable = [sys.prefix, sys.base_prefix, *sys.path]
+    layers = confine_paths([(str(root.resolve()), "write"), *((p, "read") for p in readable)])
     os.write(out, frame(dumps({"ready": True, "layers": layers.as_wire()})))
     while True:
         payload = read_frame_fd(0)
