@@ -18,6 +18,7 @@ from qjsflow.runner.scopes import split_run_key
 from qjsflow.runner.store import ENDED, JournalTransaction, RunRecord, StepRow
 
 __all__ = [
+    "FRESH_ATTEMPT",
     "STEP_KINDS",
     "StepRef",
     "fork_run",
@@ -28,6 +29,13 @@ __all__ = [
     "terminate_run",
 ]
 
+# What a run starts again from when restarted or forked: no outcome, no wait, no request
+# pending, and fresh budgets (compute, SQL time, executor deaths, console lines).
+FRESH_ATTEMPT: dict[str, object] = {
+    "status": "running", "output": None, "error": None, "error_stack": None, "wake_at": None,
+    "waiting_for": None, "cancel_requested": 0, "pause_requested": 0,
+    "cpu_used_s": 0.0, "sql_used_s": 0.0, "executor_deaths": 0, "logs_count": 0,
+}  # fmt: skip
 STEP_KINDS = ("do", "tool", "sleep", "waitForEvent", "notify", "sql")
 _COUNT = re.compile(r"^(.*):([1-9][0-9]{0,8})$")
 
@@ -147,12 +155,7 @@ def restart_run(
     tx.fence_out(key)
     tx.delete_timers(key)
     tx.delete_steps(key, again)
-    tx.update_run(
-        key, status="running", output=None, error=None, error_stack=None, wake_at=None,
-        waiting_for=None, cancel_requested=0, pause_requested=0, cpu_used_s=0.0,
-        sql_used_s=0.0, executor_deaths=0, logs_count=0, generation=run.generation + 1,
-        updated_at=now,
-    )  # fmt: skip
+    tx.update_run(key, **FRESH_ATTEMPT, generation=run.generation + 1, updated_at=now)
     data = {"fromStep": None if start is None else str(start), "generation": run.generation + 1,
             "kept": len(kept), "again": len(again), "previousStatus": run.status}  # fmt: skip
     tx.append_event(key, "run_restarted", now, dumps_text(data))

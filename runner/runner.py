@@ -23,6 +23,7 @@ from qjsflow.bundles import build_snapshot, name_workflows
 from qjsflow.runner.bindings import Bindings
 from qjsflow.runner.config import RunnerConfig
 from qjsflow.runner.control import (
+    FRESH_ATTEMPT,
     StepRef,
     fork_run,
     lift_pause,
@@ -313,11 +314,8 @@ class Runner:
         key = run_key(validate_scope(scope), self._run_id(new_run_id))
         now = self._driver.now_ms()
         fork = dataclasses.replace(
-            source, run_id=key, snapshot_id=snapshot.snapshot_id,
-            entry_path=entries[source.workflow], status="running", output=None, error=None,
-            created_at=now, updated_at=now, wake_at=None, waiting_for=None, cpu_used_s=0.0,
-            logs_count=0, cancel_requested=False, sql_used_s=0.0, executor_deaths=0,
-            error_stack=None, pause_requested=False, generation=0,
+            source, **FRESH_ATTEMPT, run_id=key, snapshot_id=snapshot.snapshot_id,  # type: ignore[arg-type]
+            entry_path=entries[source.workflow], created_at=now, updated_at=now, generation=0,
             traceparent=new_traceparent(None),
         )  # fmt: skip
         if snapshot.snapshot_id != source.snapshot_id:
