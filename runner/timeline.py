@@ -5,18 +5,21 @@ from __future__ import annotations
 
 from qjsflow.runner.runner import Runner
 from qjsflow.runner.scopes import run_key
-from qjsflow.runner.store import EventRecord
+from qjsflow.runner.store import EventRecord, StepRow
 from qjsflow.runner.views import RunView
 
-__all__ = ["timeline_rows"]
+__all__ = ["rows_of", "timeline_rows"]
 
 
 async def timeline_rows(runner: Runner, run: RunView) -> list[tuple[str, ...]]:
     """One row per step: attempts, duration, and in which drives it ran or was replayed."""
     key = run_key(run.scope, run.run_id)
-    events = await runner.store.list_events(key)
+    return rows_of(await runner.store.list_events(key), await runner.store.list_steps(key))
+
+
+def rows_of(events: list[EventRecord], steps: list[StepRow]) -> list[tuple[str, ...]]:
+    """`timeline_rows` from a run's events and steps already read."""
     drive_of = _drive_numbers(events)
-    steps = await runner.store.list_steps(key)
     rows: list[tuple[str, ...]] = [("STEP", "KIND", "ATTEMPT", "DURATION", "EXECUTED", "REPLAYED")]
     total_drives = max(drive_of.values(), default=0)
     for step in steps:

@@ -18,8 +18,8 @@ from qjsflow.runner.cli_output import printable
 from qjsflow.runner.console.auth import Principal
 from qjsflow.runner.runner import Runner
 from qjsflow.runner.scopes import ALL_SCOPES, run_key
-from qjsflow.runner.timeline import timeline_rows
-from qjsflow.runner.views import RUN_STATUSES, TERMINAL, RunView
+from qjsflow.runner.timeline import rows_of
+from qjsflow.runner.views import RUN_STATUSES, TERMINAL, RunView, event_view, step_view
 
 __all__ = ["FILTERS", "RunQuery", "act", "list_runs", "plain", "run_detail", "snapshot_detail"]
 
@@ -72,15 +72,16 @@ async def run_detail(runner: Runner, scope: str, run_id: str) -> dict[str, Any]:
         run = await runner.get(run_id, scope=scope)
     except InvalidInput:
         raise HTTPException(404) from None
-    steps = await runner.list_steps(run_id, scope=scope)
-    history = await runner.history(run_id, scope=scope)
+    key = run_key(scope, run_id)
+    events, step_rows = await runner.store.list_events(key), await runner.store.list_steps(key)
+    history = [event_view(event) for event in events]
     return {
         "run": run,
-        "steps": steps,
+        "steps": [step_view(row) for row in step_rows],
         "logs": await runner.list_logs(run_id, scope=scope),
         "tools": await runner.list_tool_calls(run_id, scope=scope),
         "history": history,
-        "drives": (await timeline_rows(runner, run))[1:],
+        "drives": rows_of(events, step_rows)[1:],  # from the same reads, not again
         "timeline": _timeline(run, history),
     }
 
