@@ -47,11 +47,12 @@ from qjsflow.runner.cli_output import (
     render_snapshots,
     render_steps,
     render_tool_calls,
+    render_usage,
     table,
 )
 from qjsflow.runner.config import RunnerConfig
 from qjsflow.runner.demo import run_demo
-from qjsflow.runner.environment import load_environments
+from qjsflow.runner.environment import ScopeSettings, load_scope_settings
 from qjsflow.runner.errors import RunNotFound
 from qjsflow.runner.runner import PublishResult, Runner
 from qjsflow.runner.scopes import ALL_SCOPES
@@ -105,7 +106,8 @@ def _global_options(*, suppress: bool) -> _Parser:
     options.add_argument(
         "--env", metavar="FILE", default=default("env"),
         help="what runs find in env, per scope (JSON): vars, secrets (as the names of host "
-        "environment variables holding their values), binding objects, egress (QJSFLOW_ENV)",
+        "environment variables holding their values), binding objects, egress; and each "
+        "scope's budgets (QJSFLOW_ENV)",
     )  # fmt: skip
     options.add_argument(
         "--tools", metavar="MODULE:ATTRIBUTE", default=default("tools"),
@@ -174,7 +176,7 @@ def _parser() -> argparse.ArgumentParser:
     signal_.add_argument(
         "--event-id", help="an idempotency key: the same id delivered again adds nothing"
     )
-    usage = add("usage", help="runs per scope by status, and those not ended")
+    usage = add("usage", help="runs per scope by status, and what each used of its budgets")
     usage.add_argument("--scope", help="one tenant's (all without it)")
     snapshots = add("snapshots", help="list published snapshots, newest first")
     snapshots.add_argument("--scope", help="one tenant's (all without it)")
@@ -310,12 +312,13 @@ def _config(args: argparse.Namespace) -> RunnerConfig:
     bindings = Bindings(tools=load_tools(args.tools) if args.tools else {})
     if args.notify:
         bindings = dataclasses.replace(bindings, notify=load_notify(args.notify))
-    environments = load_environments(args.env) if args.env else {}
+    settings = load_scope_settings(args.env) if args.env else ScopeSettings({}, {})
     confinement = os.environ.get("QJSFLOW_CONFINEMENT", "best-effort")
     if confinement not in CONFINEMENT_MODES:
         raise InvalidInput(f"QJSFLOW_CONFINEMENT must be one of: {', '.join(CONFINEMENT_MODES)}")
     return RunnerConfig(
-        lease_ttl_s=args.lease_ttl, bindings=bindings, environments=environments,
+        lease_ttl_s=args.lease_ttl, bindings=bindings, environments=settings.environments,
+        scope_budgets=settings.budgets,
         pool=PoolConfig(confinement=confinement),
         build_limits=BuildLimits(confinement=confinement),
     )  # fmt: skip
@@ -540,14 +543,7 @@ def _show(args: argparse.Namespace, colour: bool) -> str:
         found = asyncio.run(_with_runner(
             args, lambda a, r: r.usage(scope=ALL_SCOPES if a.scope is None else a.scope)
         ))  # fmt: skip
-        if args.json:
-            return render_json(found)
-        rows = [("SCOPE", "LIVE", "BY STATUS")]
-        rows += [(scope, str(counts["live"]), ", ".join(
-                    f"{status} {n}" for status, n in sorted(counts.items())
-                    if status not in ("live", "live_budget")))
-                 for scope, counts in sorted(found.items())]  # fmt: skip
-        return "\n".join(table(rows)) if found else "no runs"
+        return render_json(found) if args.json else render_usage(found)
     if command == "snapshots":
         found = asyncio.run(_with_runner(args, _snapshots))
         return render_json(found) if args.json else render_snapshots(found)

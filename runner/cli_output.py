@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -13,6 +13,7 @@ from qjsflow.bridge.values import JsValue, to_json_form
 from qjsflow.runner.printable import printable
 from qjsflow.runner.runner import PublishResult
 from qjsflow.runner.store import LogRecord, SnapshotRecord
+from qjsflow.runner.usage import ScopeUsage
 from qjsflow.runner.views import TERMINAL, EventView, RunView, StepView, ToolCallView
 
 __all__ = [
@@ -35,6 +36,7 @@ _COLOURS = {
     "waiting": "35",
     "blocked": "31",
     "paused": "33",
+    "throttled": "33",
     "terminated": "31",
 }
 
@@ -77,6 +79,26 @@ def render_snapshots(snapshots: Sequence[SnapshotRecord]) -> str:
         for s in snapshots
     ]
     return "\n".join(table(rows))
+
+
+def render_usage(found: Mapping[str, ScopeUsage]) -> str:
+    """Each scope: its runs by status, then each measure used in its window, of its budget."""
+    if not found:
+        return "no scopes"
+    blocks = []
+    for scope, usage in found.items():
+        live = f"{usage.live}" + ("" if usage.live_budget is None else f" of {usage.live_budget}")
+        by_status = ", ".join(f"{status} {n}" for status, n in usage.runs.items()) or "none"
+        rows = [("MEASURE", "USED", "BUDGET", "RESETS")]
+        rows += [
+            (m.budget_name, f"{m.used:g}", "-" if m.budget is None else f"{m.budget:g}",
+             "never" if m.resets_at is None else age(m.resets_at))
+            for m in usage.measures
+        ]  # fmt: skip
+        blocks.append(
+            "\n".join([f"scope {printable(scope)}: {live} live runs ({by_status})", *table(rows)])
+        )
+    return "\n\n".join(blocks)
 
 
 def render_retries(steps: Sequence[StepView]) -> list[tuple[str, str]]:
@@ -216,6 +238,10 @@ def _next(run: RunView) -> str:
     if run.status == "waiting" and run.waiting_for:
         timeout = f" (times out {age(run.wake_at)})" if run.wake_at else ""
         return f"event {printable(run.waiting_for)}{timeout}"
+    if run.status == "throttled" and run.waiting_for:
+        return f"its scope's {printable(run.waiting_for)} budget is spent; driven again " + (
+            age(run.wake_at) if run.wake_at else "when it has room"
+        )
     if run.status == "paused":
         return "resume it to go on" + (
             f" (its timer is due {age(run.wake_at)})" if run.wake_at else ""

@@ -10,6 +10,7 @@ from pathlib import Path
 from qjsflow.bridge.limits import Limits
 from qjsflow.bundles import BuildLimits, TreeLimits
 from qjsflow.runner.bindings import Bindings
+from qjsflow.runner.budgets import Budgets
 from qjsflow.runner.environment import ScopeEnvironment
 from qjsflow.runner.retention import Retention
 from qjsflow.runner.scopedb.policy import SqlLimits
@@ -53,6 +54,7 @@ class RunnerConfig:
     # every worker on the journal (no limit when not named).
     scope_weights: Mapping[str, float] = field(default_factory=dict)
     scope_concurrency: Mapping[str, int] = field(default_factory=dict)
-    # Budgets per scope (docs/TENANCY.md): how many runs that have not ended a scope may hold;
-    # a start past it is refused (BudgetExceeded), naming the budget.
-    scope_live_runs: Mapping[str, int] = field(default_factory=dict)
+    # Budgets per scope (runner/budgets.py, docs/TENANCY.md): live runs and journal bytes
+    # refuse a start past them (BudgetExceeded); every budget spent parks the scope's runs as
+    # `throttled` until its window ends.
+    scope_budgets: Mapping[str, Budgets] = field(default_factory=dict)

@@ -20,7 +20,7 @@ import os
 import secrets
 import socket
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from functools import partial
 from typing import Any
 
@@ -36,6 +36,15 @@ from qjsflow.bridge.types import (
 )
 from qjsflow.runner import tracing
 from qjsflow.runner.bindings import Bindings
+from qjsflow.runner.budgets import (
+    AT_DRIVE,
+    DAY_MS,
+    Budgets,
+    DriveUsage,
+    Throttle,
+    current_windows,
+    exhausted,
+)
 from qjsflow.runner.config import RunnerConfig
 from qjsflow.runner.errors import JournalUnavailable, RunNotFound, StoredCodeDamaged
 from qjsflow.runner.host import DriveHost
@@ -44,11 +53,12 @@ from qjsflow.runner.metrics import METRICS
 from qjsflow.runner.printable import printable
 from qjsflow.runner.scopedb import ScopeDatabases
 from qjsflow.runner.scopes import split_run_key
-from qjsflow.runner.steps import failure_from_json
+from qjsflow.runner.steps import failure_from_json, set_aside
 from qjsflow.runner.store import (
     ENDED as TERMINAL,
 )
 from qjsflow.runner.store import (
+    THROTTLE_TIMER,
     BundleRecord,
     JournalStore,
     JournalTransaction,
@@ -101,7 +111,7 @@ class RunDriver:
             # The lease and the drive's beginning in one transaction: one journal hop fewer.
             taken = await self.store.transact(
                 partial(_take_and_begin, run_id=run_id, worker_id=self.worker_id, now=now,
-                        ttl_ms=self._ttl_ms),
+                        ttl_ms=self._ttl_ms, budgets=self.config.scope_budgets),
                 durable=False,
             )  # fmt: skip
             final: RunRecord | None = None
@@ -185,14 +195,18 @@ class RunDriver:
             if drives:
                 now = self.now_ms()
                 begun = await self.store.transact(
-                    partial(_begin_drive, lease=lease, now=now), lease, durable=False
-                )
+                    partial(_begin_drive, lease=lease, now=now,
+                            budgets=self.config.scope_budgets),
+                    lease, durable=False,
+                )  # fmt: skip
             if isinstance(begun, RunRecord):
                 return begun  # finished, or cancelled just now
-            run, journal, unsettled = begun
+            run, journal, unsettled, used = begun
             began = time.monotonic()
             with tracing.drive_span(run.traceparent, _span_attributes(run, lease, journal)) as span:
-                outcome, host = await self._drive_once(run, journal, unsettled, lease, bindings)
+                outcome, host = await self._drive_once(
+                    run, journal, unsettled, lease, bindings, used=used
+                )
                 _observe(span, run.run_id, outcome, time.monotonic() - began)
             if isinstance(outcome, Failed) and outcome.retryable:
                 # The executor process died: the OOM killer, an operator, or the run's own
@@ -200,22 +214,28 @@ class RunDriver:
                 # only a run whose executors keep dying is failed (executor_deaths_per_run).
                 crashes += 1
                 if crashes <= _CRASH_RETRIES:
+                    now = self.now_ms()
                     await self.store.transact(
-                        partial(_charge, lease=lease, outcome=outcome, host=host), lease
-                    )
+                        partial(_charge, lease=lease, outcome=outcome, host=host,
+                                charges=_charges(outcome, host, now), now=now),
+                        lease,
+                    )  # fmt: skip
                     continue
                 now = self.now_ms()
                 return await self.store.transact(
                     partial(
                         _park, lease=lease, outcome=outcome, host=host, now=now,
                         limit=self.config.executor_deaths_per_run,
+                        charges=_charges(outcome, host, now),
                     ),
                     lease,
                 )  # fmt: skip
             now = self.now_ms()
             ended = await self.store.transact(
-                partial(_finish, lease=lease, outcome=outcome, host=host, now=now), lease
-            )
+                partial(_finish, lease=lease, outcome=outcome, host=host, now=now,
+                        charges=_charges(outcome, host, now)),
+                lease,
+            )  # fmt: skip
             if ended is not None:
                 return ended
         # Still due after this many drives: leave the rest to the next call or a worker.
@@ -228,12 +248,15 @@ class RunDriver:
         unsettled: tuple[str, ...],
         lease: Lease,
         bindings: Bindings,
+        *,
+        used: dict[str, float],
     ) -> tuple[DriveOutcome, DriveHost]:
         recorded = sum(len(e.value or "") for e in journal)
         host = DriveHost(
             self.store, lease, bindings, self.config.limits, self.now_ms, scopes=self.scopes,
             journal_bytes=recorded, monotonic=self.config.monotonic,
             environment=self.config.environments.get(run.scope), generation=run.generation,
+            budgets=self.config.scope_budgets.get(run.scope), used=used,
         )  # fmt: skip
         try:
             bundle = await self.bundle_of(run)
@@ -292,23 +315,35 @@ class RunDriver:
         return bundle
 
 
-_Begun = tuple[RunRecord, tuple[JournalEntry, ...], tuple[str, ...]]  # the run, its journal
+# The run, its journal, its unsettled step keys, and what its scope had used of its budgets
+# when the drive began (empty for a scope without budgets).
+_Begun = tuple[RunRecord, tuple[JournalEntry, ...], tuple[str, ...], dict[str, float]]
+Charges = list[tuple[str, int, float]]  # (measure, window start, amount): runner/budgets.py
 
 
 def _take_and_begin(
-    tx: JournalTransaction, run_id: str, worker_id: str, now: int, ttl_ms: int
+    tx: JournalTransaction,
+    *,
+    run_id: str,
+    worker_id: str,
+    now: int,
+    ttl_ms: int,
+    budgets: Mapping[str, Budgets],
 ) -> tuple[Lease, _Begun | RunRecord] | None:
     """The run's lease, if no live driver holds it, and the drive's beginning under it."""
     lease = tx.acquire_lease(run_id, worker_id, now, ttl_ms)
     if lease is None:
         return None
     tx.adopt(lease)  # the beginning's events carry the new epoch
-    return lease, _begin_drive(tx, lease, now)
+    return lease, _begin_drive(tx, lease, now, budgets)
 
 
-def _begin_drive(tx: JournalTransaction, lease: Lease, now: int) -> _Begun | RunRecord:
+def _begin_drive(
+    tx: JournalTransaction, lease: Lease, now: int, budgets: Mapping[str, Budgets]
+) -> _Begun | RunRecord:
     """Mark the run running and load its journal: one transaction, one query for the journal.
-    A run that is over (or cancelled now) is released and returned instead."""
+    A run that is over (or cancelled now), paused, or whose scope has spent a budget is
+    released and returned instead."""
     run = tx.get_run(lease.run_id)
     assert run is not None
     if run.status in TERMINAL or run.cancel_requested:
@@ -318,7 +353,16 @@ def _begin_drive(tx: JournalTransaction, lease: Lease, now: int) -> _Begun | Run
     if run.pause_requested:
         park_paused(tx, run, now)
         return _release(tx, lease)
-    tx.delete_timers(run.run_id, (SIGNAL_TIMER, EXECUTOR_TIMER))  # the wake-ups this drive serves
+    used: dict[str, float] = {}
+    scope_budgets = budgets.get(run.scope)
+    if scope_budgets is not None and scope_budgets.any:
+        used = tx.scope_usage(run.scope, current_windows(now))
+        spent = exhausted(scope_budgets, used, now, AT_DRIVE)
+        if spent is not None:
+            park_throttled(tx, run, now, spent)
+            return _release(tx, lease)
+    # the wake-ups this drive serves
+    tx.delete_timers(run.run_id, (SIGNAL_TIMER, EXECUTOR_TIMER, THROTTLE_TIMER))
     tx.update_run(run.run_id, status="running", error=None, updated_at=now)
     tx.append_event(run.run_id, "drive_started", now, f'{{"worker":"{lease.worker_id}"}}')
     journal = tuple(
@@ -330,21 +374,51 @@ def _begin_drive(tx: JournalTransaction, lease: Lease, now: int) -> _Begun | Run
         )
         for row in tx.load_journal(run.run_id)
     )
-    return run, journal, tuple(tx.unsettled_keys(run.run_id))
+    return run, journal, tuple(tx.unsettled_keys(run.run_id)), used
 
 
-def _ledger(current: RunRecord, outcome: DriveOutcome, host: DriveHost) -> dict[str, object]:
-    """What every drive adds to its run, however it ended: compute, and console lines."""
+def _charges(outcome: DriveOutcome, host: DriveHost, now: int) -> Charges:
+    """What a drive used, taken from its host once (the transaction charging it may run again
+    after a transient fault): the drive itself, its compute, and what the host counted."""
+    used, host.usage = host.usage, DriveUsage()
+    used.add("drives", 1)
+    used.add("compute_s", outcome.cpu_s)
+    charges = used.charges(now)
+    for measure, _, amount in charges:
+        METRICS.scope_usage.labels(scope=host.scope, measure=measure).inc(amount)
+    return charges
+
+
+def _ledger(
+    tx: JournalTransaction,
+    current: RunRecord,
+    outcome: DriveOutcome,
+    host: DriveHost,
+    *,
+    charges: Charges,
+    now: int,
+) -> dict[str, object]:
+    """What every drive adds, however it ended: to its scope's usage (runner/budgets.py) and,
+    returned, to its run: compute, and console lines."""
+    tx.charge_usage(current.scope, charges, forget_before=now - 2 * DAY_MS)
     return {
         "cpu_used_s": current.cpu_used_s + outcome.cpu_s,
         "logs_count": max(current.logs_count, host.logs_count),
     }
 
 
-def _charge(tx: JournalTransaction, lease: Lease, outcome: DriveOutcome, host: DriveHost) -> None:
+def _charge(
+    tx: JournalTransaction,
+    lease: Lease,
+    outcome: DriveOutcome,
+    host: DriveHost,
+    *,
+    charges: Charges,
+    now: int,
+) -> None:
     current = tx.get_run(lease.run_id)
     assert current is not None
-    tx.update_run(lease.run_id, **_ledger(current, outcome, host))
+    tx.update_run(lease.run_id, **_ledger(tx, current, outcome, host, charges=charges, now=now))
 
 
 EXECUTOR_TIMER = "executor"  # the timer that wakes a run parked after its executor died
@@ -353,7 +427,14 @@ _PARK_LAST_MS = 3_600_000
 
 
 def _park(
-    tx: JournalTransaction, *, lease: Lease, outcome: Failed, host: DriveHost, now: int, limit: int
+    tx: JournalTransaction,
+    *,
+    lease: Lease,
+    outcome: Failed,
+    host: DriveHost,
+    now: int,
+    limit: int,
+    charges: Charges,
 ) -> RunRecord:
     """Count an executor death against the run; park the run for a later drive, or fail it
     once its executors have died `limit` times."""
@@ -361,7 +442,10 @@ def _park(
     current = tx.get_run(run_id)
     assert current is not None
     deaths = current.executor_deaths + 1
-    common = {**_ledger(current, outcome, host), "updated_at": now, "executor_deaths": deaths}
+    common = {
+        **_ledger(tx, current, outcome, host, charges=charges, now=now), "updated_at": now,
+        "executor_deaths": deaths,
+    }  # fmt: skip
     if deaths >= limit:
         message = (
             f"the run's executor process died {deaths} times, its limit (killed from outside,"
@@ -398,14 +482,20 @@ def _release(tx: JournalTransaction, lease: Lease) -> RunRecord:
 
 
 def _finish(
-    tx: JournalTransaction, lease: Lease, outcome: DriveOutcome, host: DriveHost, now: int
+    tx: JournalTransaction,
+    lease: Lease,
+    outcome: DriveOutcome,
+    host: DriveHost,
+    *,
+    now: int,
+    charges: Charges,
 ) -> RunRecord | None:
     """Record how the drive ended. None when the run should be driven again now; otherwise the
     lease is released in the same transaction and the run returned as it was left."""
     run_id = lease.run_id
     current = tx.get_run(run_id)
     assert current is not None
-    common = {**_ledger(current, outcome, host), "updated_at": now}
+    common = {**_ledger(tx, current, outcome, host, charges=charges, now=now), "updated_at": now}
     match outcome:
         case Completed(output=output):
             tx.delete_timers(run_id)
@@ -424,6 +514,12 @@ def _finish(
             if current.pause_requested:
                 tx.update_run(run_id, **common)
                 park_paused(tx, current, now)
+                return _release(tx, lease)
+            if host.throttle is not None:
+                for key in sorted(host.set_aside):
+                    set_aside(tx, run_id, key, now)
+                tx.update_run(run_id, **common)
+                park_throttled(tx, current, now, host.throttle)
                 return _release(tx, lease)
             events = sorted({m.event for m in markers if m.kind == "event" and m.event})
             if events and tx.has_unconsumed(run_id, events):
@@ -450,6 +546,21 @@ def park_paused(tx: JournalTransaction, run: RunRecord, now: int) -> None:
         return
     tx.update_run(run.run_id, status="paused", updated_at=now, wake_at=tx.next_timer(run.run_id))
     tx.append_event(run.run_id, "run_paused", now, None)
+
+
+def park_throttled(tx: JournalTransaction, run: RunRecord, now: int, spent: Throttle) -> None:
+    """A run whose scope spent a budget: it waits, with its timers and inbox kept, until the
+    budget's window ends; only then may a worker claim it (and look at the budget again)."""
+    tx.set_timer(run.run_id, THROTTLE_TIMER, "throttle", spent.until_ms)
+    budget = spent.measure.budget
+    tx.update_run(
+        run.run_id, status="throttled", updated_at=now, wake_at=spent.until_ms,
+        waiting_for=budget, error=spent.reason,
+    )  # fmt: skip
+    if run.status != "throttled" or run.waiting_for != budget:
+        detail = {"budget": budget, "until": spent.until_ms, "reason": spent.reason}
+        tx.append_event(run.run_id, "run_throttled", now, dumps_text(detail))
+        METRICS.throttled.labels(scope=run.scope, budget=budget).inc()
 
 
 def _cancel(tx: JournalTransaction, run_id: str, now: int, common: dict[str, object]) -> None:

@@ -19,10 +19,19 @@ from typing import Any
 
 from qjsflow.bridge import CodecError, InvalidInput, loads
 from qjsflow.bridge.values import BindingRef, SecretRef
+from qjsflow.runner.budgets import Budgets, budgets_from_json
 from qjsflow.runner.egress import EgressPolicy
 from qjsflow.runner.scopes import validate_scope
 
-__all__ = ["MissingSecret", "ScopeEnvironment", "env_of", "load_environments", "reveal"]
+__all__ = [
+    "MissingSecret",
+    "ScopeEnvironment",
+    "ScopeSettings",
+    "env_of",
+    "load_environments",
+    "load_scope_settings",
+    "reveal",
+]
 
 _BINDING = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
 
@@ -66,12 +75,28 @@ class MissingSecret(InvalidInput):
         super().__init__(f"the secret {name!r} is not configured in this process for the scope")
 
 
+@dataclass(frozen=True)
+class ScopeSettings:
+    """What an operator's env file sets for each scope: its environment, and its budgets
+    (runner/budgets.py)."""
+
+    environments: Mapping[str, ScopeEnvironment]
+    budgets: Mapping[str, Budgets]
+
+
 def load_environments(
     path: str | os.PathLike[str], host_env: Mapping[str, str] | None = None
 ) -> dict[str, ScopeEnvironment]:
+    """The environments of an operator's env file (`load_scope_settings`)."""
+    return dict(load_scope_settings(path, host_env).environments)
+
+
+def load_scope_settings(
+    path: str | os.PathLike[str], host_env: Mapping[str, str] | None = None
+) -> ScopeSettings:
     """An operator's env file (JSON): `{"scope": {"vars": {...}, "secrets": {"NAME":
-    "HOST_VARIABLE"}}}`. The file names, for each secret, the host environment variable that
-    holds its value, so the file itself holds no secret."""
+    "HOST_VARIABLE"}, "budgets": {"steps_per_day": 10000}}}`. The file names, for each secret,
+    the host environment variable that holds its value, so the file itself holds no secret."""
     host_env = os.environ if host_env is None else host_env
     try:
         document = loads(Path(path).read_bytes(), max_bytes=1024 * 1024)
@@ -84,6 +109,7 @@ def load_environments(
     if not isinstance(document, dict):
         raise InvalidInput("the env file must hold an object of scopes")
     environments = {}
+    budgets = {}
     for scope, declared in document.items():
         validate_scope(scope)
         if not isinstance(declared, dict) or set(declared) - _FILE_KEYS:
@@ -107,11 +133,13 @@ def load_environments(
             vars=vars_, secrets=values, egress=_egress(declared.get("egress", {}), scope),
             **objects,
         )  # fmt: skip
-    return environments
+        if "budgets" in declared:
+            budgets[scope] = budgets_from_json(declared["budgets"], scope)
+    return ScopeSettings(environments, budgets)
 
 
 _OBJECT_KEYS = ("kv", "queues", "r2", "durable_objects")
-_FILE_KEYS = frozenset({"vars", "secrets", "egress", *_OBJECT_KEYS})
+_FILE_KEYS = frozenset({"vars", "secrets", "egress", "budgets", *_OBJECT_KEYS})
 
 
 def _names(value: object, scope: str, key: str) -> tuple[str, ...]:

@@ -14,7 +14,7 @@ import contextlib
 import dataclasses
 import functools
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -48,6 +48,7 @@ from qjsflow.runner.bindings import (
     bind_tool_call,
     unbind_tool_call,
 )
+from qjsflow.runner.budgets import BY_CALL, Budgets, DriveUsage, Throttle, exhausted
 from qjsflow.runner.cloudflare_bindings import (
     KV_ADDRESS,
     QUEUE_ADDRESS,
@@ -86,12 +87,6 @@ def _count_step(kind: str, result: object, elapsed_ms: int | None) -> None:
         METRICS.step_seconds.labels(kind=kind).observe(elapsed_ms / 1000)
 
 
-def _parks(tx: JournalTransaction, step: str) -> bool:
-    """Whether a call parks: a pause is asked and the call is the run's own, not one inside a
-    step under way (their names hold the step's key and a '/'; an author's '/' is escaped)."""
-    return tx.pause_requested and "/" not in step
-
-
 @dataclass(frozen=True, slots=True)
 class _ToolCall:
     attempt: int
@@ -121,6 +116,8 @@ class DriveHost:
         locate: Locator = lambda stack: None,
         environment: ScopeEnvironment | None = None,
         generation: int = 0,
+        budgets: Budgets | None = None,
+        used: Mapping[str, float] | None = None,
     ) -> None:
         # A restarted run's calls to its scope database and its console lines are new ones:
         # `generation` (how many restarts) tells them from those of the attempts before.
@@ -148,6 +145,47 @@ class DriveHost:
         self._effectful: set[str] = set()  # keys of steps whose body made an effect
         self._behind: list[asyncio.Future[bool]] = []  # batches answered ahead, being written
         self.pause_seen = False  # a pause was asked: every answer waits for the journal
+        # The scope's budgets, what it had used when the drive began, what this drive used
+        # since (charged when it ends), and the budget it spent, if it did: the run's own
+        # next call then parks it (runner/budgets.py).
+        self.budgets = budgets if budgets is not None and budgets.any else None
+        self.used = dict(used or {})
+        self.usage = DriveUsage()
+        self.throttle: Throttle | None = None
+        # Steps the sandbox began (without asking) after a budget was spent: neither begun
+        # nor recorded in the journal, so the next drive runs them afresh.
+        self._unbegun: set[tuple[str, int]] = set()
+        self.set_aside: set[str] = set()  # keys of the run's steps whose attempt is undone
+
+    def _holds(self, tx: JournalTransaction, step: str) -> bool:
+        """Whether the answer to a call parks the run: a pause is asked, and the call is the
+        run's own, not one inside a step under way (their names hold the step's key and a
+        '/'; an author's '/' is escaped)."""
+        return tx.pause_requested and "/" not in step
+
+    def _refuses(self, tx: JournalTransaction, step: str, call: str) -> bool:
+        """Whether a call parks the run before it starts: a pause is asked and the call is the
+        run's own, or its scope has spent a budget this kind of call uses (runner/budgets.py).
+        A call inside a step body parks it too: the step's attempt is set aside when the
+        drive ends, and runs again, answered from what it recorded, after the throttle."""
+        if self._holds(tx, step):
+            return True
+        if not self._spent(call):
+            return False
+        if "/" in step:
+            self.set_aside.add(step.split("/", 1)[0])
+        return True
+
+    def _spent(self, call: str) -> bool:
+        """Whether a budget `call` would use is spent; the drive then ends throttled."""
+        if self.budgets is not None and self.throttle is None:
+            measures = BY_CALL[call]
+            self.throttle = exhausted(self.budgets, self.used, self.now(), measures, self.usage)
+        return self.throttle is not None
+
+    def _use(self, measure: str, amount: float = 1) -> None:
+        """Count what this drive used (charged to the scope when the drive ends)."""
+        self.usage.add(measure, amount)
 
     async def __call__(self, ops: Sequence[OpEnvelope]) -> list[Answer]:
         """Answers in op order. Ops that only touch the journal are serviced together in one
@@ -179,7 +217,16 @@ class DriveHost:
             return []
         now = self.now()
         # Counted once, before the transaction (which may run again after a transient fault).
+        for envelope in group:
+            op = envelope.op
+            if isinstance(op, StepBegin) and "/" not in op.step and self._spent("step"):
+                self._unbegun.add((op.step, op.count))
         group = [self._located(self._bounded(envelope)) for envelope in group]
+        for envelope in group:
+            if isinstance(envelope.op, StepRecord) and not self._is_unbegun(envelope.op):
+                self._use("steps")
+            elif isinstance(envelope.op, Log):
+                self._use("journal_bytes", len(envelope.op.text))
         for envelope in group:  # attempts the sandbox began: timed from here, on this thread
             if isinstance(envelope.op, StepBegin):
                 began = (self.monotonic(), envelope.op.config.timeout_ms, time.time_ns())
@@ -209,6 +256,7 @@ class DriveHost:
             consumed = answer.result.value if isinstance(answer.result, Value) else None
             if answer.id in waits and isinstance(consumed, str):
                 self.journal_bytes += len(consumed)
+                self._use("journal_bytes", len(consumed))
         self._count_logs(group)
         return answers
 
@@ -239,7 +287,7 @@ class DriveHost:
         beginning, console lines, and the successful results of steps whose body made no
         effect, begun in this drive, within their timeout (under this drive's lease nothing
         else can settle them). None when some op's answer depends on the journal."""
-        if self.pause_seen:
+        if self.pause_seen or self.throttle is not None:
             return None
         answers = []
         for envelope in group:
@@ -291,11 +339,17 @@ class DriveHost:
                     max_lines=self.limits.log_lines_per_run,
                 )  # fmt: skip
                 return None
-            case StepCheck() | StepSleep() | StepWaitForEvent() if _parks(tx, op.step):
+            case StepCheck() | StepSleep() | StepWaitForEvent() if self._refuses(
+                tx, op.step, "step"
+            ):
                 return Answer(envelope.id, PARKED, None)
+            case StepBegin() if (op.step, op.count) in self._unbegun:
+                return None
             case StepBegin():  # under way in the sandbox already: it finishes, paused or not
                 steps.begin(tx, self.run_id, op, now)
                 return None
+            case StepRecord() if self._is_unbegun(op):
+                return Answer(envelope.id, PARKED, None)
             case StepCheck():
                 result, at = steps.check(tx, self.run_id, op, now)
                 started = result.value if isinstance(result, Value) else None
@@ -310,7 +364,7 @@ class DriveHost:
                     retry_in_drive_ms=self.limits.retry_in_drive_ms,
                 )  # fmt: skip
                 _count_step("do", answer[0], elapsed)
-                if _parks(tx, op.step):  # recorded; the body goes on after the resume
+                if self._holds(tx, op.step):  # recorded; the body goes on after the resume
                     return Answer(envelope.id, PARKED, None)
                 return Answer(envelope.id, *answer)
             case StepSleep():
@@ -319,6 +373,9 @@ class DriveHost:
                 room = self.limits.journal_bytes_per_run - self.journal_bytes
                 return Answer(envelope.id, *steps.wait_for_event(tx, self.run_id, op, now, room))
         raise AssertionError(f"not a journal op: {type(op).__name__}")
+
+    def _is_unbegun(self, op: StepRecord) -> bool:
+        return op.attempt == 1 and (op.step, op.count) in self._unbegun
 
     def _elapsed_ms_of(self, op: StepRecord) -> int | None:
         """How long the attempt took, if this drive began it."""
@@ -344,7 +401,7 @@ class DriveHost:
 
     def _bounded(self, envelope: OpEnvelope) -> OpEnvelope:
         op = envelope.op
-        if not isinstance(op, StepRecord) or op.value is None:
+        if not isinstance(op, StepRecord) or op.value is None or self._is_unbegun(op):
             return envelope
         refused = self._over_journal_limit(op.step, op.value)
         if refused is None:
@@ -370,6 +427,7 @@ class DriveHost:
         limit = self.limits.journal_bytes_per_run
         if self.journal_bytes + size <= limit:
             self.journal_bytes += size
+            self._use("journal_bytes", size)
             return None
         return StepFailure(
             "LimitError",
@@ -391,7 +449,7 @@ class DriveHost:
             args, missing = None, lacking.name
 
         def begin(tx: JournalTransaction) -> Answered | _ToolCall | None:
-            if _parks(tx, op.step):
+            if self._refuses(tx, op.step, "fetch" if op.address == FETCH_ADDRESS else "tool"):
                 return PARKED, None
             if tool is None or missing is not None:
                 # Not bound in this process: an operator's problem, never the author's final
@@ -417,6 +475,8 @@ class DriveHost:
             return started  # recorded already (another writer settled it): it answers
         assert tool is not None  # begin() starts an attempt only with the tool in hand
         attempt, call = started.attempt, started.seq
+        self._use("steps")
+        self._use("fetches" if op.address == FETCH_ADDRESS else "tool_calls")
         scope, run_id = split_run_key(self.run_id)
         token = bind_tool_call(ToolCall(scope, run_id, key, attempt, op.address))
         try:
@@ -442,7 +502,7 @@ class DriveHost:
                 tx, row, attempt=attempt, value=value, failure=failure, now=finished,
                 elapsed_ms=duration_ms,
             )  # fmt: skip
-            return (PARKED, None) if _parks(tx, op.step) else answer
+            return (PARKED, None) if self._holds(tx, op.step) else answer
 
         answered = await self.store.transact(end, self.lease)
         _count_step("tool", answered[0], duration_ms)
@@ -490,7 +550,7 @@ class DriveHost:
         message = dumps_text({"title": op.title, "body": op.body, "link": op.link})
 
         def record_first(tx: JournalTransaction) -> tuple[Answered, bool]:
-            if _parks(tx, op.step):
+            if self._refuses(tx, op.step, "notify"):
                 return (PARKED, None), False
             row = tx.get_step(self.run_id, "notify", op.step, op.count)
             answer = steps.settled(row)
@@ -510,6 +570,7 @@ class DriveHost:
         # Recorded before it is sent: at most once, even if the process dies right after.
         answer, send = await self.store.transact(record_first, self.lease)
         if send:
+            self._use("steps")
             # Best effort by contract: a failed notification fails nothing.
             with contextlib.suppress(Exception):
                 scope, run_id = split_run_key(self.run_id)
@@ -525,7 +586,7 @@ class DriveHost:
         key = step_key("sql", op.count, op.step)
 
         def begin(tx: JournalTransaction) -> Answered | _SqlCall:
-            if _parks(tx, op.step):
+            if self._refuses(tx, op.step, "sql"):
                 return PARKED, None
             row = tx.get_step(self.run_id, "sql", op.step, op.count)
             answer = steps.settled(row)
@@ -557,13 +618,15 @@ class DriveHost:
                     params=op.params, deadline_s=min(sql_limits.deadline_s, left),
                 )  # fmt: skip
         METRICS.sql_seconds.observe(outcome.elapsed_s)
+        self._use("steps")
+        self._use("sql_s", outcome.elapsed_s)
         # Counted once, outside the transaction below (which may run again after a fault).
         refused = None if outcome.result is None else self._over_journal_limit(key, outcome.result)
         finished = self.now()
 
         def end(tx: JournalTransaction) -> Answered:
             answer = settle(tx)
-            return (PARKED, None) if _parks(tx, op.step) else answer
+            return (PARKED, None) if self._holds(tx, op.step) else answer
 
         def settle(tx: JournalTransaction) -> Answered:
             run = tx.get_run(self.run_id)

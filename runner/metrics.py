@@ -95,6 +95,15 @@ class Metrics:
         )
         self.runs = make("Gauge", "qjsflow_runs", "Runs in the journal, by scope and status",
                          ("scope", "status"))  # fmt: skip
+        self.scope_usage = make(
+            "Counter", "qjsflow_scope_usage",
+            "What this process's drives charged to each scope's budgets, by measure (steps,"
+            " drives, compute_s, tool_calls, fetches, sql_s, journal_bytes)",
+            ("scope", "measure"),
+        )  # fmt: skip
+        self.throttled = make("Counter", "qjsflow_runs_throttled",
+                              "Runs parked because their scope spent a budget, by budget",
+                              ("scope", "budget"))  # fmt: skip
 
     def limit_kind(self, message: str) -> str | None:
         """The kind of limit a failure names, if it names one."""

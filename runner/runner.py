@@ -21,6 +21,7 @@ from qjsflow.bridge.rules import RULES, is_event_type
 from qjsflow.bridge.values import from_python, to_python
 from qjsflow.bundles import build_snapshot, name_workflows
 from qjsflow.runner.bindings import Bindings
+from qjsflow.runner.budgets import current_windows
 from qjsflow.runner.config import RunnerConfig
 from qjsflow.runner.control import (
     FRESH_ATTEMPT,
@@ -34,7 +35,6 @@ from qjsflow.runner.control import (
 from qjsflow.runner.driver import SIGNAL_TIMER, RunDriver
 from qjsflow.runner.environment import env_of
 from qjsflow.runner.errors import (
-    BudgetExceeded,
     InvalidEvent,
     InvalidRunId,
     RunClosed,
@@ -65,6 +65,7 @@ from qjsflow.runner.store import (
     WorkflowRecord,
 )
 from qjsflow.runner.tracing import new_traceparent
+from qjsflow.runner.usage import ScopeUsage, refuse_start, scope_usage
 from qjsflow.runner.views import (
     TERMINAL,
     EventView,
@@ -214,13 +215,12 @@ class Runner:
             traceparent=new_traceparent(request.traceparent),
         )  # fmt: skip
 
-        live_budget = self.config.scope_live_runs.get(scope)
+        budgets = self.config.scope_budgets.get(scope)
 
         def create(tx: JournalTransaction) -> RunRecord | None:
             """None when the run was created; else the run that already has this id."""
-            new_run = live_budget is not None and tx.get_run(run_id) is None
-            if new_run and tx.count_live_runs(scope) >= (live_budget or 0):
-                raise BudgetExceeded(scope, "live runs", live_budget or 0)
+            if budgets is not None and tx.get_run(run_id) is None:
+                refuse_start(tx, scope, budgets)
             if tx.insert_run(record):
                 tx.append_event(run_id, "run_created", now, dumps_text({"scope": scope}))
                 return None
@@ -490,20 +490,25 @@ class Runner:
         key = run_key(run.scope, run.run_id)
         return f"{round(run.created_at * 1000)}.{base64.urlsafe_b64encode(key.encode()).decode()}"
 
-    async def usage(self, *, scope: str | AllScopes) -> dict[str, dict[str, int]]:
-        """Per scope: its runs by status, and `live` (those not ended) with `live_budget` when
-        the scope has one."""
+    async def usage(self, *, scope: str | AllScopes) -> dict[str, ScopeUsage]:
+        """Per scope: its runs by status, and what it used of each measure in the current
+        window, with its budgets (runner/budgets.py)."""
         chosen = None if scope is ALL_SCOPES else validate_scope(scope)
-        found: dict[str, dict[str, int]] = {}
-        for (name, status), count in (await self._store.count_runs_by_scope()).items():
-            if chosen is None or name == chosen:
-                found.setdefault(name, {})[status] = count
-        for name, counts in found.items():
-            counts["live"] = sum(n for status, n in counts.items() if status not in TERMINAL)
-            budget = self.config.scope_live_runs.get(name)
-            if budget is not None:
-                counts["live_budget"] = budget
-        return found
+        now = self._driver.now_ms()
+        runs = await self._store.count_runs_by_scope()
+        used = await self._store.usage_by_scope(current_windows(now))
+        names = {name for name, _ in runs} | set(used) | set(self.config.scope_budgets)
+        return {
+            name: scope_usage(
+                name,
+                {status: n for (owner, status), n in runs.items() if owner == name},
+                used.get(name, {}),
+                self.config.scope_budgets.get(name),
+                now,
+            )
+            for name in sorted(names)
+            if chosen is None or name == chosen
+        }
 
     async def snapshots(
         self, *, scope: str | AllScopes, limit: int = 1000

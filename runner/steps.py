@@ -144,6 +144,32 @@ def begin_attempt(
     return attempt
 
 
+def set_aside(tx: JournalTransaction, run_id: str, key: str, now: int) -> None:
+    """Undo the attempt of step `key` under way, which its scope's budgets stopped before it
+    ended (runner/budgets.py): it has not failed, it starts again when the run is driven next.
+    Its first attempt is forgotten; a later one is a retry due at once. Steps begun inside it
+    that had not ended are forgotten too; those that ended keep their results (the attempt
+    run again is answered from them)."""
+    kind, count, name = key.split(":", 2)
+    row = tx.get_step(run_id, kind, name, int(count))
+    if row is None or row.status != "running":
+        return
+    inside = [
+        step for step in tx.list_steps(run_id)
+        if step.status == "running" and step.key.startswith(key + "/")
+    ]  # fmt: skip
+    if row.attempt == 1:
+        tx.delete_steps(run_id, [row, *inside])
+    else:
+        tx.delete_steps(run_id, inside)
+        tx.update_step(
+            run_id, kind, name, int(count), status="retrying", attempt=row.attempt - 1,
+            detail=dumps_text({"retryAt": now}),
+        )  # fmt: skip
+        tx.set_timer(run_id, key, "retry", now)
+    event(tx, run_id, "step_set_aside", now, key, attempt=row.attempt)
+
+
 def begin(tx: JournalTransaction, run_id: str, op: StepBegin, now: int) -> None:
     """A step the sandbox saw no row for starts attempt 1; written ahead of anything its body
     sends in the same batch. A row that exists already is left to the step's record."""

@@ -28,8 +28,10 @@ __all__ = [
 
 # "blocked": a tool it calls is bound in no process that drove it (`waiting_for` names it).
 # "paused": an operator paused it; it waits for `resume` (docs/OPERATIONS.md).
+# "throttled": its scope spent a budget; it waits for the budget's window to end
+# (`waiting_for` names the budget; docs/TENANCY.md).
 RunStatus = Literal[
-    "running", "sleeping", "waiting", "blocked", "paused",
+    "running", "sleeping", "waiting", "blocked", "paused", "throttled",
     "completed", "failed", "cancelled", "terminated",
 ]  # fmt: skip
 TERMINAL: frozenset[str] = ENDED  # the statuses of a run that has ended

@@ -257,9 +257,19 @@ export default async (event, step) =>
 
 def test_usage_counts_runs_per_scope(cli: Cli, tmp_path: Path) -> None:
     snapshot = _published(cli, tmp_path)
+    env = tmp_path / "env.json"
+    env.write_text('{"acme": {"budgets": {"steps_per_day": 500, "live_runs": 9}}}')
     _start(cli, snapshot, "r1", nap="1 hour")
-    assert cli.ok("usage") == {"acme": {"sleeping": 1, "live": 1}}
+    found = cli.ok("usage", "--env", str(env))["acme"]
+    assert (found["runs"], found["live"], found["live_budget"]) == ({"sleeping": 1}, 1, 9)
+    steps = next(m for m in found["measures"] if m["measure"] == "steps")
+    assert (steps["budget_name"], steps["budget"]) == ("steps_per_day", 500)
+    assert steps["used"] >= 1
     assert cli.ok("usage", "--scope", "nobody") == {}
-    shown = cli.run("usage", json=False).stdout
-    assert "acme" in shown
-    assert "sleeping 1" in shown
+    shown = cli.run("usage", "--env", str(env), json=False).stdout
+    assert "acme: 1 of 9 live runs (sleeping 1)" in shown
+    assert re.search(r"steps_per_day\s+\d+\s+500\s+in ", shown), shown
+    env.write_text('{"acme": {"budgets": {"steps_per_day": -5}}}')
+    refused = cli.run("usage", "--env", str(env), json=False)
+    assert refused.returncode == 2
+    assert "scope 'acme' of the env file: budget steps_per_day must be a number" in refused.stderr

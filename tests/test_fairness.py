@@ -5,12 +5,10 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from qjsflow.runner import ALL_SCOPES, Bindings, Runner, RunnerConfig, StartRunInput
-from qjsflow.runner.errors import BudgetExceeded
+from qjsflow.runner import Bindings, Runner, RunnerConfig, StartRunInput
 from qjsflow.sandbox import PoolConfig
 from tests.conftest import FakeClock
 from tests.journal_reads import query
@@ -113,28 +111,3 @@ async def test_a_scopes_concurrency_limit_holds(tmp_path: Path, clock: FakeClock
         await serving
     assert max(seen) == 1
     assert len(seen) == 3
-
-
-async def test_a_live_runs_budget_refuses_starts_past_it(tmp_path: Path, clock: FakeClock) -> None:
-    config = RunnerConfig(clock=clock, pool=PoolConfig(size=2), scope_root=tmp_path / "scopes",
-                          scope_live_runs={"capped": 2})  # fmt: skip
-    waits = 'export default async (e, step) => step.waitForEvent("go", { type: "go" });'
-    async with Runner.open(tmp_path / "j.db", config) as runner:
-        capped = await runner.publish("capped", {"workflows/flow.ts": waits})
-        free = await runner.publish("free", {"workflows/flow.ts": waits})
-
-        def start(scope: str, snapshot: str, run_id: str) -> Any:
-            return runner.start(StartRunInput(scope, "flow", snapshot, None, run_id))
-
-        await start("capped", capped.snapshot_id, "a")
-        await start("capped", capped.snapshot_id, "b")
-        with pytest.raises(BudgetExceeded, match="scope 'capped' is at its budget of 2 live runs"):
-            await start("capped", capped.snapshot_id, "c")
-        assert (await start("capped", capped.snapshot_id, "a")).run_id == "a"  # idempotent still
-        for n in range(3):  # another scope is not held to it
-            await start("free", free.snapshot_id, f"f{n}")
-        await runner.cancel("a", scope="capped")  # an ended run frees its place
-        assert (await start("capped", capped.snapshot_id, "c")).status == "waiting"
-        usage = await runner.usage(scope=ALL_SCOPES)
-    assert usage["capped"] == {"waiting": 2, "cancelled": 1, "live": 2, "live_budget": 2}
-    assert usage["free"] == {"waiting": 3, "live": 3}

@@ -105,6 +105,11 @@ def test_metrics_move_as_runs_complete_and_probes_answer(tmp_path: Path) -> None
         assert _sample(scraped, 'qjsflow_steps_total{kind="tool",outcome="ok"}') == 3
         assert _sample(scraped, 'qjsflow_steps_total{kind="do",outcome="ok"}') == 3
         assert _sample(scraped, "qjsflow_journal_commit_seconds_count") > 0
+        # Usage charged to the scope's budgets: three tool calls (one per run), each run's
+        # steps (a do, a tool) and drives.
+        assert _sample(scraped, 'qjsflow_scope_usage_total{measure="tool_calls",scope="acme"}') == 3
+        assert _sample(scraped, 'qjsflow_scope_usage_total{measure="steps",scope="acme"}') == 6
+        assert _sample(scraped, 'qjsflow_scope_usage_total{measure="drives",scope="acme"}') >= 3
         assert "r0" not in scraped  # no run ids as labels
     finally:
         worker.send_signal(signal.SIGTERM)

@@ -4,6 +4,7 @@ from qjsflow.runner.store.journal import BundleRecord, JournalStore, SnapshotRec
 from qjsflow.runner.store.migrations import MIGRATIONS
 from qjsflow.runner.store.records import (
     ENDED,
+    THROTTLE_TIMER,
     EventRecord,
     InboxRecord,
     JournalRow,
@@ -17,6 +18,7 @@ from qjsflow.runner.store.tx import JournalTransaction, Lease, LeaseLost
 __all__ = [
     "ENDED",
     "MIGRATIONS",
+    "THROTTLE_TIMER",
     "BundleRecord",
     "EventRecord",
     "InboxRecord",

@@ -27,6 +27,7 @@ from qjsflow.runner.metrics import METRICS
 from qjsflow.runner.store.backends import Backend, is_postgres_url, open_backend
 from qjsflow.runner.store.records import (
     ENDED_SQL,
+    WAKING_TIMER_SQL,
     EventRecord,
     LogRecord,
     RunRecord,
@@ -306,7 +307,8 @@ class JournalStore:
             f" WHERE status NOT IN {ENDED_SQL}"
             f" AND (worker_id IS NULL OR lease_expires_at IS NULL OR lease_expires_at <= {clock})"
             " AND (cancel_requested = 1 OR status <> 'paused' AND (status = 'running'"
-            "  OR EXISTS (SELECT 1 FROM timers t WHERE t.run_id = r.run_id AND t.due_at <= ?)))"
+            "  OR EXISTS (SELECT 1 FROM timers t WHERE t.run_id = r.run_id AND t.due_at <= ?"
+            f"   AND {WAKING_TIMER_SQL})))"
             ") due WHERE turn <= ? ORDER BY turn, updated_at, run_id LIMIT ?",
             (*at, now, limit, limit),
         )
@@ -374,7 +376,7 @@ class JournalStore:
         """The earliest timer of any unfinished run."""
         rows = await self._all(
             "SELECT min(t.due_at) FROM timers t JOIN runs r USING (run_id)"
-            f" WHERE r.status NOT IN {ENDED_SQL} AND r.status <> 'paused'"
+            f" WHERE r.status NOT IN {ENDED_SQL} AND r.status <> 'paused' AND {WAKING_TIMER_SQL}"
         )
         return None if rows[0][0] is None else int(rows[0][0])
 
@@ -529,6 +531,15 @@ class JournalStore:
         """How many runs each scope has in each status."""
         rows = await self._all("SELECT scope, status, count(*) FROM runs GROUP BY scope, status")
         return {(str(row[0]), str(row[1])): int(row[2]) for row in rows}
+
+    async def usage_by_scope(self, windows: dict[str, int]) -> dict[str, dict[str, float]]:
+        """What each scope used of each measure in the window given for it."""
+        rows = await self._all("SELECT scope, measure, window_start, amount FROM scope_usage")
+        found: dict[str, dict[str, float]] = {}
+        for scope, measure, start, amount in rows:
+            if windows.get(str(measure)) == int(start):
+                found.setdefault(str(scope), {})[str(measure)] = float(amount)
+        return found
 
     async def list_steps(self, run_id: str) -> list[StepRow]:
         return await self._read(lambda tx: tx.list_steps(run_id))

@@ -19,6 +19,7 @@ __all__ = [
     "current_version",
     "migrate",
     "scoped_run_keys",
+    "tenancy",
 ]
 
 Migration = tuple[int, str, str]  # version, what it does, its statements
@@ -70,6 +71,18 @@ RUN_CONTROL = (
 
 # Migration 11 (PostgreSQL's 6): the W3C traceparent every drive of a run is traced under.
 TRACE_CONTEXT = "ALTER TABLE runs ADD COLUMN traceparent TEXT"
+
+
+def tenancy(integer: str, real: str, strict: str) -> str:
+    """Migration 12 (PostgreSQL's 7): what each scope used per measure and window (runner/
+    budgets.py), and the capabilities a snapshot declares (bundles/manifest.py; NULL: none
+    declared)."""
+    return (
+        "CREATE TABLE scope_usage ("
+        f" scope TEXT NOT NULL, measure TEXT NOT NULL, window_start {integer} NOT NULL,"
+        f" amount {real} NOT NULL, PRIMARY KEY (scope, measure, window_start)){strict};"
+        " ALTER TABLE snapshots ADD COLUMN capabilities TEXT"
+    )
 
 
 MIGRATIONS: tuple[tuple[int, str, str], ...] = (
@@ -261,6 +274,7 @@ MIGRATIONS: tuple[tuple[int, str, str], ...] = (
     ),
     (10, "run control: pause requests, restarts; ended runs by age", RUN_CONTROL),
     (11, "each run's trace context", TRACE_CONTEXT),
+    (12, "usage per scope; a snapshot's capabilities", tenancy("INTEGER", "REAL", " STRICT")),
 )
 
 

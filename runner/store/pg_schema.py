@@ -12,6 +12,7 @@ from qjsflow.runner.store.migrations import (
     TRACE_CONTEXT,
     Migration,
     scoped_run_keys,
+    tenancy,
 )
 
 __all__ = ["PG_MIGRATIONS"]
@@ -111,4 +112,9 @@ PG_MIGRATIONS: tuple[Migration, ...] = (
     ),
     (5, "run control (SQLite migration 10)", RUN_CONTROL),
     (6, "each run's trace context (SQLite migration 11)", TRACE_CONTEXT),
+    (
+        7,
+        "usage per scope; a snapshot's capabilities (SQLite migration 12)",
+        tenancy("BIGINT", "DOUBLE PRECISION", ""),
+    ),
 )

@@ -12,6 +12,8 @@ from qjsflow.bridge.types import step_key
 __all__ = [
     "ENDED",
     "ENDED_SQL",
+    "THROTTLE_TIMER",
+    "WAKING_TIMER_SQL",
     "EventRecord",
     "InboxRecord",
     "JournalRow",
@@ -25,6 +27,12 @@ __all__ = [
 # The statuses of a run that has ended: nothing drives it again (but an operator's restart).
 ENDED: frozenset[str] = frozenset({"completed", "failed", "cancelled", "terminated"})
 ENDED_SQL = "(" + ", ".join(f"'{status}'" for status in sorted(ENDED)) + ")"
+# The timer of a `throttled` run (runner/budgets.py): the only one that may wake it, when the
+# budget its scope spent has room again.
+THROTTLE_TIMER = "throttle"
+# A timer that may wake a run of the given alias `r`, joined as `t`: not a paused run's, and
+# only its throttle timer for a throttled run.
+WAKING_TIMER_SQL = f"(r.status <> 'throttled' OR t.step_key = '{THROTTLE_TIMER}')"
 
 
 @dataclass(frozen=True, slots=True)

@@ -219,6 +219,51 @@ class JournalTransaction:
         )
         return int(row[0])
 
+    # -- usage per scope (runner/budgets.py) -----------------------------------------------
+
+    def scope_usage(self, scope: str, windows: dict[str, int]) -> dict[str, float]:
+        """What `scope` used of each measure in the window given for it."""
+        rows = self._db.execute(
+            "SELECT measure, window_start, amount FROM scope_usage WHERE scope = ?", (scope,)
+        ).fetchall()
+        return {
+            str(measure): float(amount)
+            for measure, start, amount in rows
+            if windows.get(str(measure)) == int(start)
+        }
+
+    def charge_usage(
+        self, scope: str, charges: Iterable[tuple[str, int, float]], forget_before: int
+    ) -> None:
+        """Add to what `scope` used; windows that ended before `forget_before` are dropped."""
+        self._db.executemany(
+            "INSERT INTO scope_usage (scope, measure, window_start, amount) VALUES (?, ?, ?, ?)"
+            " ON CONFLICT (scope, measure, window_start)"
+            " DO UPDATE SET amount = scope_usage.amount + excluded.amount",
+            [(scope, measure, start, amount) for measure, start, amount in charges],
+        )
+        self._db.execute(
+            "DELETE FROM scope_usage WHERE scope = ? AND window_start > 0 AND window_start < ?",
+            (scope, forget_before),
+        )
+
+    def _free_journal_bytes(self, run_ids: list[str]) -> None:
+        """Runs about to be deleted give back the journal bytes their drives were charged."""
+        marks = ", ".join("?" for _ in run_ids)
+        rows = self._db.execute(
+            "SELECT r.scope, coalesce(sum(b.n), 0) FROM runs r JOIN ("
+            f" SELECT run_id, length(output) AS n FROM steps WHERE run_id IN ({marks})"
+            f" UNION ALL SELECT run_id, length(text) FROM logs WHERE run_id IN ({marks})"
+            ") b USING (run_id) GROUP BY r.scope",
+            (*run_ids, *run_ids),
+        ).fetchall()
+        for scope, freed in rows:
+            self._db.execute(
+                "UPDATE scope_usage SET amount = CASE WHEN amount > ? THEN amount - ? ELSE 0 END"
+                " WHERE scope = ? AND measure = 'journal_bytes' AND window_start = 0",
+                (freed, freed, scope),
+            )
+
     def insert_run(self, run: RunRecord) -> bool:
         """First writer wins: False when a run with this id already exists."""
         values = (
@@ -348,6 +393,7 @@ class JournalTransaction:
 
     def delete_runs(self, run_ids: list[str]) -> None:
         """Runs and everything recorded of them."""
+        self._free_journal_bytes(run_ids)
         marks = ", ".join("?" for _ in run_ids)
         for table in (*RUN_TABLES, "runs"):
             self._db.execute(f"DELETE FROM {table} WHERE run_id IN ({marks})", run_ids)
