@@ -186,6 +186,20 @@ def test_a_scope_token_sees_its_scope_only(console: Console) -> None:
         assert {run["scope"] for run in client.get("/api/runs").json()["runs"]} == {"acme", "other"}
 
 
+def test_usage_per_scope_for_the_scope_that_may_see_it(console: Console) -> None:
+    with _client(console, ACME_TOKEN) as client:
+        usage = client.get("/api/usage").json()
+        assert list(usage) == ["acme"]  # a scope token sees its own usage only
+        measures = {m["measure"]: m["used"] for m in usage["acme"]["measures"]}
+        assert measures["drives"] >= 3
+        assert client.get("/api/usage?scope=other").json().keys() == {"acme"}
+        page = client.get("/usage").text
+        assert "steps_per_day" in page
+        assert ">other<" not in page
+    with _client(console) as client:
+        assert set(client.get("/api/usage").json()) == {"acme", "other"}
+
+
 def test_the_timeline_has_a_bar_per_attempt_and_retry_delay(console: Console) -> None:
     with _client(console) as client:
         detail = client.get("/api/runs/acme/flaky").json()

@@ -165,6 +165,18 @@ class _Console:
             return JSONResponse(views.plain(found))
         return self.page(request, "snapshots.html", snapshots=found, scope=scope)
 
+    async def usage(self, request: Request) -> Response:
+        """Each scope's runs and what it used of its budgets (a scope-bound token: its own)."""
+        principal = self.who(request)
+        scope = principal.scope or request.query_params.get("scope") or None
+        try:
+            found = await self.runner.usage(scope=scope or ALL_SCOPES)
+        except InvalidInput:
+            raise HTTPException(404) from None
+        if _api(request):
+            return JSONResponse(views.plain(found))
+        return self.page(request, "usage.html", usage=found, scope=scope)
+
     async def snapshot(self, request: Request) -> Response:
         scope = request.path_params["scope"]
         if not self.who(request).may_see(scope):
@@ -217,6 +229,8 @@ def create_app(runner_factory: Callable[[], Awaitable[Runner]], tokens: Tokens |
         Route("/snapshots", console.snapshots),
         Route("/api/snapshots", console.snapshots),
         Route("/snapshots/{scope}/{snapshot_id}", console.snapshot),
+        Route("/usage", console.usage),
+        Route("/api/usage", console.usage),
         Mount("/static", StaticFiles(directory=_HERE / "static"), name="static"),
     ]
     return Starlette(
