@@ -22,6 +22,7 @@ from typing import Any
 from qjsflow.bridge import dumps
 from qjsflow.bundles.errors import BundleError, SourceTreeError
 from qjsflow.bundles.esbuild import BuildLimits, run_driver
+from qjsflow.bundles.manifest import MANIFEST_FILES, Capabilities, capabilities_of
 from qjsflow.bundles.tree import (
     SourceTree,
     TreeLimits,
@@ -68,6 +69,7 @@ class Snapshot:
     tree: SourceTree
     entries: tuple[str, ...]
     bundles: tuple[WorkflowBundle, ...]
+    capabilities: Capabilities | None = None  # declared by its manifest (bundles/manifest.py)
 
 
 def select_entries(listing: TreeListing, entries: Sequence[str] | None = None) -> tuple[str, ...]:
@@ -123,7 +125,7 @@ def name_workflows(
                 )
             owners[name] = bundle.entry_path
             named.append(dataclasses.replace(bundle, workflow=name, export=export))
-    return Snapshot(snapshot.snapshot_id, snapshot.tree, snapshot.entries, tuple(named))
+    return dataclasses.replace(snapshot, bundles=tuple(named))
 
 
 def _workflows_of(entry_path: str, exports: Sequence[Mapping[str, Any]]) -> list[tuple[str, str]]:
@@ -206,9 +208,13 @@ async def _build(
     if "errors" in answer:
         raise BundleError([_format_error(error) for error in answer["errors"]])
     digests: dict[str, str] = answer["inputs"]
-    tree = await asyncio.to_thread(read_reached, listing, sorted(digests), tree_limits)
+    # The manifest is part of the snapshot too: what the workflows may reach is in its id.
+    manifests = [path for path in MANIFEST_FILES if path in listing.files]
+    reached = sorted({*digests, *manifests})
+    tree = await asyncio.to_thread(read_reached, listing, reached, tree_limits)
+    capabilities = capabilities_of({f.path: f.content for f in tree.files if f.path in manifests})
     for file in tree.files:  # the bundler read these bytes, and only these
-        if hashlib.sha256(file.content).hexdigest() != digests[file.path]:
+        if file.path in digests and hashlib.sha256(file.content).hexdigest() != digests[file.path]:
             raise SourceTreeError(file.path, "changed while it was being published: try again")
     outputs = {output["entry"]: output for output in answer["outputs"]}
     bundles = tuple(
@@ -217,7 +223,7 @@ async def _build(
         )
         for path in chosen
     )
-    return Snapshot(snapshot_id_of(tree, chosen), tree, chosen, bundles)
+    return Snapshot(snapshot_id_of(tree, chosen), tree, chosen, bundles, capabilities)
 
 
 def _shim_sources() -> dict[str, str]:

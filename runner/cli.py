@@ -107,7 +107,7 @@ def _global_options(*, suppress: bool) -> _Parser:
         "--env", metavar="FILE", default=default("env"),
         help="what runs find in env, per scope (JSON): vars, secrets (as the names of host "
         "environment variables holding their values), binding objects, egress; and each "
-        "scope's budgets (QJSFLOW_ENV)",
+        "scope's budgets and capability policy (QJSFLOW_ENV)",
     )  # fmt: skip
     options.add_argument(
         "--tools", metavar="MODULE:ATTRIBUTE", default=default("tools"),
@@ -312,13 +312,13 @@ def _config(args: argparse.Namespace) -> RunnerConfig:
     bindings = Bindings(tools=load_tools(args.tools) if args.tools else {})
     if args.notify:
         bindings = dataclasses.replace(bindings, notify=load_notify(args.notify))
-    settings = load_scope_settings(args.env) if args.env else ScopeSettings({}, {})
+    settings = load_scope_settings(args.env) if args.env else ScopeSettings({}, {}, {})
     confinement = os.environ.get("QJSFLOW_CONFINEMENT", "best-effort")
     if confinement not in CONFINEMENT_MODES:
         raise InvalidInput(f"QJSFLOW_CONFINEMENT must be one of: {', '.join(CONFINEMENT_MODES)}")
     return RunnerConfig(
         lease_ttl_s=args.lease_ttl, bindings=bindings, environments=settings.environments,
-        scope_budgets=settings.budgets,
+        scope_budgets=settings.budgets, scope_policies=settings.policies,
         pool=PoolConfig(confinement=confinement),
         build_limits=BuildLimits(confinement=confinement),
     )  # fmt: skip

@@ -10,6 +10,7 @@ from typing import Any
 
 from qjsflow.bridge.codec import dumps_text
 from qjsflow.bridge.values import JsValue, to_json_form
+from qjsflow.bundles.manifest import Capabilities
 from qjsflow.runner.printable import printable
 from qjsflow.runner.runner import PublishResult
 from qjsflow.runner.store import LogRecord, SnapshotRecord
@@ -66,18 +67,32 @@ def render_publish(result: PublishResult) -> str:
         *((w.workflow, w.entry_path, w.export) for w in result.workflows),
     ]
     return "\n".join(
-        [f"snapshot {result.snapshot_id} in scope {result.scope} ({state})", *table(rows)]
-    )
+        [f"snapshot {result.snapshot_id} in scope {result.scope} ({state})", *table(rows),
+         f"capabilities: {describe_capabilities(result.capabilities)}"]
+    )  # fmt: skip
+
+
+def describe_capabilities(declared: Capabilities | None) -> str:
+    """What a snapshot's manifest declares, in one line."""
+    if declared is None:
+        return "none declared (bounded by the scope's policy)"
+    parts = [
+        f"{name} {', '.join(items) if items else '(none)'}"
+        for name, items in (("tools", declared.tools), ("bindings", declared.bindings),
+                            ("fetch", declared.fetch))
+    ]  # fmt: skip
+    return printable("; ".join([*parts, f"sql {declared.sql}"]))
 
 
 def render_snapshots(snapshots: Sequence[SnapshotRecord]) -> str:
     if not snapshots:
         return "no snapshots"
-    rows = [("SNAPSHOT", "SCOPE", "CREATED", "WORKFLOWS")]
+    rows = [("SNAPSHOT", "SCOPE", "CREATED", "WORKFLOWS", "CAPABILITIES")]
     rows += [
-        (s.snapshot_id[:16], s.scope, age(s.created_at), ", ".join(w.workflow for w in s.workflows))
+        (s.snapshot_id[:16], s.scope, age(s.created_at), ", ".join(w.workflow for w in s.workflows),
+         describe_capabilities(s.capabilities))
         for s in snapshots
-    ]
+    ]  # fmt: skip
     return "\n".join(table(rows))
 
 

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from qjsflow.bridge.limits import Limits
 from qjsflow.bundles import BuildLimits, TreeLimits
+from qjsflow.bundles.manifest import Capabilities
 from qjsflow.runner.bindings import Bindings
 from qjsflow.runner.budgets import Budgets
 from qjsflow.runner.environment import ScopeEnvironment
@@ -58,3 +59,6 @@ class RunnerConfig:
     # refuse a start past them (BudgetExceeded); every budget spent parks the scope's runs as
     # `throttled` until its window ends.
     scope_budgets: Mapping[str, Budgets] = field(default_factory=dict)
+    # What each scope's snapshots may reach at most (docs/TENANCY.md, Capability manifests):
+    # a manifest asking for more is refused at publish; every call is checked against both.
+    scope_policies: Mapping[str, Capabilities] = field(default_factory=dict)

@@ -45,6 +45,7 @@ from qjsflow.runner.budgets import (
     current_windows,
     exhausted,
 )
+from qjsflow.runner.capabilities import Reach
 from qjsflow.runner.config import RunnerConfig
 from qjsflow.runner.errors import JournalUnavailable, RunNotFound, StoredCodeDamaged
 from qjsflow.runner.host import DriveHost
@@ -263,6 +264,7 @@ class RunDriver:
         except StoredCodeDamaged as damaged:  # never run code that is not what was published
             return Failed(False, str(damaged), 0.0), host
         host.locate = self._locator(bundle)
+        host.reach = Reach(bundle.capabilities, self.config.scope_policies.get(run.scope))
         request = DriveRequest(
             run_id=split_run_key(run.run_id)[1],  # the author's event.instanceId
             workflow=run.workflow,

@@ -54,12 +54,21 @@ class EgressPolicy:
     max_request_bytes: int = 1024 * 1024
     max_response_bytes: int = 512 * 1024  # a response is journaled: under the value limit
     max_redirects: int = 5
+    # Allow lists that must each allow a URL too: the snapshot's manifest and the scope's
+    # capability policy (runner/capabilities.py), checked at every redirect like `allow`.
+    within: tuple[tuple[str, ...], ...] = ()
 
     def allows(self, url: httpx.URL) -> bool:
+        return self._listed(self.allow, url) and all(
+            self._listed(entries, url) for entries in self.within
+        )
+
+    @staticmethod
+    def _listed(entries: tuple[str, ...], url: httpx.URL) -> bool:
         import httpx  # noqa: PLC0415  (imported lazily: see the note above)
 
         host = (url.host or "").lower()
-        for allowed in self.allow:
+        for allowed in entries:
             entry = allowed.lower()
             if "://" in entry:
                 # Compared parsed, never as text: "https://api.example.com" must not let

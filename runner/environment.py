@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from qjsflow.bridge import CodecError, InvalidInput, loads
 from qjsflow.bridge.values import BindingRef, SecretRef
+from qjsflow.bundles.manifest import Capabilities, capabilities_from_json
 from qjsflow.runner.budgets import Budgets, budgets_from_json
 from qjsflow.runner.egress import EgressPolicy
 from qjsflow.runner.scopes import validate_scope
@@ -82,6 +83,7 @@ class ScopeSettings:
 
     environments: Mapping[str, ScopeEnvironment]
     budgets: Mapping[str, Budgets]
+    policies: Mapping[str, Capabilities]  # the most a scope's manifests may declare
 
 
 def load_environments(
@@ -95,8 +97,9 @@ def load_scope_settings(
     path: str | os.PathLike[str], host_env: Mapping[str, str] | None = None
 ) -> ScopeSettings:
     """An operator's env file (JSON): `{"scope": {"vars": {...}, "secrets": {"NAME":
-    "HOST_VARIABLE"}, "budgets": {"steps_per_day": 10000}}}`. The file names, for each secret,
-    the host environment variable that holds its value, so the file itself holds no secret."""
+    "HOST_VARIABLE"}, "budgets": {"steps_per_day": 10000}, "capabilities": {"tools":
+    ["crm.*"]}}}`. The file names, for each secret, the host environment variable that holds
+    its value, so the file itself holds no secret."""
     host_env = os.environ if host_env is None else host_env
     try:
         document = loads(Path(path).read_bytes(), max_bytes=1024 * 1024)
@@ -110,6 +113,7 @@ def load_scope_settings(
         raise InvalidInput("the env file must hold an object of scopes")
     environments = {}
     budgets = {}
+    policies = {}
     for scope, declared in document.items():
         validate_scope(scope)
         if not isinstance(declared, dict) or set(declared) - _FILE_KEYS:
@@ -135,11 +139,16 @@ def load_scope_settings(
         )  # fmt: skip
         if "budgets" in declared:
             budgets[scope] = budgets_from_json(declared["budgets"], scope)
-    return ScopeSettings(environments, budgets)
+        if "capabilities" in declared:
+            try:
+                policies[scope] = capabilities_from_json(declared["capabilities"], "")
+            except ValueError as error:
+                raise InvalidInput(f"scope {scope!r} of the env file{error}") from None
+    return ScopeSettings(environments, budgets, policies)
 
 
 _OBJECT_KEYS = ("kv", "queues", "r2", "durable_objects")
-_FILE_KEYS = frozenset({"vars", "secrets", "egress", "budgets", *_OBJECT_KEYS})
+_FILE_KEYS = frozenset({"vars", "secrets", "egress", "budgets", "capabilities", *_OBJECT_KEYS})
 
 
 def _names(value: object, scope: str, key: str) -> tuple[str, ...]:
@@ -160,9 +169,14 @@ def _egress(value: object, scope: str) -> EgressPolicy:
     return EgressPolicy(allow=allow, allow_private=allow_private)
 
 
-def env_of(environment: ScopeEnvironment | None, given: Mapping[str, Any] | None) -> dict[str, Any]:
-    """A run's env at its start: the scope's vars, secret handles and binding objects, then
-    what the caller passed (which wins)."""
+def env_of(
+    environment: ScopeEnvironment | None,
+    given: Mapping[str, Any] | None,
+    allowed: Callable[[str], bool] = lambda name: True,
+) -> dict[str, Any]:
+    """A run's env at its start: the scope's vars, secret handles and binding objects that
+    its snapshot may reach (`allowed`: runner/capabilities.py), then what the caller passed
+    (which wins)."""
     env: dict[str, Any] = {}
     if environment is not None:
         env.update(environment.vars)
@@ -174,6 +188,7 @@ def env_of(environment: ScopeEnvironment | None, given: Mapping[str, Any] | None
             ("durable_object", environment.durable_objects),
         ):
             env.update({name: BindingRef(kind, name) for name in names})
+    env = {name: value for name, value in env.items() if allowed(name)}
     env.update(given or {})
     return env
 

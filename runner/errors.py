@@ -19,6 +19,8 @@ from __future__ import annotations
 from qjsflow.bridge import InvalidInput, QjsflowError
 
 __all__ = [
+    "BudgetExceeded",
+    "CapabilityRefused",
     "FatalToolError",
     "InvalidEvent",
     "InvalidRunId",
@@ -66,6 +68,19 @@ class BudgetExceeded(QjsflowError):
     def __init__(self, scope: str, budget: str, limit: int) -> None:
         self.scope, self.budget, self.limit = scope, budget, limit
         super().__init__(f"scope {scope!r} is at its budget of {limit} {budget}: refused")
+
+
+class CapabilityRefused(InvalidInput):
+    """A snapshot's manifest asks for more than its scope's policy allows (docs/TENANCY.md)."""
+
+    def __init__(self, scope: str, beyond: list[str]) -> None:
+        self.beyond = beyond
+        shown = ", ".join(beyond[:10]) + (
+            f" and {len(beyond) - 10} more" if len(beyond) > 10 else ""
+        )
+        super().__init__(
+            f"the snapshot's manifest asks for more than scope {scope!r} allows: {shown}"
+        )
 
 
 class RunClosed(InvalidInput):

@@ -26,6 +26,7 @@ from qjsflow.bridge.types import (
     DbSql,
     Log,
     OpEnvelope,
+    RetryPolicy,
     StepBegin,
     StepCheck,
     StepFailure,
@@ -49,6 +50,7 @@ from qjsflow.runner.bindings import (
     unbind_tool_call,
 )
 from qjsflow.runner.budgets import BY_CALL, Budgets, DriveUsage, Throttle, exhausted
+from qjsflow.runner.capabilities import DENIED, SQL_ADDRESS, Reach
 from qjsflow.runner.cloudflare_bindings import (
     KV_ADDRESS,
     QUEUE_ADDRESS,
@@ -68,6 +70,8 @@ from qjsflow.runner.steps import Answered, failure_to_json
 from qjsflow.runner.store import JournalStore, JournalTransaction, Lease
 
 __all__ = ["PARKED", "DriveHost"]
+
+_ONCE = RetryPolicy(limit=0, delay_ms=0, backoff="constant", timeout_ms=1000)  # a denied call
 
 # The answer to the run's own calls while a pause is asked: the body waits there until the run
 # is resumed, and the drive ends as soon as the steps under way have recorded their results.
@@ -156,6 +160,9 @@ class DriveHost:
         # nor recorded in the journal, so the next drive runs them afresh.
         self._unbegun: set[tuple[str, int]] = set()
         self.set_aside: set[str] = set()  # keys of the run's steps whose attempt is undone
+        # What the run may reach: its snapshot's manifest and its scope's policy (set by the
+        # driver with the bundle).
+        self.reach = Reach()
 
     def _holds(self, tx: JournalTransaction, step: str) -> bool:
         """Whether the answer to a call parks the run: a pause is asked, and the call is the
@@ -441,6 +448,10 @@ class DriveHost:
     async def _tool(self, op: StepTool) -> Answered:
         key = step_key("tool", op.count, op.step)
         now = self.now()
+        refusal = self.reach.tool_refusal(op.address, to_python(op.args))
+        if refusal is not None:
+            return await self._deny(op.step, op.count, kind="tool", address=op.address,
+                                    args=op.args, refusal=refusal)  # fmt: skip
         tool = self.bindings.tool(op.address) or self._builtin(op.address)
         try:  # decoded once; the values go only to the tool
             args = reveal(to_python(op.args), self.environment.secrets)
@@ -508,6 +519,35 @@ class DriveHost:
         _count_step("tool", answered[0], duration_ms)
         return answered
 
+    async def _deny(
+        self, step: str, count: int, *, kind: str, address: str, args: str, refusal: str
+    ) -> Answered:
+        """A call outside what the run may reach: it fails (not retried) with the coded error
+        `capability_denied`, journaled in the tool audit as denied; nothing is called."""
+        key = step_key(kind, count, step)
+        now = self.now()
+        failure = StepFailure("CapabilityDenied", f"{refusal}: denied", False, code=DENIED)
+
+        def deny(tx: JournalTransaction) -> Answered:
+            if self._refuses(tx, step, "tool"):
+                return PARKED, None
+            begun = steps.begin_attempt(
+                tx, self.run_id, kind, name=step, count=count, policy=_ONCE,
+                now=now,
+            )  # fmt: skip
+            if not isinstance(begun, int):
+                return begun
+            call = tx.start_tool_call(self.run_id, key, begun, address=address, args=args, at=now)
+            tx.finish_tool_call(call, None, failure_to_json(failure), 0)
+            steps.event(tx, self.run_id, "call_denied", now, key, address=address)
+            row = tx.get_step(self.run_id, kind, step, count)
+            assert row is not None
+            return steps.settle_call(
+                tx, row, attempt=begun, value=None, failure=failure, now=now, elapsed_ms=0
+            )
+
+        return await self.store.transact(deny, self.lease)
+
     def _builtin(self, address: str) -> ToolFn | None:
         """fetch, and the local KV, queue and R2 bindings, unless the operator bound these."""
         if address == FETCH_ADDRESS:
@@ -521,7 +561,8 @@ class DriveHost:
 
     async def _fetch(self, args: Any) -> Any:
         """The sandbox's `fetch`, under the scope's egress policy (runner/egress.py)."""
-        return await fetch(args, self.environment.egress, self.scope, self.environment.secrets)
+        egress = self.reach.egress(self.environment.egress)
+        return await fetch(args, egress, self.scope, self.environment.secrets)
 
     async def _call_tool(
         self, op: StepTool, tool: ToolFn, args: Any
@@ -584,6 +625,11 @@ class DriveHost:
         in the statement's own transaction, so re-asking after a crash never applies it twice."""
         now = self.now()
         key = step_key("sql", op.count, op.step)
+        refusal = self.reach.sql_refusal()
+        if refusal is not None:
+            args = dumps_text({"sql": op.sql[:500]})
+            return await self._deny(op.step, op.count, kind="sql", address=SQL_ADDRESS,
+                                    args=args, refusal=refusal)  # fmt: skip
 
         def begin(tx: JournalTransaction) -> Answered | _SqlCall:
             if self._refuses(tx, op.step, "sql"):
@@ -616,6 +662,7 @@ class DriveHost:
                 outcome = await self.scopes.execute(
                     scope, run_id=self.run_id, call_key=self._renewed(key), sql=op.sql,
                     params=op.params, deadline_s=min(sql_limits.deadline_s, left),
+                    read_only=self.reach.sql == "read",
                 )  # fmt: skip
         METRICS.sql_seconds.observe(outcome.elapsed_s)
         self._use("steps")
@@ -646,6 +693,11 @@ class DriveHost:
             failure = refused or StepFailure(
                 "SqlError", outcome.message or "the statement failed", False, code=outcome.code
             )
+            if outcome.code == DENIED:  # a write where the snapshot may only read: audited
+                audit = dumps_text({"sql": op.sql[:500]})
+                call = tx.start_tool_call(self.run_id, key, 1, address=SQL_ADDRESS, args=audit,
+                                          at=finished)  # fmt: skip
+                tx.finish_tool_call(call, None, failure_to_json(failure), 0)
             tx.settle_step(
                 row, status="failed", output=None, error=failure_to_json(failure), at=finished,
                 event_type="sql_failed",

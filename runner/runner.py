@@ -20,8 +20,10 @@ from qjsflow.bridge import InvalidInput, dumps_text
 from qjsflow.bridge.rules import RULES, is_event_type
 from qjsflow.bridge.values import from_python, to_python
 from qjsflow.bundles import build_snapshot, name_workflows
+from qjsflow.bundles.manifest import Capabilities
 from qjsflow.runner.bindings import Bindings
 from qjsflow.runner.budgets import current_windows
+from qjsflow.runner.capabilities import Reach, check_publish
 from qjsflow.runner.config import RunnerConfig
 from qjsflow.runner.control import (
     FRESH_ATTEMPT,
@@ -100,6 +102,7 @@ class PublishResult:
     snapshot_id: str
     workflows: tuple[PublishedWorkflow, ...]
     created: bool  # False when the same snapshot was already published in this scope
+    capabilities: Capabilities | None = None  # what its manifest declares; None: nothing
 
 
 class Runner:
@@ -163,6 +166,7 @@ class Runner:
             source, entries, limits=self.config.build_limits,
             tree_limits=self.config.tree_limits, exclude=self._store.own_files(),
         )  # fmt: skip
+        check_publish(scope, snapshot.capabilities, self.config.scope_policies.get(scope))
         existing = await self._store.find_snapshot(scope, snapshot.snapshot_id)
         if existing is not None:
             return _published(existing, created=False)
@@ -204,7 +208,11 @@ class Runner:
         limit = self.config.limits.value_bytes
         encoded_input = from_python(request.input, max_bytes=limit, what="the run input")
         bindings_text = from_python(
-            env_of(self.config.environments.get(scope), request.persisted_bindings),
+            env_of(
+                self.config.environments.get(scope),
+                request.persisted_bindings,
+                Reach(snapshot.capabilities, self.config.scope_policies.get(scope)).binding_allowed,
+            ),
             max_bytes=limit,
             what="the persisted bindings",
         )
@@ -642,4 +650,6 @@ def _check_same(existing: RunRecord, wanted: RunRecord) -> None:
 
 
 def _published(record: SnapshotRecord, *, created: bool) -> PublishResult:
-    return PublishResult(record.scope, record.snapshot_id, record.workflows, created)
+    return PublishResult(
+        record.scope, record.snapshot_id, record.workflows, created, record.capabilities
+    )

@@ -61,14 +61,23 @@ class ScopeDatabases:
         return self.root / f"{validate_scope(scope)}.sqlite"
 
     async def execute(
-        self, scope: str, *, run_id: str, call_key: str, sql: str, params: str, deadline_s: float
+        self,
+        scope: str,
+        *,
+        run_id: str,
+        call_key: str,
+        sql: str,
+        params: str,
+        deadline_s: float,
+        read_only: bool = False,
     ) -> SqlOutcome:
-        """Run one author statement in `scope`'s database, at most once per `call_key`."""
+        """Run one author statement in `scope`'s database, at most once per `call_key`; with
+        `read_only`, a statement that would write is refused (`capability_denied`)."""
         validate_scope(scope)  # before any file is touched
         request = dumps(
             {
                 "scope": scope, "runId": run_id, "call": call_key, "sql": sql, "params": params,
-                "deadlineS": deadline_s, "limits": asdict(self.limits),
+                "deadlineS": deadline_s, "limits": asdict(self.limits), "readOnly": read_only,
             }
         )  # fmt: skip
         slot = self._slot(scope)

@@ -38,6 +38,7 @@ _DDL = {
     apsw.SQLITE_DROP_TABLE, apsw.SQLITE_DROP_INDEX, apsw.SQLITE_DROP_VIEW,
 }  # fmt: skip
 _DML = {apsw.SQLITE_INSERT, apsw.SQLITE_UPDATE, apsw.SQLITE_DELETE, apsw.SQLITE_READ}
+_READS = {apsw.SQLITE_SELECT, apsw.SQLITE_RECURSIVE, apsw.SQLITE_READ, apsw.SQLITE_FUNCTION}
 _DENIED_FUNCTIONS = {
     "load_extension", "readfile", "writefile", "edit", "fts3_tokenizer", "sqlite_dbpage",
     "sqlite_offset", "unlikely_host_access",
@@ -55,13 +56,18 @@ class _Authorizer:
     """The allowlist: plain DML and DDL on the scope's own tables, and nothing else. It keeps
     what it last refused, so the error can say what was not allowed."""
 
-    def __init__(self) -> None:
+    def __init__(self, read_only: bool = False) -> None:
         self.refused: str | None = None
+        self.read_only = read_only  # the snapshot declares `sql: read`
+        self.wrote = False  # refused because the statement would write
 
     def __call__(
         self, op: int, first: str | None, second: str | None, db: str | None, _: Any
     ) -> int:
         verdict = _authorize(op, first, second, db)
+        if verdict == apsw.SQLITE_OK and self.read_only and op not in _READS:
+            verdict = apsw.SQLITE_DENY
+            self.wrote = True
         if verdict != apsw.SQLITE_OK and self.refused is None:
             action = str(apsw.mapping_authorizer_function.get(op, op)).removeprefix("SQLITE_")
             subject = second if op == apsw.SQLITE_FUNCTION else first
@@ -195,6 +201,7 @@ def _apply(
         result = _run_author_statement(
             connection, request["sql"], params, limits=limits,
             deadline=started + float(request["deadlineS"]),
+            read_only=bool(request.get("readOnly")),
         )  # fmt: skip
         connection.execute(
             "INSERT INTO _qjsflow_applied (run_id, call_key, result) VALUES (?, ?, ?)",
@@ -213,7 +220,13 @@ def _apply(
 
 
 def _run_author_statement(
-    connection: apsw.Connection, sql: str, params: list[Any], *, limits: SqlLimits, deadline: float
+    connection: apsw.Connection,
+    sql: str,
+    params: list[Any],
+    *,
+    limits: SqlLimits,
+    deadline: float,
+    read_only: bool = False,
 ) -> str:
     size = len(sql.encode("utf-8", "surrogatepass"))
     if size > limits.max_sql_length:
@@ -230,7 +243,7 @@ def _run_author_statement(
         return True
 
     connection.set_progress_handler(lambda: time.monotonic() > deadline, 1000)
-    authorizer = _Authorizer()
+    authorizer = _Authorizer(read_only)
     connection.authorizer = authorizer
     before = connection.total_changes()
     try:
@@ -246,6 +259,12 @@ def _run_author_statement(
             rows.append(dict(zip(names, row, strict=True)))
         changes = connection.total_changes() - before
     except apsw.Error as error:
+        if authorizer.wrote:
+            raise SqlFailure(
+                "capability_denied",
+                f"{(authorizer.refused or 'a write').lower()}: db.sql may only read (the"
+                " snapshot declares sql: read): denied",
+            ) from None
         if authorizer.refused is not None:
             raise SqlFailure(
                 "not_authorized", f"{authorizer.refused.lower()} is not allowed in db.sql"

@@ -20,8 +20,9 @@ from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
 
-from qjsflow.bridge import dumps_text
+from qjsflow.bridge import dumps_text, loads
 from qjsflow.bundles import Snapshot
+from qjsflow.bundles.manifest import Capabilities, capabilities_from_json
 from qjsflow.runner.errors import JournalUnavailable, StoredCodeDamaged
 from qjsflow.runner.metrics import METRICS
 from qjsflow.runner.store.backends import Backend, is_postgres_url, open_backend
@@ -64,6 +65,7 @@ class SnapshotRecord:
     snapshot_id: str
     created_at: float
     workflows: tuple[WorkflowRecord, ...]
+    capabilities: Capabilities | None = None  # what its manifest declares; None: nothing
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,6 +77,7 @@ class BundleRecord:
     code: str
     export: str = "default"
     source_map: str = ""
+    capabilities: Capabilities | None = None  # its snapshot's (see SnapshotRecord)
 
 
 @dataclass(slots=True)
@@ -407,7 +410,8 @@ class JournalStore:
                 where.append(clause)
                 args += [len(value), value] if clause.startswith("substr") else [value]
         rows = await self._all(
-            "SELECT s.scope, s.snapshot_id, s.created_at, b.workflow, b.entry_path, b.export_name"
+            "SELECT s.scope, s.snapshot_id, s.created_at, b.workflow, b.entry_path, b.export_name,"
+            " s.capabilities"
             " FROM (SELECT * FROM snapshots s"
             + (" WHERE " + " AND ".join(where) if where else "")
             + " ORDER BY created_at DESC, snapshot_id LIMIT ?) s"
@@ -422,6 +426,7 @@ class JournalStore:
             SnapshotRecord(
                 scope_id, snapshot, float(group[0][2]),
                 tuple(WorkflowRecord(str(r[3]), str(r[4]), str(r[5])) for r in group),
+                _capabilities(group[0][6]),
             )
             for (scope_id, snapshot), group in grouped.items()
         ]  # fmt: skip
@@ -438,7 +443,8 @@ class JournalStore:
             (b.workflow, b.entry_path, b.code, _digest(b.code), b.export, b.source_map)
             for b in snapshot.bundles
         ]
-        facts = (len(snapshot.tree.files), snapshot.tree.total_bytes, manifest)
+        declared = None if snapshot.capabilities is None else snapshot.capabilities.to_json()
+        facts = (len(snapshot.tree.files), snapshot.tree.total_bytes, manifest, declared)
         snapshot_id = snapshot.snapshot_id
         return await self.transact(
             lambda tx: tx.insert_snapshot(scope, snapshot_id, created_at, facts, bundles)
@@ -448,8 +454,9 @@ class JournalStore:
         """The bundle, verified against the checksum stored when it was published: code
         changed at rest raises `StoredCodeDamaged` and never reaches an executor."""
         rows = await self._all(
-            "SELECT entry_path, code, code_sha256, export_name, source_map FROM bundles"
-            " WHERE scope = ? AND snapshot_id = ? AND workflow = ?",
+            "SELECT b.entry_path, b.code, b.code_sha256, b.export_name, b.source_map,"
+            " s.capabilities FROM bundles b JOIN snapshots s USING (scope, snapshot_id)"
+            " WHERE b.scope = ? AND b.snapshot_id = ? AND b.workflow = ?",
             (scope, snapshot_id, workflow),
         )
         if not rows:
@@ -458,7 +465,14 @@ class JournalStore:
         if _digest(code) != checksum:
             raise StoredCodeDamaged(scope, snapshot_id, workflow)
         return BundleRecord(
-            scope, snapshot_id, workflow, entry_path, code, str(rows[0][3]), str(rows[0][4])
+            scope,
+            snapshot_id,
+            workflow,
+            entry_path,
+            code,
+            str(rows[0][3]),
+            str(rows[0][4]),
+            _capabilities(rows[0][5]),
         )
 
     # -- runs: reads outside any write transaction --------------------------------------------
@@ -565,6 +579,13 @@ class JournalStore:
             (run_id,),
         )
         return [LogRecord(*row) for row in rows]
+
+
+def _capabilities(stored: object) -> Capabilities | None:
+    """A snapshot's capabilities as stored (checked when it was published)."""
+    if stored is None:
+        return None
+    return capabilities_from_json(loads(str(stored)), "the stored capabilities")
 
 
 def _digest(code: str) -> str:

@@ -185,15 +185,15 @@ class JournalTransaction:
         scope: str,
         snapshot_id: str,
         created_at: float,
-        facts: tuple[int, int, str],
+        facts: tuple[int, int, str, str | None],  # files, bytes, file list, capabilities
         # workflow, entry, code, digest, export, source map
         bundles: list[tuple[str, str, str, str, str, str]],
     ) -> bool:
         """First writer wins: False (and no bundle written) when the snapshot exists."""
         row = self._one(
             "INSERT INTO snapshots"
-            " (scope, snapshot_id, created_at, file_count, total_bytes, manifest)"
-            " VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING RETURNING 1",
+            " (scope, snapshot_id, created_at, file_count, total_bytes, manifest, capabilities)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING RETURNING 1",
             (scope, snapshot_id, created_at, *facts),
         )
         if row is None:
