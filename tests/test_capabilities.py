@@ -13,9 +13,12 @@ import pytest
 from qjsflow.bundles import SourceTreeError
 from qjsflow.bundles.manifest import Capabilities
 from qjsflow.runner import Bindings, Runner, RunnerConfig, StartRunInput
+from qjsflow.runner.cli_output import render_publish, render_snapshots
 from qjsflow.runner.egress import EgressPolicy
 from qjsflow.runner.environment import ScopeEnvironment
 from qjsflow.runner.errors import CapabilityRefused
+from qjsflow.runner.runner import PublishResult
+from qjsflow.runner.store import SnapshotRecord
 from qjsflow.sandbox import PoolConfig
 from tests.journal_reads import query
 
@@ -187,3 +190,12 @@ async def test_a_bad_manifest_is_refused_naming_the_file(tmp_path: Path, called:
                 await runner.publish("acme", {"workflows/flow.ts": CALLS, "qjsflow.json": text})
     rows = query(tmp_path / "j.db", "SELECT count(*) FROM snapshots")
     assert rows == [(0,)]
+
+
+def test_publish_and_snapshots_show_what_is_declared() -> None:
+    declared = Capabilities(("crm.sync",), ("REGION",), ("api.example.com",), "read")
+    result = PublishResult("acme", "ab" * 32, (), True, declared)
+    shown = render_publish(result)
+    assert "capabilities: tools crm.sync; bindings REGION; fetch api.example.com; sql read" in shown
+    bare = render_snapshots([SnapshotRecord("acme", "cd" * 32, 0.0, ())])
+    assert "none declared (bounded by the scope's policy)" in bare

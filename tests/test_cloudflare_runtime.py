@@ -541,7 +541,9 @@ def test_an_env_file_declares_every_kind_of_binding(tmp_path: Path) -> None:
     assert environment.durable_objects == ("D",)
     assert environment.egress == EgressPolicy(allow=("api.example.com",))
     env_file.write_text('{"acme": {"kvs": []}}')
-    with pytest.raises(InvalidInput, match="use the keys budgets, capabilities, durable_objects, egress, kv"):
+    with pytest.raises(
+        InvalidInput, match="use the keys budgets, capabilities, durable_objects, egress, kv"
+    ):
         load_environments(env_file, {})
     env_file.write_text('{"acme": {"egress": {"allow": "api.example.com"}}}')
     with pytest.raises(InvalidInput, match=r"egress\.allow is a list of names"):
