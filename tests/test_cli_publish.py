@@ -62,6 +62,28 @@ def test_refused_tree_exits_2_with_a_line_per_error_and_hints(tmp_path: Path) ->
     ]
 
 
+def test_a_manifest_beyond_the_scope_policy_exits_2_naming_it(tmp_path: Path) -> None:
+    tree = tmp_path / "tree"
+    (tree / "workflows").mkdir(parents=True)
+    (tree / "workflows" / "flow.ts").write_text("export default async () => 1;\n")
+    (tree / "qjsflow.json").write_text('{"capabilities": {"tools": ["crm.sync"], "sql": "write"}}')
+    env = tmp_path / "env.json"
+    env.write_text('{"acme": {"capabilities": {"tools": ["crm.*"], "sql": "read"}}}')
+    db = str(tmp_path / "j.db")
+    done = _qjsflow("--db", db, "--env", str(env), "publish", str(tree), "--scope", "acme")
+    assert done.returncode == 2
+    assert done.stderr.strip() == (
+        "qjsflow: error: the snapshot's manifest asks for more than scope 'acme' allows:"
+        " sql 'write' (the policy allows 'read')"
+    )
+    (tree / "qjsflow.json").write_text('{"capabilities": {"tools": ["crm.sync"], "sql": "read"}}')
+    done = _qjsflow("--db", db, "--env", str(env), "publish", str(tree), "--scope", "acme")
+    assert done.returncode == 0, done.stderr
+    assert "capabilities: tools crm.sync; bindings (none); fetch (none); sql read" in done.stdout
+    listed = _qjsflow("--db", db, "snapshots")
+    assert "tools crm.sync;" in listed.stdout
+
+
 def test_bad_scope_exits_2(tmp_path: Path) -> None:
     done = _qjsflow("--db", str(tmp_path / "j.db"), "publish", str(FIXTURES), "--scope", "../b")
     assert done.returncode == 2

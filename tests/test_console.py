@@ -198,6 +198,9 @@ def test_usage_per_scope_for_the_scope_that_may_see_it(console: Console) -> None
         assert ">other<" not in page
     with _client(console) as client:
         assert set(client.get("/api/usage").json()) == {"acme", "other"}
+        [snapshot] = client.get("/api/snapshots?scope=acme").json()
+        page = client.get(f"/snapshots/acme/{snapshot['snapshot_id']}").text
+        assert "Capabilities: none declared (bounded by the scope" in page
 
 
 def test_the_timeline_has_a_bar_per_attempt_and_retry_delay(console: Console) -> None:
