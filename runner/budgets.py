@@ -28,6 +28,7 @@ __all__ = [
     "budgets_from_json",
     "current_windows",
     "exhausted",
+    "forget_before",
     "window_start",
 ]
 
@@ -114,6 +115,15 @@ def window_start(measure: Measure, now_ms: int) -> int:
 
 def current_windows(now_ms: int) -> dict[str, int]:
     return {measure.name: window_start(measure, now_ms) for measure in MEASURES}
+
+
+def forget_before(now_ms: int) -> dict[str, int]:
+    """Per measure with a window: usage from windows before the previous one is dropped."""
+    return {
+        measure.name: window_start(measure, now_ms) - measure.window_ms
+        for measure in MEASURES
+        if measure.window_ms is not None
+    }
 
 
 @dataclass(frozen=True, slots=True)

@@ -38,12 +38,12 @@ from qjsflow.runner import tracing
 from qjsflow.runner.bindings import Bindings
 from qjsflow.runner.budgets import (
     AT_DRIVE,
-    DAY_MS,
     Budgets,
     DriveUsage,
     Throttle,
     current_windows,
     exhausted,
+    forget_before,
 )
 from qjsflow.runner.capabilities import Reach
 from qjsflow.runner.config import RunnerConfig
@@ -402,7 +402,7 @@ def _ledger(
 ) -> dict[str, object]:
     """What every drive adds, however it ended: to its scope's usage (runner/budgets.py) and,
     returned, to its run: compute, and console lines."""
-    tx.charge_usage(current.scope, charges, forget_before=now - 2 * DAY_MS)
+    tx.charge_usage(current.scope, charges, forget_before(now))
     return {
         "cpu_used_s": current.cpu_used_s + outcome.cpu_s,
         "logs_count": max(current.logs_count, host.logs_count),

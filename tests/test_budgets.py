@@ -92,6 +92,12 @@ async def test_steps_per_day_throttles_a_scope_until_the_next_day(
         assert await _measure(runner, "capped", "steps") == 5
         history = [e.type for e in await runner.history("first", scope="capped")]
         assert history.count("run_throttled") == 1
+        # Usage is kept for the current window and the one before, no longer.
+        clock.now = next_day + 2 * DAY + 1
+        await _start(runner, "capped", STEPS, "third")
+        kept = query(journal, "SELECT DISTINCT window_start FROM scope_usage"
+                              " WHERE scope = 'capped' AND measure = 'steps'")  # fmt: skip
+        assert sorted(int(start) for (start,) in kept) == [int((next_day + 2 * DAY) * 1000)]
 
 
 async def test_drives_per_minute(tmp_path: Path, clock: FakeClock) -> None:

@@ -9,7 +9,7 @@ hop however many statements it holds. Every method assumes the caller holds the 
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -223,8 +223,12 @@ class JournalTransaction:
 
     def scope_usage(self, scope: str, windows: dict[str, int]) -> dict[str, float]:
         """What `scope` used of each measure in the window given for it."""
+        starts = sorted(set(windows.values()))
+        marks = ", ".join("?" for _ in starts)
         rows = self._db.execute(
-            "SELECT measure, window_start, amount FROM scope_usage WHERE scope = ?", (scope,)
+            "SELECT measure, window_start, amount FROM scope_usage"
+            f" WHERE scope = ? AND window_start IN ({marks})",
+            (scope, *starts),
         ).fetchall()
         return {
             str(measure): float(amount)
@@ -233,18 +237,24 @@ class JournalTransaction:
         }
 
     def charge_usage(
-        self, scope: str, charges: Iterable[tuple[str, int, float]], forget_before: int
+        self,
+        scope: str,
+        charges: Iterable[tuple[str, int, float]],
+        forget_before: Mapping[str, int],
     ) -> None:
-        """Add to what `scope` used; windows that ended before `forget_before` are dropped."""
+        """Add to what `scope` used; each measure's windows that began before its entry in
+        `forget_before` are dropped (one statement, whatever the measures)."""
         self._db.executemany(
             "INSERT INTO scope_usage (scope, measure, window_start, amount) VALUES (?, ?, ?, ?)"
             " ON CONFLICT (scope, measure, window_start)"
             " DO UPDATE SET amount = scope_usage.amount + excluded.amount",
             [(scope, measure, start, amount) for measure, start, amount in charges],
         )
+        cases = " ".join("WHEN ? THEN ?" for _ in forget_before)
         self._db.execute(
-            "DELETE FROM scope_usage WHERE scope = ? AND window_start > 0 AND window_start < ?",
-            (scope, forget_before),
+            "DELETE FROM scope_usage WHERE scope = ? AND window_start > 0"
+            f" AND window_start < CASE measure {cases} ELSE 0 END",
+            (scope, *(item for pair in forget_before.items() for item in pair)),
         )
 
     def _free_journal_bytes(self, run_ids: list[str]) -> None:
