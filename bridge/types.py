@@ -129,6 +129,7 @@ class StepTool:
     address: str
     args: Encoded
     config: RetryPolicy
+    digest: str | None = None  # the sandbox's digest of the call (runner/migrate.py)
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,6 +163,7 @@ class DbSql:
     count: int
     sql: str
     params: Encoded
+    digest: str | None = None  # the sandbox's digest of sql and params
 
 
 @dataclass(frozen=True, slots=True)
@@ -233,6 +235,7 @@ class JournalEntry:
     value: Encoded | None
     error: StepFailure | None
     at_ms: int
+    digest: str | None = None  # what the call was asked with: a replay asking otherwise diverges
 
 
 @dataclass(frozen=True, slots=True)
@@ -252,6 +255,9 @@ class DriveRequest:
     # Publishing asks what a bundle exports (docs/ARCHITECTURE.md, Publishing): the module is
     # evaluated, no body runs, and the outcome's output describes each export.
     inspect: bool = False
+    # A migration's check (runner/migrate.py): every journal entry must be reached before the
+    # drive ends, or the outcome is a divergence naming the first one missed.
+    strict: bool = False
 
 
 @dataclass(frozen=True, slots=True)

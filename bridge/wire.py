@@ -50,6 +50,7 @@ __all__ = [
 ]
 
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+_DIGEST = re.compile(r"[0-9a-f]{1,16}")
 _MAX_MS = 2**53 - 1
 
 
@@ -122,6 +123,7 @@ def request_to_wire(request: DriveRequest) -> dict[str, Any]:
                 "value": entry.value,
                 "error": None if entry.error is None else failure_to_wire(entry.error),
                 "at": entry.at_ms,
+                "digest": entry.digest,
             }
             for entry in request.journal
         ],
@@ -129,6 +131,7 @@ def request_to_wire(request: DriveRequest) -> dict[str, Any]:
         "cpuUsedS": request.cpu_used_s,
         "logsSeen": request.logs_seen,
         "unsettled": list(request.unsettled),
+        "strict": request.strict,
     }
 
 
@@ -197,7 +200,18 @@ def _tool(body: dict[str, Any], limits: Limits) -> StepTool:
     if not address:
         raise ProtocolError("address is empty")
     args = _encoded(body, "args", limits)
-    return StepTool(step, count, address, args, _policy(_object(body.get("config"), "config")))
+    config = _policy(_object(body.get("config"), "config"))
+    return StepTool(step, count, address, args, config, _digest(body))
+
+
+def _digest(body: dict[str, Any]) -> str | None:
+    """The sandbox's digest of a call's arguments (absent from older preludes)."""
+    digest = body.get("digest")
+    if digest is None:
+        return None
+    if not isinstance(digest, str) or not _DIGEST.fullmatch(digest):
+        raise ProtocolError("digest must be 1 to 16 lowercase hex digits")
+    return digest
 
 
 def _sleep(body: dict[str, Any], limits: Limits) -> StepSleep:
@@ -227,7 +241,7 @@ def _notify(body: dict[str, Any], limits: Limits) -> StepNotify:
 def _sql(body: dict[str, Any], limits: Limits) -> DbSql:
     count = _int(body, "count", 1, limits.steps_per_run)
     sql = _text(body, "sql", RULES.sql_chars, True)
-    return DbSql(_scope(body), count, sql, _encoded(body, "params", limits))
+    return DbSql(_scope(body), count, sql, _encoded(body, "params", limits), _digest(body))
 
 
 def _log(body: dict[str, Any], limits: Limits) -> Log:

@@ -289,6 +289,10 @@ class RunDriver:
             outcome = dataclasses.replace(outcome, stack=host.locate(outcome.stack))
         return outcome, host
 
+    def locate(self, bundle: BundleRecord, stack: str | None) -> str | None:
+        """The author's frames (file:line:column) of the engine's `stack` in `bundle`."""
+        return self._locator(bundle)(stack)
+
     def _locator(self, bundle: BundleRecord) -> Locator:
         """Maps the engine's frames in `bundle` to the author's; its source map is read on
         the first error and kept with the bundle."""
@@ -366,13 +370,15 @@ def _begin_drive(
     # the wake-ups this drive serves
     tx.delete_timers(run.run_id, (SIGNAL_TIMER, EXECUTOR_TIMER, THROTTLE_TIMER))
     tx.update_run(run.run_id, status="running", error=None, updated_at=now)
-    tx.append_event(run.run_id, "drive_started", now, f'{{"worker":"{lease.worker_id}"}}')
+    driven = {"worker": lease.worker_id, "snapshot": run.snapshot_id}
+    tx.append_event(run.run_id, "drive_started", now, dumps_text(driven))
     journal = tuple(
         JournalEntry(
             row.key,
             row.output,
             None if row.error is None else failure_from_json(row.error),
             row.completed_at,
+            row.args_digest,
         )
         for row in tx.load_journal(run.run_id)
     )

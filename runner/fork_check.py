@@ -36,14 +36,14 @@ from qjsflow.runner.scopes import split_run_key
 from qjsflow.runner.steps import failure_from_json
 from qjsflow.runner.store import RunRecord
 
-__all__ = ["ForkMismatch", "check_fork"]
+__all__ = ["ForkMismatch", "NoAnswers", "check_fork"]
 
 
 class ForkMismatch(InvalidInput):
     """The new code does not reach the copied steps as the recorded run did."""
 
 
-class _NewCalls:
+class NoAnswers:
     """A host that notes the calls the journal could not answer and leaves them waiting."""
 
     def __init__(self) -> None:
@@ -75,7 +75,7 @@ async def check_fork(
     journal = tuple(
         JournalEntry(
             row.key, row.output, None if row.error is None else failure_from_json(row.error),
-            row.completed_at or row.started_at,
+            row.completed_at or row.started_at, row.args_digest,
         )
         for row in rows
     )  # fmt: skip
@@ -85,7 +85,7 @@ async def check_fork(
         input=fork.input, created_at_ms=fork.created_at, journal=journal,
         env=fork.persisted_bindings, limits=driver.config.limits, export=bundle.export,
     )  # fmt: skip
-    host = _NewCalls()
+    host = NoAnswers()
     outcome = await driver.pool.drive(request, host)
     if isinstance(outcome, Failed):
         raise ForkMismatch(f"the new code fails before the fork point: {outcome.message[:300]}")

@@ -451,7 +451,7 @@ class DriveHost:
         refusal = self.reach.tool_refusal(op.address, to_python(op.args))
         if refusal is not None:
             return await self._deny(op.step, op.count, kind="tool", address=op.address,
-                                    args=op.args, refusal=refusal)  # fmt: skip
+                                    args=op.args, refusal=refusal, digest=op.digest)  # fmt: skip
         tool = self.bindings.tool(op.address) or self._builtin(op.address)
         try:  # decoded once; the values go only to the tool
             args = reveal(to_python(op.args), self.environment.secrets)
@@ -468,8 +468,9 @@ class DriveHost:
                 row = tx.get_step(self.run_id, "tool", op.step, op.count)
                 return None if row is None else steps.settled(row)
             begun = steps.begin_attempt(
-                tx, self.run_id, "tool", name=op.step, count=op.count, policy=op.config, now=now
-            )
+                tx, self.run_id, "tool", name=op.step, count=op.count, policy=op.config, now=now,
+                digest=op.digest,
+            )  # fmt: skip
             if not isinstance(begun, int):
                 return begun
             call = tx.start_tool_call(
@@ -520,7 +521,15 @@ class DriveHost:
         return answered
 
     async def _deny(
-        self, step: str, count: int, *, kind: str, address: str, args: str, refusal: str
+        self,
+        step: str,
+        count: int,
+        *,
+        kind: str,
+        address: str,
+        args: str,
+        refusal: str,
+        digest: str | None,
     ) -> Answered:
         """A call outside what the run may reach: it fails (not retried) with the coded error
         `capability_denied`, journaled in the tool audit as denied; nothing is called."""
@@ -533,7 +542,7 @@ class DriveHost:
                 return PARKED, None
             begun = steps.begin_attempt(
                 tx, self.run_id, kind, name=step, count=count, policy=_ONCE,
-                now=now,
+                now=now, digest=digest,
             )  # fmt: skip
             if not isinstance(begun, int):
                 return begun
@@ -629,7 +638,7 @@ class DriveHost:
         if refusal is not None:
             args = dumps_text({"sql": op.sql[:500]})
             return await self._deny(op.step, op.count, kind="sql", address=SQL_ADDRESS,
-                                    args=args, refusal=refusal)  # fmt: skip
+                                    args=args, refusal=refusal, digest=op.digest)  # fmt: skip
 
         def begin(tx: JournalTransaction) -> Answered | _SqlCall:
             if self._refuses(tx, op.step, "sql"):
@@ -642,6 +651,7 @@ class DriveHost:
                 tx.insert_step(
                     self.run_id, "sql", op.step, op.count, status="running", attempt=1,
                     started_at=now, detail=dumps_text({"sql": op.sql[:500]}),
+                    args_digest=op.digest,
                 )  # fmt: skip
             run = tx.get_run(self.run_id)
             assert run is not None

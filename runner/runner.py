@@ -48,6 +48,7 @@ from qjsflow.runner.errors import (
 )
 from qjsflow.runner.fork_check import check_fork
 from qjsflow.runner.inspect import describe_exports
+from qjsflow.runner.migrate import MigrationReport, migrate_runs
 from qjsflow.runner.retention import Pruned, prune
 from qjsflow.runner.scopedb import ScopeDatabases
 from qjsflow.runner.scopes import (
@@ -103,6 +104,9 @@ class PublishResult:
     workflows: tuple[PublishedWorkflow, ...]
     created: bool  # False when the same snapshot was already published in this scope
     capabilities: Capabilities | None = None  # what its manifest declares; None: nothing
+
+
+_MIGRATE_AT_MOST = 100_000  # runs one `migrate` command checks
 
 
 class Runner:
@@ -336,6 +340,45 @@ class Runner:
         if not drive:
             return run_view(fork)
         return await self._drive(key, bindings)
+
+    async def migrate(
+        self,
+        *,
+        scope: str,
+        to_snapshot: str,
+        run_id: str | None = None,
+        workflow: str | None = None,
+        from_snapshot: str | None = None,
+        dry_run: bool = False,
+    ) -> MigrationReport:
+        """Move one run (`run_id`), or every run of `workflow` on `from_snapshot` that has not
+        ended, to `to_snapshot` — each only if replaying its journal against the new code
+        makes the same calls (runner/migrate.py); the others are reported with where they
+        diverge. `dry_run` checks and writes nothing."""
+        scope = validate_scope(scope)
+        target = await self.find_snapshot(to_snapshot, scope=scope)
+        if run_id is not None and workflow is None and from_snapshot is None:
+            runs = [await self._run(run_id, scope)]
+        elif run_id is None and workflow is not None and from_snapshot is not None:
+            old = await self.find_snapshot(from_snapshot, scope=scope)
+            runs = await self._store.runs_on_snapshot(
+                scope, workflow, old.snapshot_id, limit=_MIGRATE_AT_MOST
+            )
+        else:
+            raise InvalidInput(
+                "migrate one run, or a workflow's runs on a snapshot (--workflow and"
+                " --from-snapshot): one of the two"
+            )
+        bundles = {}
+        for name in sorted({run.workflow for run in runs}):
+            bundle = await self._store.load_bundle(scope, target.snapshot_id, name)
+            if bundle is None:
+                known = sorted(w.workflow for w in target.workflows)
+                raise UnknownWorkflow(name, known)
+            bundles[name] = bundle
+        return await migrate_runs(
+            self._driver, scope, runs, bundles, to_snapshot=target.snapshot_id, dry_run=dry_run
+        )
 
     async def signal(
         self,

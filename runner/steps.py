@@ -101,16 +101,16 @@ def event(
 
 def begin_attempt(
     tx: JournalTransaction, run_id: str, kind: str, *, name: str, count: int,
-    policy: RetryPolicy, now: int,
+    policy: RetryPolicy, now: int, digest: str | None = None,
 ) -> Answered | int:  # fmt: skip
     """Start the step's next attempt and return its number, or answer for a step that is
-    settled, waiting for its retry, or out of attempts."""
+    settled, waiting for its retry, or out of attempts. `digest`: what a call was asked with."""
     row = tx.get_step(run_id, kind, name, count)
     key = step_key(kind, count, name)
     if row is None:
         tx.insert_step(
             run_id, kind, name, count, status="running", attempt=1, started_at=now,
-            config=policy_to_json(policy),
+            config=policy_to_json(policy), args_digest=digest,
         )  # fmt: skip
         event(tx, run_id, "step_started", now, key, attempt=1)
         return 1

@@ -522,6 +522,18 @@ class JournalStore:
         )
         return [run_record(row) for row in rows]
 
+    async def runs_on_snapshot(
+        self, scope: str, workflow: str, snapshot_id: str, limit: int
+    ) -> list[RunRecord]:
+        """Runs of a workflow pinned to a snapshot that have not ended, oldest first."""
+        rows = await self._all(
+            f"SELECT {RUN_COLUMNS} FROM runs WHERE scope = ? AND workflow = ?"
+            f" AND snapshot_id = ? AND status NOT IN {ENDED_SQL} ORDER BY created_at, run_id"
+            " LIMIT ?",
+            (scope, workflow, snapshot_id, limit),
+        )
+        return [run_record(row) for row in rows]
+
     async def ended_runs(
         self, before: int, statuses: Iterable[str], limit: int, scope: str | None = None
     ) -> list[tuple[str, str]]:

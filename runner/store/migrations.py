@@ -12,6 +12,7 @@ from qjsflow.runner.errors import JournalUnavailable
 from qjsflow.runner.store.dialect import Dialect
 
 __all__ = [
+    "CALL_DIGESTS",
     "MIGRATIONS",
     "RUN_CONTROL",
     "TRACE_CONTEXT",
@@ -71,6 +72,11 @@ RUN_CONTROL = (
 
 # Migration 11 (PostgreSQL's 6): the W3C traceparent every drive of a run is traced under.
 TRACE_CONTEXT = "ALTER TABLE runs ADD COLUMN traceparent TEXT"
+
+
+# Migration 13 (PostgreSQL's 8): what a tool, fetch or db.sql call was asked with, as the
+# sandbox's digest of it: a replay (or a migration's check) whose call differs is a divergence.
+CALL_DIGESTS = "ALTER TABLE steps ADD COLUMN args_digest TEXT"
 
 
 def tenancy(integer: str, real: str, strict: str) -> str:
@@ -275,6 +281,7 @@ MIGRATIONS: tuple[tuple[int, str, str], ...] = (
     (10, "run control: pause requests, restarts; ended runs by age", RUN_CONTROL),
     (11, "each run's trace context", TRACE_CONTEXT),
     (12, "usage per scope; a snapshot's capabilities", tenancy("INTEGER", "REAL", " STRICT")),
+    (13, "the digest of each call's arguments, checked on replay", CALL_DIGESTS),
 )
 
 

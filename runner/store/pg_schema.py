@@ -8,6 +8,7 @@ serialize on an advisory lock (the dialect's migration prologue).
 from __future__ import annotations
 
 from qjsflow.runner.store.migrations import (
+    CALL_DIGESTS,
     RUN_CONTROL,
     TRACE_CONTEXT,
     Migration,
@@ -117,4 +118,5 @@ PG_MIGRATIONS: tuple[Migration, ...] = (
         "usage per scope; a snapshot's capabilities (SQLite migration 12)",
         tenancy("BIGINT", "DOUBLE PRECISION", ""),
     ),
+    (8, "the digest of each call's arguments (SQLite migration 13)", CALL_DIGESTS),
 )

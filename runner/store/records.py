@@ -77,6 +77,7 @@ class StepRow:
     started_at: int
     completed_at: int | None
     settled_seq: int | None
+    args_digest: str | None = None  # a tool, fetch or db.sql call's, as the sandbox made it
 
     @property
     def key(self) -> str:
@@ -91,6 +92,7 @@ class JournalRow:
     output: str | None
     error: str | None
     completed_at: int
+    args_digest: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -44,12 +44,12 @@ RUN_COLUMNS = (
 )
 STEP_COLUMNS = (
     "run_id, kind, name, count, status, attempt, config, detail, output, error, started_at,"
-    " completed_at, settled_seq"
+    " completed_at, settled_seq, args_digest"
 )
 _RUN_UPDATABLE = {
     "status", "output", "error", "updated_at", "wake_at", "waiting_for", "cpu_used_s",
     "logs_count", "cancel_requested", "sql_used_s", "executor_deaths", "error_stack",
-    "pause_requested", "generation", "input", "persisted_bindings",
+    "pause_requested", "generation", "input", "persisted_bindings", "snapshot_id", "entry_path",
 }  # fmt: skip
 # The tables holding a run's rows besides `runs` itself.
 RUN_TABLES = ("steps", "events", "inbox", "timers", "tool_calls", "logs")
@@ -322,11 +322,13 @@ class JournalTransaction:
         started_at: int,
         config: str | None = None,
         detail: str | None = None,
+        args_digest: str | None = None,
     ) -> bool:
         row = self._one(
             "INSERT INTO steps (run_id, kind, name, count, status, attempt, config, detail,"
-            " started_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING RETURNING 1",
-            (run_id, kind, name, count, status, attempt, config, detail, started_at),
+            " started_at, args_digest) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+            " ON CONFLICT DO NOTHING RETURNING 1",
+            (run_id, kind, name, count, status, attempt, config, detail, started_at, args_digest),
         )
         return row is not None
 
@@ -367,10 +369,12 @@ class JournalTransaction:
         """A settled step of another run, recorded as this run's next settled step (a fork)."""
         seq = self.append_event(run_id, "step_copied", at, dumps_text({"key": row.key}))
         self._db.execute(
-            f"INSERT INTO steps ({STEP_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            f"INSERT INTO steps ({STEP_COLUMNS})"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (
                 run_id, row.kind, row.name, row.count, row.status, row.attempt, row.config,
                 row.detail, row.output, row.error, row.started_at, row.completed_at, seq,
+                row.args_digest,
             ),
         )  # fmt: skip
 
@@ -479,11 +483,11 @@ class JournalTransaction:
     def load_journal(self, run_id: str) -> list[JournalRow]:
         """Every settled step of a run in the order it was reached: one query per drive."""
         rows = self._db.execute(
-            "SELECT kind, name, count, output, error, completed_at FROM steps"
+            "SELECT kind, name, count, output, error, completed_at, args_digest FROM steps"
             " WHERE run_id = ? AND settled_seq IS NOT NULL ORDER BY settled_seq",
             (run_id,),
         ).fetchall()
-        return [JournalRow(step_key(r[0], r[2], r[1]), r[3], r[4], int(r[5])) for r in rows]
+        return [JournalRow(step_key(r[0], r[2], r[1]), r[3], r[4], int(r[5]), r[6]) for r in rows]
 
     def unsettled_keys(self, run_id: str) -> list[str]:
         rows = self._db.execute(

@@ -6,6 +6,7 @@ let limits = null;
 let runId = "";
 let entryExport = "default";
 let inspecting = false;
+let strict = false; // a migration's check: every journal entry must be reached
 let journal = new RealMap(); // key -> {value, error, at, seq}
 const unsettled = new RealSet(); // keys of steps with a row that is not settled
 const openCalls = new RealSet(); // step and db.sql calls whose promise has not settled

@@ -61,6 +61,75 @@ const escapeNameChar = (c) => (c === "%" ? "%25" : "%2F");
 function escapeName(name) {
   return call(strReplace, name, NAME_ESCAPES, escapeNameChar);
 }
+// The digest of a call's arguments (cyrb53: 53 bits, as hex). It is recorded with the call and
+// compared on every replay: a replay that asks with other arguments diverges from the run, and
+// is never answered from the result recorded for the old ones.
+function callDigest(text) {
+  let h1 = 0xdeadbeef;
+  let h2 = 0x41c6ce57;
+  for (let i = 0; i < text.length; i++) {
+    const ch = call(strCharCodeAt, text, i);
+    h1 = imul(h1 ^ ch, 2654435761);
+    h2 = imul(h2 ^ ch, 1597334677);
+  }
+  h1 = imul(h1 ^ (h1 >>> 16), 2246822507);
+  h1 ^= imul(h2 ^ (h2 >>> 13), 3266489909);
+  h2 = imul(h2 ^ (h2 >>> 16), 2246822507);
+  h2 ^= imul(h1 ^ (h1 >>> 13), 3266489909);
+  return call(numToString, 4294967296 * (2097151 & h2) + (h1 >>> 0), 16);
+}
+function digestOf(op) {
+  if (typeof op.args === "string") return callDigest(op.args);
+  if (typeof op.sql === "string") return callDigest(op.sql + "\u0000" + op.params);
+  return undefined;
+}
+// A replay that is not the run's: the drive fails naming the step, with the frames of the
+// call that diverged (the author's file:line once mapped).
+function diverge(message) {
+  const where = new RealError(message);
+  fail(`divergence: ${message}`, false, where.stack);
+  return where;
+}
+// A migration's check (runner/migrate.py): the calls the journal did not hold, where made;
+// and for the run's own steps, the turn of the replay each was reached in (a turn ends when a
+// replayed step settles: calls made in one turn are concurrent, a Promise.all).
+const newCalls = [];
+let replayTurn = 0;
+function strictEnding(ended) {
+  if (!strict || ended.status === "failed") return ended;
+  /** @type {string | undefined} */
+  let missed;
+  /** @type {{key: string, entry: any} | undefined} */
+  let latest;
+  /** @type {{key: string, entry: any, after: string} | undefined} */
+  let reordered;
+  journal.forEach((entry, key) => {
+    const name = call(strSlice, key, call(strIndexOf, key, ":", call(strIndexOf, key, ":") + 1) + 1);
+    if (call(strIndexOf, name, "/") >= 0 || missed !== undefined || reordered !== undefined) return;
+    if (!entry.requested) {
+      missed = key;
+    } else if (latest !== undefined && entry.turn < latest.entry.turn) {
+      reordered = { key, entry, after: latest.key };
+    } else if (latest === undefined || entry.turn > latest.entry.turn) {
+      latest = { key, entry };
+    }
+  });
+  const failed = { status: "failed", retryable: false, message: "" };
+  const early = /** @type {{key: string, entry: any, after: string} | undefined} */ (reordered);
+  if (early !== undefined) {
+    failed.message = `divergence: the code reaches step ${early.key} before step ` +
+      `${early.after}; the run reached them the other way round`;
+    failed.stack = early.entry.stack;
+    return failed;
+  }
+  if (missed === undefined) return ended;
+  const first = newCalls[0];
+  const instead = first === undefined ? "it did not call anything else" : `it called ${first.key} instead`;
+  failed.message = `divergence: the code does not reach step ${missed} as the run did: ${instead}`;
+  if (first !== undefined) failed.stack = first.stack;
+  return failed;
+}
+
 // A step call: answered from the journal (in journal order) or sent to the host.
 function request(kind, name, op, onAnswer, begin) {
   const count = occurrence(kind, name);
@@ -68,6 +137,8 @@ function request(kind, name, op, onAnswer, begin) {
   const key = kind + ":" + count + ":" + fullName;
   const scope = currentScope;
   const call = { kind, name };
+  const digest = digestOf(op);
+  if (digest !== undefined) op.digest = digest;
   openCalls.add(call);
   return new P((settleValue, settleError) => {
     const resolve = (value) => {
@@ -80,9 +151,19 @@ function request(kind, name, op, onAnswer, begin) {
     };
     const entry = journal.get(key);
     if (entry !== undefined) {
+      if (digest !== undefined && entry.digest && entry.digest !== digest) {
+        reject(diverge(`step ${key} was called with other arguments than the run recorded`));
+        return;
+      }
+      entry.requested = true;
+      if (strict) {
+        entry.turn = replayTurn;
+        entry.stack = new RealError(key).stack;
+      }
       pushHit({ entry, key, resolve, reject, scope });
       return;
     }
+    if (strict) append(newCalls, { key, stack: new RealError(key).stack });
     if (begin !== undefined && !unsettled.has(key)) {
       begin(key, count, fullName, resolve, reject);
       return;
@@ -95,6 +176,7 @@ function request(kind, name, op, onAnswer, begin) {
 function settleHit(hit) {
   currentScope = hit.scope;
   consumed += 1;
+  replayTurn += 1;
   reach(hit.entry.at, hit.key);
   if (hit.entry.error) hit.reject(makeError(hit.entry.error));
   else hit.resolve(decode(hit.entry.value));

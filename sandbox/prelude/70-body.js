@@ -70,10 +70,13 @@ function boot(request) {
   runId = request.runId;
   entryExport = request.export;
   inspecting = request.inspect === true;
+  strict = request.strict === true;
   ROOT_SCOPE.clock = request.createdAtMs;
   for (let i = 0; i < request.journal.length; i++) {
     const entry = request.journal[i];
-    journal.set(entry.key, { value: entry.value, error: entry.error, at: entry.at, seq: i });
+    journal.set(entry.key, {
+      value: entry.value, error: entry.error, at: entry.at, seq: i, digest: entry.digest, requested: false,
+    });
   }
   for (let i = 0; i < request.unsettled.length; i++) unsettled.add(request.unsettled[i]);
   logsSeen = request.logsSeen;
@@ -216,8 +219,9 @@ function answer(message) {
 // How many journal entries the drive answered from the journal: a fork onto new code checks
 // that the code reached every step it copied.
 function withReplayed(ended) {
-  ended.replayed = consumed;
-  return ended;
+  const checked = strictEnding(ended);
+  checked.replayed = consumed;
+  return checked;
 }
 
 function finish() {
