@@ -487,7 +487,7 @@ def _run(args: argparse.Namespace) -> str | tuple[str, int]:
         return render_json(
             {"snapshot_id": result.snapshot_id, "workflows": workflows, "created": result.created}
         )
-    if command in (*CONTROL_VERBS, "prune") or (command == "logs" and args.follow):
+    if command in (*CONTROL_VERBS, "prune", "migrate") or (command == "logs" and args.follow):
         return _operate(args, colour)
     if command == "worker":
         _configure_logging(args.log_format, verbose=args.verbose)
@@ -509,6 +509,10 @@ def _operate(args: argparse.Namespace, colour: bool) -> str | tuple[str, int]:
             shown = render_json(done) if args.json else cli_control.render_bulk(done)
             return (shown, EXIT_FAILED) if done.failed else shown
         return render_json(done) if args.json else render_run(done, colour)
+    if command == "migrate":
+        report = asyncio.run(_with_runner(args, lambda a, r: cli_control.migrate(a, r, _scope_of)))
+        shown = render_json(report) if args.json else cli_control.render_migration(report)
+        return (shown, EXIT_FAILED) if report.incompatible or report.failed else shown
     if command == "prune":
         pruned = asyncio.run(_with_runner(args, cli_control.prune))
         return render_json(pruned) if args.json else cli_control.render_pruned(pruned)

@@ -13,6 +13,7 @@ from typing import Any
 
 from qjsflow.bridge import InvalidInput, QjsflowError
 from qjsflow.runner.cli_output import printable
+from qjsflow.runner.migrate import MigrationReport
 from qjsflow.runner.retention import Pruned
 from qjsflow.runner.runner import Runner
 from qjsflow.runner.scopes import ALL_SCOPES
@@ -23,9 +24,11 @@ __all__ = [
     "Bulk",
     "add_control_commands",
     "control",
+    "migrate",
     "parse_duration",
     "parse_since",
     "render_bulk",
+    "render_migration",
     "render_pruned",
 ]
 
@@ -93,6 +96,17 @@ def add_control_commands(add: Callable[..., argparse.ArgumentParser]) -> None:
     fork.add_argument("--snapshot", help="run on this snapshot of the scope (id, prefix, latest)")
     fork.add_argument("--run-id", help="the new run's id (random without it)")
     fork.add_argument("--no-wait", action="store_true", help="leave the fork for a worker")
+    migrate = add("migrate", help="move runs that have not ended to new code, each only if a "
+                  "replay of its journal proves the new code makes the same calls")  # fmt: skip
+    migrate.add_argument("run", nargs="?", help="the run id (or --workflow and --from-snapshot)")
+    migrate.add_argument("--scope", help="the runs' tenant (QJSFLOW_SCOPE)")
+    migrate.add_argument("--workflow", help="every run of this workflow on --from-snapshot")
+    migrate.add_argument("--from-snapshot", metavar="SNAPSHOT",
+                         help="with --workflow: the snapshot its runs are on now")  # fmt: skip
+    migrate.add_argument("--to-snapshot", metavar="SNAPSHOT", required=True,
+                         help="the new code: id, prefix of 8+ hex digits, or latest")  # fmt: skip
+    migrate.add_argument("--dry-run", action="store_true",
+                         help="check and report; move nothing")  # fmt: skip
     prune = add("prune", help="delete ended runs (and unused snapshots) older than a duration")
     prune.add_argument("--older-than", required=True, metavar="DURATION",
                        help="ended longer ago than this: 45s, 15m, 12h, 30d, 2w")  # fmt: skip
@@ -198,6 +212,37 @@ async def fork(args: argparse.Namespace, runner: Runner, scope_of: Callable[...,
         args.run, scope=await scope_of(args, runner), from_step=args.from_step,
         snapshot_id=args.snapshot, new_run_id=args.run_id, drive=not args.no_wait,
     )  # fmt: skip
+
+
+async def migrate(
+    args: argparse.Namespace, runner: Runner, scope_of: Callable[..., Any]
+) -> MigrationReport:
+    if args.run is not None:
+        scope = await scope_of(args, runner)
+    elif args.scope is None:
+        raise InvalidInput("migrate --workflow needs --scope (the tenant whose runs move)")
+    else:
+        scope = args.scope
+    return await runner.migrate(
+        scope=scope, to_snapshot=args.to_snapshot, run_id=args.run, workflow=args.workflow,
+        from_snapshot=args.from_snapshot, dry_run=args.dry_run,
+    )  # fmt: skip
+
+
+def render_migration(report: MigrationReport) -> str:
+    """The counts, then each run: moved, compatible (a dry run), or why not, and where."""
+    mode = " (dry run: nothing moved)" if report.dry_run else ""
+    lines = [
+        f"migrate to snapshot {report.to_snapshot[:16]} in scope {report.scope}{mode}:"
+        f" {report.compatible} compatible ({report.migrated} moved), {report.incompatible}"
+        f" incompatible, {report.failed} failed to replay, {report.skipped} skipped"
+    ]
+    for verdict in report.runs:
+        state = "moved" if verdict.migrated else verdict.verdict
+        lines.append(printable(f"  {verdict.run_id}: {state}"
+                               + (f": {verdict.reason}" if verdict.reason else "")))  # fmt: skip
+        lines += [printable(f"      {frame}") for frame in verdict.where[:5]]
+    return "\n".join(lines)
 
 
 async def prune(args: argparse.Namespace, runner: Runner) -> Pruned:

@@ -36,8 +36,8 @@ def execute(journal: str | Path, sql: str, args: tuple[Any, ...] = ()) -> int:
         with psycopg.connect(str(journal)) as connection:
             return connection.execute(sql.replace("?", "%s"), args).rowcount
     location = str(journal).removeprefix("sqlite:///")
-    with contextlib.closing(sqlite3.connect(location)) as connection, connection:
-        return connection.execute(sql, args).rowcount
+    with contextlib.closing(sqlite3.connect(location)) as local, local:
+        return local.execute(sql, args).rowcount
 
 
 def table_counts(journal: str | Path | JournalStore) -> dict[str, int]:

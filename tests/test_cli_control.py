@@ -273,3 +273,33 @@ def test_usage_counts_runs_per_scope(cli: Cli, tmp_path: Path) -> None:
     refused = cli.run("usage", "--env", str(env), json=False)
     assert refused.returncode == 2
     assert "scope 'acme' of the env file: budget steps_per_day must be a number" in refused.stderr
+
+
+def test_migrate_moves_compatible_runs_and_reports_the_rest(cli: Cli, tmp_path: Path) -> None:
+    old = _published(cli, tmp_path)
+    for run in ("r1", "r2"):
+        _start(cli, old, run, nap="1 hour")
+    appended = STEPS.replace("  return [one, two];", '  await step.sleep("more", 1);\n'
+                             "  return [one, two];")  # fmt: skip
+    new = _published(cli, tmp_path, appended)
+    dry = cli.run("migrate", "--scope", "acme", "--workflow", "flow", "--from-snapshot", old,
+                  "--to-snapshot", new, "--dry-run", json=False)  # fmt: skip
+    assert dry.returncode == 0, dry.stderr
+    assert "(dry run: nothing moved): 2 compatible (0 moved), 0 incompatible" in dry.stdout
+    moved = cli.ok("migrate", "r1", "--to-snapshot", new)
+    assert (moved["compatible"], moved["migrated"]) == (1, 1)
+    assert cli.ok("status", "r1")["snapshot_id"] == new
+    renamed = STEPS.replace('step.tool("two"', 'step.tool("second"')
+    newer = _published(cli, tmp_path, renamed)
+    refused = cli.run("migrate", "r2", "--to-snapshot", newer, json=False)
+    assert refused.returncode == 1
+    assert "0 compatible (0 moved), 1 incompatible" in refused.stdout
+    assert (
+        "r2: incompatible: divergence: the code does not reach step tool:1:two as the run did:"
+        " it called tool:1:second instead" in refused.stdout
+    )
+    assert re.search(r"at workflows/flow\.js:4:\d+", refused.stdout), refused.stdout
+    assert cli.ok("status", "r2")["snapshot_id"] == old
+    both = cli.run("migrate", "r2", "--workflow", "flow", "--to-snapshot", new, json=False)
+    assert both.returncode == 2
+    assert "one of the two" in both.stderr
