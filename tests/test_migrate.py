@@ -146,3 +146,18 @@ async def test_an_ordinary_replay_that_diverges_stops_naming_the_step(
     assert run.error_stack[0].startswith("at workflows/flow.ts:3:")
     digests = query(journal, "SELECT kind, args_digest FROM steps WHERE kind = 'tool'")
     assert digests == [("tool", "abc")]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+async def test_a_thousand_waiting_runs_migrate_in_one_command(runner: Runner) -> None:
+    old = await _publish(runner, V1)
+    for n in range(1000):
+        await runner.start(StartRunInput("acme", "flow", old, {"id": n}, f"r{n}"))
+    new = await _publish(runner, CHANGES["appended"])
+    report = await runner.migrate(scope="acme", workflow="flow", from_snapshot=old, to_snapshot=new)
+    assert (report.compatible, report.migrated, report.incompatible) == (1000, 1000, 0)
+    on_new = [r for r in await runner.list(scope="acme", limit=2000) if r.snapshot_id == new]
+    assert len(on_new) == 1000
+    done = await runner.signal("r999", "approved", {"ok": 1}, scope="acme")
+    assert done.output == {"shipped": "shipped 999", "approval": {"ok": 1}}
