@@ -34,6 +34,7 @@ from qjsflow.bundles import (
 )
 from qjsflow.runner import cli_control, cli_output
 from qjsflow.runner.bindings import Bindings, Notification, ToolFn
+from qjsflow.runner.cli_author import add_author_commands, develop, run_workflow
 from qjsflow.runner.cli_control import CONTROL_VERBS, Bulk, add_control_commands
 from qjsflow.runner.cli_output import (
     printable,
@@ -193,6 +194,7 @@ def _parser() -> argparse.ArgumentParser:
     add("demo", help="the whole story on a fresh database, with a timeline")
     add("doctor", help="which sandbox layers and tools this machine gives qjsflow")
     _add_console(add)
+    add_author_commands(add)
     add(
         "setup-tools",
         help=f"fetch esbuild {ESBUILD_VERSION} (checksum-verified) into the per-user cache",
@@ -465,6 +467,12 @@ def _run(args: argparse.Namespace) -> str | tuple[str, int]:
 
         serve_console(args.db, _config(args), host=args.host, port=args.port,
                       token_file=args.token_file)  # fmt: skip
+        return ""
+    if command == "run":
+        tools = load_tools(args.tools) if args.tools else {}
+        return asyncio.run(run_workflow(args, tools))
+    if command == "dev":
+        asyncio.run(develop(args, args.db, _config(args)))
         return ""
     if command == "doctor":
         from qjsflow.runner import doctor  # noqa: PLC0415  (only this command needs it)

@@ -13,9 +13,11 @@ ahead, and steps mocked.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import tempfile
-from collections.abc import Awaitable, Mapping, Sequence
+import time
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,7 +26,8 @@ from qjsflow.bridge import InvalidInput, dumps_text
 from qjsflow.bridge.limits import Limits
 from qjsflow.bridge.values import from_python
 from qjsflow.runner.bindings import Bindings, ToolFn
-from qjsflow.runner.config import RunnerConfig
+from qjsflow.runner.config import RunnerConfig, system_clock
+from qjsflow.runner.environment import ScopeEnvironment
 from qjsflow.runner.runner import Runner, Source
 from qjsflow.runner.scopes import run_key
 from qjsflow.runner.store import JournalTransaction
@@ -88,7 +91,13 @@ class WorkflowTest:
         scope: str = "test",
         start: float = _START,
         limits: Limits | None = None,
+        real_time: bool = False,
+        environment: ScopeEnvironment | None = None,
     ) -> None:
+        # `real_time`: sleeps and delays take as long as they say (`qjsflow run` without
+        # --fast-forward); the virtual clock is then not used.
+        self.real_time = real_time
+        self.environment = environment  # the runs' env: vars, secrets, egress for fetch
         self.clock = VirtualClock(start)
         self.scope = scope
         self.source = source
@@ -98,7 +107,7 @@ class WorkflowTest:
         }
         # Every retry is a journaled timer (none is waited inside a drive in real time), so
         # the virtual clock skips its delay too.
-        self.limits = limits or Limits(retry_in_drive_ms=0)
+        self.limits = limits or (Limits() if real_time else Limits(retry_in_drive_ms=0))
         self.events: dict[str, dict[str, list[Any]]] = {}  # run -> type -> payloads to give
         self._stack = contextlib.AsyncExitStack()
         self._runner: Runner | None = None
@@ -112,10 +121,13 @@ class WorkflowTest:
 
     async def __aenter__(self) -> WorkflowTest:
         folder = Path(self._stack.enter_context(tempfile.TemporaryDirectory(prefix="qjsflow-")))
+        clock: Callable[[], float] = system_clock if self.real_time else self.clock
         config = RunnerConfig(
-            clock=self.clock, monotonic=self.clock, limits=self.limits,
+            clock=clock, monotonic=time.monotonic if self.real_time else self.clock,
+            limits=self.limits,
             pool=PoolConfig(size=2), scope_root=folder / "scopes",
             bindings=Bindings(tools=dict(self.tools)),
+            environments={} if self.environment is None else {self.scope: self.environment},
         )  # fmt: skip
         self._runner = await self._stack.enter_async_context(
             Runner.open(folder / "journal.db", config)
@@ -189,7 +201,10 @@ class WorkflowTest:
             elif run.status == "waiting":
                 return Idle(run, f"it waits for the event {run.waiting_for}, which nobody gave")
             elif run.wake_at is not None and run.status in ("sleeping", "throttled"):
-                self.clock.now = max(self.clock.now, run.wake_at)
+                if self.real_time:
+                    await asyncio.sleep(max(0.0, run.wake_at - time.time()))
+                else:
+                    self.clock.now = max(self.clock.now, run.wake_at)
                 await self.runner.serve(until_idle=True)
             else:
                 await self.runner.serve(until_idle=True)

@@ -16,6 +16,7 @@ import pytest
 from qjsflow.runner import Runner, RunnerConfig, StartRunInput
 from qjsflow.runner.egress import EgressPolicy
 from qjsflow.runner.environment import ScopeEnvironment
+from qjsflow.testing import WorkflowTest
 from tests.journal_reads import query
 
 SECRET = f"tok-{uuid.uuid4().hex}"
@@ -72,15 +73,17 @@ def server() -> Iterator[str]:
         httpd.server_close()
 
 
-@pytest.fixture
-async def fetching(tmp_path: Path, server: str) -> AsyncIterator[Runner]:
-    policy = EgressPolicy(allow=(f"{server}/",), allow_private=True)
-    environment = ScopeEnvironment(
+def _environment(server: str) -> ScopeEnvironment:
+    return ScopeEnvironment(
         vars={"BASE": server, "API_BASE": server},
         secrets={"TOKEN": SECRET, "API_TOKEN": SECRET},
-        egress=policy,
+        egress=EgressPolicy(allow=(f"{server}/",), allow_private=True),
     )
-    config = RunnerConfig(environments={"acme": environment})
+
+
+@pytest.fixture
+async def fetching(tmp_path: Path, server: str) -> AsyncIterator[Runner]:
+    config = RunnerConfig(environments={"acme": _environment(server)})
     async with Runner.open(tmp_path / "j.db", config) as runner:
         yield runner
 
@@ -246,18 +249,18 @@ export default {
 """
 
 
-async def test_the_cloudflare_starter_shape_runs_unchanged(
-    fetching: Runner, tmp_path: Path
-) -> None:
-    published = await fetching.publish("acme", {"src/index.ts": STARTER}, ["src/index.ts"])
-    assert [w.workflow for w in published.workflows] == ["MyWorkflow"]
-    payload = {"email": "a@b.c", "metadata": {"k": "v"}}
-    run = await fetching.start(
-        StartRunInput("acme", "MyWorkflow", published.snapshot_id, payload, run_id="starter")
-    )
-    assert run.status == "sleeping"
-    await fetching.serve(until_idle=True)
-    done = await fetching.get("starter", scope="acme")
+async def test_the_cloudflare_starter_shape_runs_unchanged(server: str) -> None:
+    # On qjsflow.testing's virtual clock: its sleep and retry delays take no time.
+    async with WorkflowTest({"src/index.ts": STARTER}, scope="acme",
+                            environment=_environment(server)) as test:  # fmt: skip
+        published = await test.runner.publish("acme", {"src/index.ts": STARTER}, ["src/index.ts"])
+        assert [w.workflow for w in published.workflows] == ["MyWorkflow"]
+        payload = {"email": "a@b.c", "metadata": {"k": "v"}}
+        run = await test.runner.start(
+            StartRunInput("acme", "MyWorkflow", published.snapshot_id, payload, run_id="starter")
+        )
+        assert run.status == "sleeping"
+        done = (await test.run_until_idle("starter")).run
     assert (done.status, done.output) == (
         "completed",
         {"files": ["doc_7392_rev3.pdf", "report_x29_final.pdf"],
