@@ -213,6 +213,16 @@ class WorkflowTest:
     async def steps(self, run_id: str) -> list[StepView]:
         return await self.runner.list_steps(run_id, scope=self.scope)
 
+    async def step(self, run_id: str, name: str, *, kind: str = "do", count: int = 1) -> StepView:
+        """One step of a run, to assert on (its status, attempts, output, error); a step the
+        run never reached raises, naming the steps it did reach."""
+        steps = await self.steps(run_id)
+        for found in steps:
+            if (found.kind, found.name, found.count) == (kind, name, count):
+                return found
+        reached = ", ".join(f"{s.kind}:{s.name}" for s in steps) or "none"
+        raise AssertionError(f"run {run_id!r} has no step {kind}:{name}:{count} (it has {reached})")
+
     async def timeline(self, run_id: str) -> list[tuple[str, ...]]:
         """The run's steps with their attempts and durations, a header row first."""
         return await timeline_rows(self.runner, await self.runner.get(run_id, scope=self.scope))

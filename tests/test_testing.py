@@ -47,8 +47,10 @@ async def test_a_week_a_day_and_retries_pass_in_under_two_seconds() -> None:
         assert test.clock.now - start >= 7 * 86400 + 2 * 3600  # a week and two retry delays
         assert test.calls("crm.sync") == [{"email": "ada@example.com"}] * 3
         assert test.calls("mail.send") == [{"to": "ada@example.com", "ok": True}]
-        attempts = {s.name: s.attempt for s in await test.steps(run.run_id)}
-        assert attempts["sync"] == 3
+        sync = await test.step(run.run_id, "sync")
+        assert (sync.status, sync.attempt, sync.output) == ("completed", 3, {"synced": 3})
+        with pytest.raises(AssertionError, match=r"has no step do:never:1 \(it has do:create"):
+            await test.step(run.run_id, "never")
         rows = await test.timeline(run.run_id)
         assert rows[0][0] == "STEP"
         assert any(row[0] == "sync" for row in rows[1:])
