@@ -75,7 +75,7 @@ async def check_fork(
     journal = tuple(
         JournalEntry(
             row.key, row.output, None if row.error is None else failure_from_json(row.error),
-            row.completed_at or row.started_at, row.args_digest,
+            row.completed_at or row.started_at,  # no digest: the fork reuses the results
         )
         for row in rows
     )  # fmt: skip

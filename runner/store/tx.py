@@ -366,15 +366,16 @@ class JournalTransaction:
         )
 
     def copy_step(self, run_id: str, row: StepRow, at: int) -> None:
-        """A settled step of another run, recorded as this run's next settled step (a fork)."""
+        """A settled step of another run, recorded as this run's next settled step (a fork).
+        Without its call's digest: the operator chose to reuse the result, and the fork's own
+        call may differ in what only the new run has (its instance id)."""
         seq = self.append_event(run_id, "step_copied", at, dumps_text({"key": row.key}))
         self._db.execute(
             f"INSERT INTO steps ({STEP_COLUMNS})"
             " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (
                 run_id, row.kind, row.name, row.count, row.status, row.attempt, row.config,
-                row.detail, row.output, row.error, row.started_at, row.completed_at, seq,
-                row.args_digest,
+                row.detail, row.output, row.error, row.started_at, row.completed_at, seq, None,
             ),
         )  # fmt: skip
 
