@@ -82,7 +82,7 @@ from qjsflow.runner.views import (
     step_view,
     tool_call_view,
 )
-from qjsflow.runner.worker import Worker
+from qjsflow.runner.worker import IDLE_HORIZON_MS, Worker
 from qjsflow.sandbox import ExecutorPool
 
 __all__ = ["PublishResult", "PublishedWorkflow", "Runner", "Source"]
@@ -478,11 +478,17 @@ class Runner:
         concurrency: int = 8,
         stop: asyncio.Event | None = None,
         bindings: Bindings | None = None,
+        idle_horizon_s: float = IDLE_HORIZON_MS / 1000,
     ) -> int:
-        """The worker loops (timers, recovery, signals) until `stop` is set, or until idle.
-        Returns how many drives this call made."""
+        """The worker loops (timers, recovery, signals) until `stop` is set, or until idle:
+        nothing in progress and no timer due within `idle_horizon_s`. Returns how many drives
+        this call made."""
         worker = Worker(
-            self._store, self._driver, bindings or self.config.bindings, concurrency=concurrency
+            self._store,
+            self._driver,
+            bindings or self.config.bindings,
+            concurrency=concurrency,
+            idle_horizon_ms=int(idle_horizon_s * 1000),
         )
         await worker.serve(until_idle=until_idle, stop=stop)
         return worker.drives

@@ -73,6 +73,7 @@ class Worker:
         concurrency: int = 8,
         poll_interval_s: float = 0.2,
         shutdown_grace_s: float = 10.0,
+        idle_horizon_ms: int = IDLE_HORIZON_MS,
     ) -> None:
         self.store = store
         self.driver = driver
@@ -80,6 +81,9 @@ class Worker:
         self.concurrency = max(1, concurrency)
         self.poll_interval_s = poll_interval_s
         self.shutdown_grace_s = shutdown_grace_s
+        # `until_idle` waits for timers due within this long (0 on a virtual clock, which
+        # does not move while the worker waits: qjsflow.testing).
+        self.idle_horizon_ms = idle_horizon_ms
         self.drives = 0
         self.backoff = _Backoff()
         self.pruned = 0  # runs this worker pruned under the retention setting
@@ -104,7 +108,7 @@ class Worker:
                     claimable = await self._claim(tasks, now)
                     if until_idle and not tasks and not claimable:
                         due = await self.store.next_due()
-                        if due is None or due > now + IDLE_HORIZON_MS:
+                        if due is None or due > now + self.idle_horizon_ms:
                             return
                     await self._pause(tasks, stop)
                 except JournalUnavailable as error:
