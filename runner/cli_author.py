@@ -41,6 +41,10 @@ def add_author_commands(add: Callable[..., argparse.ArgumentParser]) -> None:
     ):
         run.add_argument(option, action="append", default=[], metavar=metavar, help=text)
     run.add_argument(
+        "--let-waits-time-out", action="store_true",
+        help="a wait nobody gave an event for times out (else the run stops there)",
+    )  # fmt: skip
+    run.add_argument(
         "--fast-forward", action="store_true",
         help="sleeps, retry delays and timeouts pass at once (virtual time)",
     )  # fmt: skip
@@ -87,7 +91,7 @@ async def run_workflow(args: argparse.Namespace, tools: Mapping[str, ToolFn]) ->
     real_time = not args.fast_forward
     async with WorkflowTest(args.dir, tools=mocks, real_time=real_time) as test:
         run = await test.start(args.workflow, payload, events=events, mock_steps=steps)
-        idle = await test.run_until_idle(run.run_id)
+        idle = await test.run_until_idle(run.run_id, waits_time_out=args.let_waits_time_out)
         rows = await test.timeline(run.run_id)
         calls = {a: t.calls for a, t in mocks.items() if isinstance(t, MockTool) and t.calls}
     code = 0 if idle.run.status == "completed" else EXIT_FAILED

@@ -181,10 +181,11 @@ class WorkflowTest:
     async def send_event(self, run_id: str, event_type: str, payload: Any = None) -> RunView:
         return await self.runner.signal(run_id, event_type, payload, scope=self.scope)
 
-    async def run_until_idle(self, run_id: str) -> Idle:
+    async def run_until_idle(self, run_id: str, *, waits_time_out: bool = False) -> Idle:
         """Drive the run to its end: each wait gets the next event given for its type; sleeps,
         retry delays and timeouts pass on the virtual clock. Stops early, saying which type,
-        when the run waits for an event nobody gave."""
+        when the run waits for an event nobody gave — or, with `waits_time_out`, lets that
+        wait time out (to test the path a timeout takes)."""
         for _ in range(_MAX_TURNS):
             run = await self.runner.get(run_id, scope=self.scope)
             if run.status in TERMINAL:
@@ -198,9 +199,9 @@ class WorkflowTest:
             given = next((kind for kind in waits if queued.get(kind)), None)
             if run.status == "waiting" and given is not None:
                 await self.send_event(run_id, given, queued[given].pop(0))
-            elif run.status == "waiting":
+            elif run.status == "waiting" and not (waits_time_out and run.wake_at is not None):
                 return Idle(run, f"it waits for the event {run.waiting_for}, which nobody gave")
-            elif run.wake_at is not None and run.status in ("sleeping", "throttled"):
+            elif run.wake_at is not None and run.status in ("sleeping", "throttled", "waiting"):
                 if self.real_time:
                     await asyncio.sleep(max(0.0, run.wake_at - time.time()))
                 else:

@@ -84,6 +84,12 @@ def test_a_missing_event_is_reported_and_exits_1() -> None:
     assert done.stdout.splitlines()[-1] == (
         "stopped (waiting): it waits for the event approval, which nobody gave"
     )
+    timed_out = _run("--input", SIGNUP, "--fast-forward", "--tool", 'crm.sync={"synced": 1}',
+                     "--let-waits-time-out")  # fmt: skip
+    assert timed_out.returncode == 1
+    assert timed_out.stdout.splitlines()[-1].startswith(
+        "failed: WaitForEventTimeoutError: step.waitForEvent('manager approval') timed out"
+    )
 
 
 def test_a_failed_run_exits_1_and_bad_input_exits_2(tmp_path: Path) -> None:

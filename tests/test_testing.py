@@ -71,6 +71,16 @@ async def test_a_wait_nobody_answers_is_reported_and_mocked_steps_never_run() ->
         assert idle.stopped == "it calls the tool mail.send, which nothing answers"
 
 
+async def test_a_wait_may_be_let_time_out() -> None:
+    async with WorkflowTest({"workflows/onboard.ts": LONG}, tools={"crm.sync": {}}) as test:
+        run = await test.start("onboard", {"email": "x@example.com"})
+        began = test.clock.now
+        idle = await test.run_until_idle(run.run_id, waits_time_out=True)
+        assert idle.run.status == "failed"
+        assert "approval" in (idle.run.error or "")
+        assert test.clock.now - began >= 7 * 86400 + 86400  # the week, then the day's wait
+
+
 async def test_advance_moves_time_for_every_run() -> None:
     source = 'export default async (e, step) => { await step.sleep("nap", "1 hour"); return 1; };'
     async with WorkflowTest({"workflows/nap.ts": source}) as test:
