@@ -335,3 +335,37 @@ def test_budgets_are_numbers() -> None:
         Budgets(steps_per_day=-1)
     with pytest.raises(Exception, match="budget live_runs must be a number"):
         Budgets(live_runs=True)
+
+
+async def test_a_retry_attempt_held_back_is_set_aside_not_failed(
+    tmp_path: Path, clock: FakeClock
+) -> None:
+    calls: list[object] = []
+
+    async def count(args: object) -> str:
+        calls.append(args)
+        return f"{args} done"
+
+    source = """export default async (event, step) => step.do(
+      "s", { retries: { limit: 1, delay: 5000 } }, async (ctx) => {
+        await step.tool("a", "count", "a");
+        if (ctx.attempt === 1) throw new Error("again");
+        return await step.tool("b", "count", "b");
+      });"""
+    config = _config(tmp_path, clock, scope_budgets={"capped": Budgets(tool_calls_per_day=1)},
+                     bindings=Bindings(tools={"count": count}))  # fmt: skip
+    async with Runner.open(tmp_path / "j.db", config) as runner:
+        assert (await _start(runner, "capped", source, "r")).status == "sleeping"  # the retry
+        clock.advance(10)
+        await runner.serve(until_idle=True)
+        run = await runner.get("r", scope="capped")
+        assert (run.status, run.waiting_for) == ("throttled", "tool_calls_per_day")
+        [step] = [s for s in await runner.list_steps("r", scope="capped") if s.name == "s"]
+        assert (step.status, step.attempt) == ("retrying", 1)  # attempt 2 undone, not failed
+        clock.now = (clock.now // DAY + 1) * DAY
+        await runner.serve(until_idle=True)
+        run = await runner.get("r", scope="capped")
+        assert (run.status, run.output) == ("completed", "b done")
+        [step] = [s for s in await runner.list_steps("r", scope="capped") if s.name == "s"]
+        assert step.attempt == 2  # the limit of one retry was enough: no attempt was lost
+    assert calls == ["a", "b"]  # `a` succeeded once and was not called again
