@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from qjsflow.bundles.manifest import SQL_MODES, Capabilities, exceeding
-from qjsflow.runner.cloudflare_bindings import KV_ADDRESS, QUEUE_ADDRESS, R2_ADDRESS
+from qjsflow.runner.cloudflare_bindings import BINDING_ADDRESSES
 from qjsflow.runner.egress import FETCH_ADDRESS, EgressPolicy
 from qjsflow.runner.errors import CapabilityRefused
 
@@ -19,7 +19,6 @@ __all__ = ["DENIED", "SQL_ADDRESS", "Reach", "check_publish"]
 
 DENIED = "capability_denied"  # the code of the error a denied call fails with
 SQL_ADDRESS = "qjsflow.sql"  # how a denied db.sql call is named in the tool audit
-_BINDING_TOOLS = frozenset({KV_ADDRESS, QUEUE_ADDRESS, R2_ADDRESS, "qjsflow.durable_object"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,7 +38,7 @@ class Reach:
         if address == FETCH_ADDRESS:
             url = str(args.get("url", "")) if isinstance(args, Mapping) else ""
             return self._refusal(f"fetch {url[:200]!r}", lambda c: _fetches(c, url))
-        if address in _BINDING_TOOLS:
+        if address in BINDING_ADDRESSES:
             name = str(args.get("binding", "")) if isinstance(args, Mapping) else ""
             return self._refusal(f"the binding {name[:80]!r}", lambda c: c.allows_binding(name))
         return self._refusal(f"the tool {address[:200]!r}", lambda c: c.allows_tool(address))

@@ -15,11 +15,23 @@ from qjsflow.bridge.values import to_json_form
 from qjsflow.runner.errors import FatalToolError
 from qjsflow.runner.store import JournalStore
 
-__all__ = ["KV_ADDRESS", "QUEUE_ADDRESS", "R2_ADDRESS", "kv_tool", "queue_tool", "r2_tool"]
+__all__ = [
+    "BINDING_ADDRESSES",
+    "DURABLE_OBJECT_ADDRESS",
+    "KV_ADDRESS",
+    "QUEUE_ADDRESS",
+    "R2_ADDRESS",
+    "kv_tool",
+    "queue_tool",
+    "r2_tool",
+]
 
 KV_ADDRESS = "qjsflow.kv"
 QUEUE_ADDRESS = "qjsflow.queue"
 R2_ADDRESS = "qjsflow.r2"
+DURABLE_OBJECT_ADDRESS = "qjsflow.durable_object"  # only an operator's tool answers it
+# The tools a binding object calls, its name in `args["binding"]` (sandbox/prelude/55-fetch.js).
+BINDING_ADDRESSES = frozenset({KV_ADDRESS, QUEUE_ADDRESS, R2_ADDRESS, DURABLE_OBJECT_ADDRESS})
 _MAX_LIST = 1000
 
 

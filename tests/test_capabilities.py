@@ -199,3 +199,27 @@ def test_publish_and_snapshots_show_what_is_declared() -> None:
     assert "capabilities: tools crm.sync; bindings REGION; fetch api.example.com; sql read" in shown
     bare = render_snapshots([SnapshotRecord("acme", "cd" * 32, 0.0, ())])
     assert "none declared (bounded by the scope's policy)" in bare
+
+
+async def test_a_binding_object_outside_the_manifest_is_denied(
+    tmp_path: Path, called: list[str]
+) -> None:
+    source = """export default async (event, step, env) => {
+      await env.CACHE.put("k", "v");
+      const mine = await env.CACHE.get("k");
+      let other;
+      try { other = await step.tool("peek", "qjsflow.kv", { binding: "VAULT", op: "get", key: "k" }); }
+      catch (e) { other = `${e.name}: ${e.message}`; }
+      return { mine, other, names: Object.keys(env).sort() };
+    };"""
+    environment = ScopeEnvironment(kv=("CACHE", "VAULT"))
+    config = _config(tmp_path, called, environments={"acme": environment})
+    manifest = _manifest(bindings=["CACHE"], tools=[])
+    async with Runner.open(tmp_path / "j.db", config) as runner:
+        _, run = await _run(runner, {"workflows/flow.ts": source, "qjsflow.json": manifest})
+    assert run.output["mine"] == "v"
+    assert run.output["names"] == ["CACHE", "db"]  # VAULT is not in env
+    assert run.output["other"] == (
+        "CapabilityDenied: the binding 'VAULT' is not among the capabilities the snapshot"
+        " declares: denied"
+    )
