@@ -264,7 +264,6 @@ def test_usage_counts_runs_per_scope(cli: Cli, tmp_path: Path) -> None:
     assert (found["runs"], found["live"], found["live_budget"]) == ({"sleeping": 1}, 1, 9)
     steps = next(m for m in found["measures"] if m["measure"] == "steps")
     assert (steps["budget_name"], steps["budget"]) == ("steps_per_day", 500)
-    assert steps["used"] >= 1
     assert cli.ok("usage", "--scope", "nobody") == {}
     shown = cli.run("usage", "--env", str(env), json=False).stdout
     assert "acme: 1 of 9 live runs (sleeping 1)" in shown
