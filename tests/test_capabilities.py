@@ -185,6 +185,11 @@ async def test_a_bad_manifest_is_refused_naming_the_file(tmp_path: Path, called:
             ('{"capabilities": {"tools": "all"}}', "capabilities.tools is a list"),
             ('{"capabilities": {"sql": "admin"}}', "capabilities.sql is one of none, read, write"),
             ('{"capabilities": {"network": []}}', "capabilities hold some of bindings, fetch"),
+            (
+                json.dumps({"capabilities": {"tools": [f"t{n}" for n in range(257)]}}),
+                "capabilities.tools is a list of at most 256 strings",
+            ),
+            ('{"capabilities": {"fetch": ["a b"]}}', "'a b' is not 1-256 printable characters"),
         ):
             with pytest.raises(SourceTreeError, match=problem):
                 await runner.publish("acme", {"workflows/flow.ts": CALLS, "qjsflow.json": text})
