@@ -223,21 +223,7 @@ class DriveHost:
         if not group:
             return []
         now = self.now()
-        # Counted once, before the transaction (which may run again after a transient fault).
-        for envelope in group:
-            op = envelope.op
-            if isinstance(op, StepBegin) and "/" not in op.step and self._spent("step"):
-                self._unbegun.add((op.step, op.count))
-        group = [self._located(self._bounded(envelope)) for envelope in group]
-        for envelope in group:
-            if isinstance(envelope.op, StepRecord) and not self._is_unbegun(envelope.op):
-                self._use("steps")
-            elif isinstance(envelope.op, Log):
-                self._use("journal_bytes", len(envelope.op.text))
-        for envelope in group:  # attempts the sandbox began: timed from here, on this thread
-            if isinstance(envelope.op, StepBegin):
-                began = (self.monotonic(), envelope.op.config.timeout_ms, time.time_ns())
-                self._attempts[(envelope.op.step, envelope.op.count, 1)] = began
+        group = [self._admitted(envelope) for envelope in group]
         self._trace_attempts(group)
         ahead = self._answers_ahead(group, now)
         if ahead is not None:
@@ -266,6 +252,26 @@ class DriveHost:
                 self._use("journal_bytes", len(consumed))
         self._count_logs(group)
         return answers
+
+    def _admitted(self, envelope: OpEnvelope) -> OpEnvelope:
+        """An op of a journal batch as it will be serviced, counted once, before the
+        transaction (which may run again after a transient fault): an attempt the sandbox
+        began is timed from here, on this thread (or, past a spent budget, left unbegun); a
+        result is bounded by the journal limit and located; what it uses is counted."""
+        op = envelope.op
+        if isinstance(op, StepBegin):
+            if "/" not in op.step and self._spent("step"):
+                self._unbegun.add((op.step, op.count))
+            began = (self.monotonic(), op.config.timeout_ms, time.time_ns())
+            self._attempts[(op.step, op.count, 1)] = began
+            return envelope
+        if isinstance(op, Log):
+            self._use("journal_bytes", len(op.text))
+            return envelope
+        if not isinstance(op, StepRecord) or self._is_unbegun(op):
+            return envelope
+        self._use("steps")
+        return self._located(self._bounded(envelope))
 
     def _count_logs(self, group: list[OpEnvelope]) -> None:
         """The workflow body's lines stored so far: the next drive skips as many."""
@@ -408,7 +414,7 @@ class DriveHost:
 
     def _bounded(self, envelope: OpEnvelope) -> OpEnvelope:
         op = envelope.op
-        if not isinstance(op, StepRecord) or op.value is None or self._is_unbegun(op):
+        if not isinstance(op, StepRecord) or op.value is None:
             return envelope
         refused = self._over_journal_limit(op.step, op.value)
         if refused is None:
