@@ -21,7 +21,9 @@ __all__ = [
     "BY_CALL",
     "DAY_MS",
     "MEASURES",
+    "MINUTE_MS",
     "Budgets",
+    "Charges",
     "DriveUsage",
     "Measure",
     "Throttle",
@@ -177,6 +179,15 @@ def exhausted(
             until = start + measure.window_ms if measure.window_ms else now_ms + RECHECK_MS
             spent.append(Throttle(measure, total, bound, until))
     return max(spent, key=lambda throttle: throttle.until_ms, default=None)
+
+
+@dataclass(frozen=True, slots=True)
+class Charges:
+    """What one drive adds to its scope's usage: (measure, window start, amount) rows, and
+    the windows to drop (each measure's before this one; None: not this time)."""
+
+    rows: list[tuple[str, int, float]]
+    forget: Mapping[str, int] | None
 
 
 @dataclass(slots=True)

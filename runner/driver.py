@@ -38,7 +38,9 @@ from qjsflow.runner import tracing
 from qjsflow.runner.bindings import Bindings
 from qjsflow.runner.budgets import (
     AT_DRIVE,
+    MINUTE_MS,
     Budgets,
+    Charges,
     DriveUsage,
     Throttle,
     current_windows,
@@ -93,6 +95,7 @@ class RunDriver:
         self.worker_id = f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(4)}"
         self._locks = _KeyedLocks()
         self._bundles: dict[tuple[str, str, str], BundleRecord] = {}
+        self._swept: dict[str, int] = {}  # scope -> the minute its old usage was last dropped
         self._maps: dict[BundleRecord, SourceMap] = {}  # read on a bundle's first error
         # Drives in progress in this process, to stop one at once when its run is taken away.
         self._active: dict[str, tuple[asyncio.Event, asyncio.Task[object]]] = {}
@@ -218,7 +221,7 @@ class RunDriver:
                     now = self.now_ms()
                     await self.store.transact(
                         partial(_charge, lease=lease, outcome=outcome, host=host,
-                                charges=_charges(outcome, host, now), now=now),
+                                charges=self._charges(outcome, host, now), now=now),
                         lease,
                     )  # fmt: skip
                     continue
@@ -227,14 +230,14 @@ class RunDriver:
                     partial(
                         _park, lease=lease, outcome=outcome, host=host, now=now,
                         limit=self.config.executor_deaths_per_run,
-                        charges=_charges(outcome, host, now),
+                        charges=self._charges(outcome, host, now),
                     ),
                     lease,
                 )  # fmt: skip
             now = self.now_ms()
             ended = await self.store.transact(
                 partial(_finish, lease=lease, outcome=outcome, host=host, now=now,
-                        charges=_charges(outcome, host, now)),
+                        charges=self._charges(outcome, host, now)),
                 lease,
             )  # fmt: skip
             if ended is not None:
@@ -289,6 +292,23 @@ class RunDriver:
             outcome = dataclasses.replace(outcome, stack=host.locate(outcome.stack))
         return outcome, host
 
+    def _charges(self, outcome: DriveOutcome, host: DriveHost, now: int) -> Charges:
+        """What a drive used, taken from its host once (the transaction charging it may run
+        again after a transient fault): the drive itself, its compute, and what the host
+        counted; and, the first time this process charges the scope in a new minute, the
+        windows its usage may forget (not a statement on every drive)."""
+        used, host.usage = host.usage, DriveUsage()
+        used.add("drives", 1)
+        used.add("compute_s", outcome.cpu_s)
+        rows = used.charges(now)
+        for measure, _, amount in rows:
+            METRICS.scope_usage.labels(scope=host.scope, measure=measure).inc(amount)
+        minute = now - now % MINUTE_MS
+        if self._swept.get(host.scope) == minute:
+            return Charges(rows, None)
+        self._swept[host.scope] = minute
+        return Charges(rows, forget_before(now))
+
     def locate(self, bundle: BundleRecord, stack: str | None) -> str | None:
         """The author's frames (file:line:column) of the engine's `stack` in `bundle`."""
         return self._locator(bundle)(stack)
@@ -324,7 +344,6 @@ class RunDriver:
 # The run, its journal, its unsettled step keys, and what its scope had used of its budgets
 # when the drive began (empty for a scope without budgets).
 _Begun = tuple[RunRecord, tuple[JournalEntry, ...], tuple[str, ...], dict[str, float]]
-Charges = list[tuple[str, int, float]]  # (measure, window start, amount): runner/budgets.py
 
 
 def _take_and_begin(
@@ -385,18 +404,6 @@ def _begin_drive(
     return run, journal, tuple(tx.unsettled_keys(run.run_id)), used
 
 
-def _charges(outcome: DriveOutcome, host: DriveHost, now: int) -> Charges:
-    """What a drive used, taken from its host once (the transaction charging it may run again
-    after a transient fault): the drive itself, its compute, and what the host counted."""
-    used, host.usage = host.usage, DriveUsage()
-    used.add("drives", 1)
-    used.add("compute_s", outcome.cpu_s)
-    charges = used.charges(now)
-    for measure, _, amount in charges:
-        METRICS.scope_usage.labels(scope=host.scope, measure=measure).inc(amount)
-    return charges
-
-
 def _ledger(
     tx: JournalTransaction,
     current: RunRecord,
@@ -408,7 +415,7 @@ def _ledger(
 ) -> dict[str, object]:
     """What every drive adds, however it ended: to its scope's usage (runner/budgets.py) and,
     returned, to its run: compute, and console lines."""
-    tx.charge_usage(current.scope, charges, forget_before(now))
+    tx.charge_usage(current.scope, charges.rows, charges.forget)
     return {
         "cpu_used_s": current.cpu_used_s + outcome.cpu_s,
         "logs_count": max(current.logs_count, host.logs_count),

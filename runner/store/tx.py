@@ -240,16 +240,18 @@ class JournalTransaction:
         self,
         scope: str,
         charges: Iterable[tuple[str, int, float]],
-        forget_before: Mapping[str, int],
+        forget_before: Mapping[str, int] | None = None,
     ) -> None:
         """Add to what `scope` used; each measure's windows that began before its entry in
-        `forget_before` are dropped (one statement, whatever the measures)."""
+        `forget_before` (when given) are dropped, in one statement whatever the measures."""
         self._db.executemany(
             "INSERT INTO scope_usage (scope, measure, window_start, amount) VALUES (?, ?, ?, ?)"
             " ON CONFLICT (scope, measure, window_start)"
             " DO UPDATE SET amount = scope_usage.amount + excluded.amount",
             [(scope, measure, start, amount) for measure, start, amount in charges],
         )
+        if not forget_before:
+            return
         cases = " ".join("WHEN ? THEN ?" for _ in forget_before)
         self._db.execute(
             "DELETE FROM scope_usage WHERE scope = ? AND window_start > 0"
