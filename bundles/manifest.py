@@ -104,12 +104,8 @@ def exceeding(asked: Capabilities, policy: Capabilities) -> list[str]:
 
 
 def _within_names(pattern: str, bounds: Iterable[str]) -> bool:
-    for bound in bounds:
-        if bound in {"*", pattern}:
-            return True
-        if bound.endswith(".*") and pattern.startswith(bound[:-1]):
-            return True  # "crm.*" bounds "crm.sync" and "crm.admin.*"
-    return False
+    # A bound covers a pattern as it covers a name: "crm.*" bounds "crm.sync" and "crm.admin.*".
+    return any(_covers_name(bound, pattern) for bound in bounds)
 
 
 def _within_fetch(entry: str, bounds: Iterable[str]) -> bool:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from qjsflow.runner.budgets import MEASURES, Budgets, current_windows, window_start
+from qjsflow.runner.budgets import MEASURES, Budgets, window_start
 from qjsflow.runner.errors import BudgetExceeded
 from qjsflow.runner.store import ENDED, JournalTransaction
 
@@ -64,6 +64,6 @@ def refuse_start(tx: JournalTransaction, scope: str, budgets: Budgets) -> None:
     if budgets.live_runs is not None and tx.count_live_runs(scope) >= budgets.live_runs:
         raise BudgetExceeded(scope, "live runs", budgets.live_runs)
     if budgets.journal_bytes is not None:
-        used = tx.scope_usage(scope, current_windows(0)).get("journal_bytes", 0.0)
+        used = tx.scope_usage(scope, {"journal_bytes": 0}).get("journal_bytes", 0.0)
         if used >= budgets.journal_bytes:
             raise BudgetExceeded(scope, "journal bytes", budgets.journal_bytes)
