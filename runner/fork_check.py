@@ -15,6 +15,7 @@ from qjsflow.bridge import InvalidInput
 from qjsflow.bridge.types import (
     Answer,
     DbSql,
+    DriveOutcome,
     DriveRequest,
     Failed,
     JournalEntry,
@@ -34,9 +35,9 @@ from qjsflow.runner.control import StepRef, kept_steps
 from qjsflow.runner.driver import RunDriver
 from qjsflow.runner.scopes import split_run_key
 from qjsflow.runner.steps import failure_from_json
-from qjsflow.runner.store import RunRecord
+from qjsflow.runner.store import BundleRecord, RunRecord, StepRow
 
-__all__ = ["ForkMismatch", "NoAnswers", "check_fork"]
+__all__ = ["ForkMismatch", "NoAnswers", "check_fork", "replay_without_calls"]
 
 
 class ForkMismatch(InvalidInput):
@@ -67,26 +68,44 @@ _KINDS: dict[type, str] = {
 }  # fmt: skip
 
 
+async def replay_without_calls(
+    driver: RunDriver,
+    run: RunRecord,
+    bundle: BundleRecord,
+    rows: Sequence[StepRow],
+    *,
+    digests: bool,
+    strict: bool = False,
+) -> tuple[DriveOutcome, NoAnswers]:
+    """Drive `run`'s code in `bundle` once, with the settled `rows` as its journal (their call
+    digests checked when `digests`) and a host that answers nothing; `strict`: every recorded
+    step must be reached, in order (a migration's check)."""
+    journal = tuple(
+        JournalEntry(
+            row.key, row.output, None if row.error is None else failure_from_json(row.error),
+            row.completed_at or row.started_at, row.args_digest if digests else None,
+        )
+        for row in rows
+    )  # fmt: skip
+    request = DriveRequest(
+        run_id=split_run_key(run.run_id)[1], workflow=run.workflow, bundle=bundle.code,
+        input=run.input, created_at_ms=run.created_at, journal=journal,
+        env=run.persisted_bindings, limits=driver.config.limits, export=bundle.export,
+        strict=strict,
+    )  # fmt: skip
+    host = NoAnswers()
+    return await driver.pool.drive(request, host), host
+
+
 async def check_fork(
     driver: RunDriver, source: RunRecord, fork: RunRecord, start: StepRef | None
 ) -> None:
     """Raise `ForkMismatch` unless `fork`'s code reaches `source`'s steps before `start`."""
     rows = kept_steps(await driver.store.list_steps(source.run_id), start)
-    journal = tuple(
-        JournalEntry(
-            row.key, row.output, None if row.error is None else failure_from_json(row.error),
-            row.completed_at or row.started_at,  # no digest: the fork reuses the results
-        )
-        for row in rows
-    )  # fmt: skip
-    bundle = await driver.bundle_of(fork)
-    request = DriveRequest(
-        run_id=split_run_key(fork.run_id)[1], workflow=fork.workflow, bundle=bundle.code,
-        input=fork.input, created_at_ms=fork.created_at, journal=journal,
-        env=fork.persisted_bindings, limits=driver.config.limits, export=bundle.export,
-    )  # fmt: skip
-    host = NoAnswers()
-    outcome = await driver.pool.drive(request, host)
+    # No digests: the fork reuses the results whatever its own calls ask (its instance id).
+    outcome, host = await replay_without_calls(
+        driver, fork, await driver.bundle_of(fork), rows, digests=False
+    )
     if isinstance(outcome, Failed):
         raise ForkMismatch(f"the new code fails before the fork point: {outcome.message[:300]}")
     replayed = outcome.replayed

@@ -18,14 +18,13 @@ from functools import partial
 from typing import Literal
 
 from qjsflow.bridge import dumps_text
-from qjsflow.bridge.types import DriveRequest, Failed, JournalEntry
+from qjsflow.bridge.types import Failed
 from qjsflow.runner.driver import RunDriver
-from qjsflow.runner.fork_check import NoAnswers
+from qjsflow.runner.fork_check import replay_without_calls
 from qjsflow.runner.scopes import split_run_key
-from qjsflow.runner.steps import failure_from_json
-from qjsflow.runner.store import ENDED, BundleRecord, JournalTransaction, RunRecord
+from qjsflow.runner.store import ENDED, BundleRecord, JournalTransaction, RunRecord, StepRow
 
-__all__ = ["MigrationReport", "RunVerdict", "check_run", "migrate_runs"]
+__all__ = ["MigrationReport", "RunVerdict", "check_run", "migrate_runs", "settled_steps"]
 
 Verdict = Literal["compatible", "incompatible", "failed", "skipped"]
 _CHECKS_AT_ONCE = 4
@@ -53,24 +52,18 @@ class MigrationReport:
     runs: tuple[RunVerdict, ...]
 
 
-async def check_run(driver: RunDriver, run: RunRecord, bundle: BundleRecord) -> RunVerdict:
-    """Replay `run`'s journal against `bundle` (nothing is called, nothing written)."""
-    name = split_run_key(run.run_id)[1]
+async def settled_steps(driver: RunDriver, run: RunRecord) -> list[StepRow]:
+    """The run's settled steps, in the order it reached them: its journal."""
     rows = [row for row in await driver.store.list_steps(run.run_id) if row.settled_seq]
-    rows.sort(key=lambda row: row.settled_seq or 0)
-    journal = tuple(
-        JournalEntry(
-            row.key, row.output, None if row.error is None else failure_from_json(row.error),
-            row.completed_at or row.started_at, row.args_digest,
-        )
-        for row in rows
-    )  # fmt: skip
-    request = DriveRequest(
-        run_id=name, workflow=run.workflow, bundle=bundle.code, input=run.input,
-        created_at_ms=run.created_at, journal=journal, env=run.persisted_bindings,
-        limits=driver.config.limits, export=bundle.export, strict=True,
-    )  # fmt: skip
-    outcome = await driver.pool.drive(request, NoAnswers())
+    return sorted(rows, key=lambda row: row.settled_seq or 0)
+
+
+async def check_run(
+    driver: RunDriver, run: RunRecord, bundle: BundleRecord, rows: list[StepRow]
+) -> RunVerdict:
+    """Replay `run`'s journal (`rows`) against `bundle`: nothing is called, nothing written."""
+    name = split_run_key(run.run_id)[1]
+    outcome, _ = await replay_without_calls(driver, run, bundle, rows, digests=True, strict=True)
     if not isinstance(outcome, Failed):
         return RunVerdict(name, "compatible")
     where = tuple((driver.locate(bundle, outcome.stack) or "").splitlines())
@@ -99,14 +92,14 @@ async def migrate_runs(
         if run.snapshot_id == to_snapshot:
             return RunVerdict(name, "skipped", reason="it is on that snapshot already")
         bundle = bundles[run.workflow]
+        rows = await settled_steps(driver, run)
         async with gate:
-            verdict = await check_run(driver, run, bundle)
+            verdict = await check_run(driver, run, bundle, rows)
         if verdict.verdict != "compatible" or dry_run:
             return verdict
-        settled = sum(1 for row in await driver.store.list_steps(run.run_id) if row.settled_seq)
         refused = await driver.store.transact(
             partial(
-                repin, run_id=run.run_id, old=run.snapshot_id, bundle=bundle, settled=settled,
+                repin, run_id=run.run_id, old=run.snapshot_id, bundle=bundle, settled=len(rows),
                 worker=driver.worker_id, now=driver.now_ms(),
                 ttl_ms=int(driver.config.lease_ttl_s * 1000),
             )
@@ -142,7 +135,7 @@ def repin(
         return "it ended while it was checked"
     if run.snapshot_id != old:
         return "it was moved to another snapshot while it was checked"
-    if len(tx.load_journal(run_id)) != settled:
+    if tx.count_settled(run_id) != settled:
         return "it went on while it was checked: migrate it again"
     lease = tx.acquire_lease(run_id, worker, now, ttl_ms)
     if lease is None:

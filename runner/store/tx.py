@@ -492,6 +492,13 @@ class JournalTransaction:
         ).fetchall()
         return [JournalRow(step_key(r[0], r[2], r[1]), r[3], r[4], int(r[5]), r[6]) for r in rows]
 
+    def count_settled(self, run_id: str) -> int:
+        """How many steps of the run have settled (its journal's length)."""
+        row = self._one(
+            "SELECT count(*) FROM steps WHERE run_id = ? AND settled_seq IS NOT NULL", (run_id,)
+        )
+        return int(row[0])
+
     def unsettled_keys(self, run_id: str) -> list[str]:
         rows = self._db.execute(
             "SELECT kind, name, count FROM steps WHERE run_id = ? AND settled_seq IS NULL",
