@@ -29,7 +29,7 @@ from qjsflow.bridge import InvalidInput, QjsflowError
 from qjsflow.runner.console import views
 from qjsflow.runner.console.auth import OPERATOR, SESSION_COOKIE, Principal, Sessions, Tokens
 from qjsflow.runner.runner import Runner
-from qjsflow.runner.scopes import ALL_SCOPES
+from qjsflow.runner.scopes import ALL_SCOPES, AllScopes
 from qjsflow.runner.views import RUN_STATUSES
 
 __all__ = ["create_app"]
@@ -155,27 +155,27 @@ class _Console:
         return RedirectResponse(f"/runs/{done.scope}/{done.run_id}", status_code=303)
 
     async def snapshots(self, request: Request) -> Response:
-        principal = self.who(request)
-        scope = principal.scope or request.query_params.get("scope") or None
-        try:
-            found = await self.runner.snapshots(scope=scope or ALL_SCOPES, limit=200)
-        except InvalidInput:
-            raise HTTPException(404) from None
-        if _api(request):
-            return JSONResponse(views.plain(found))
-        return self.page(request, "snapshots.html", snapshots=found, scope=scope)
+        return await self._per_scope(
+            request, "snapshots", lambda scope: self.runner.snapshots(scope=scope, limit=200)
+        )
 
     async def usage(self, request: Request) -> Response:
-        """Each scope's runs and what it used of its budgets (a scope-bound token: its own)."""
-        principal = self.who(request)
-        scope = principal.scope or request.query_params.get("scope") or None
+        """Each scope's runs and what it used of its budgets."""
+        return await self._per_scope(request, "usage", lambda scope: self.runner.usage(scope=scope))
+
+    async def _per_scope(
+        self, request: Request, name: str, read: Callable[[str | AllScopes], Awaitable[Any]]
+    ) -> Response:
+        """A page of what `read` finds for the scope a token is bound to, or (an operator)
+        for `?scope=` or every scope; `name` is the page's template and the value's name."""
+        scope = self.who(request).scope or request.query_params.get("scope") or None
         try:
-            found = await self.runner.usage(scope=scope or ALL_SCOPES)
-        except InvalidInput:
+            found = await read(scope or ALL_SCOPES)
+        except InvalidInput:  # an invalid scope: as a missing one
             raise HTTPException(404) from None
         if _api(request):
             return JSONResponse(views.plain(found))
-        return self.page(request, "usage.html", usage=found, scope=scope)
+        return self.page(request, f"{name}.html", scope=scope, **{name: found})
 
     async def snapshot(self, request: Request) -> Response:
         scope = request.path_params["scope"]
