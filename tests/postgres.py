@@ -12,7 +12,6 @@ import contextlib
 import glob
 import os
 import shutil
-import socket
 import subprocess
 import tempfile
 import uuid
@@ -20,6 +19,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 import psycopg
+
+from tests.net import free_port
 
 
 @dataclass
@@ -62,12 +63,6 @@ def _server_options(folder: str, port: int) -> str:
     return f"-h 127.0.0.1 -p {port} -k {folder} -c max_connections=200 {durability}"
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
 @contextlib.contextmanager
 def postgres_server(*, own: bool = False) -> Iterator[PostgresServer]:
     """A server for the session (`own`: a fresh one, never the developer's, for tests that
@@ -83,7 +78,7 @@ def postgres_server(*, own: bool = False) -> Iterator[PostgresServer]:
     folder = tempfile.mkdtemp(prefix="qjsflow-pg-")
     if os.geteuid() == 0:
         shutil.chown(folder, "postgres")
-    server = PostgresServer(folder, _free_port(), bin_dir)
+    server = PostgresServer(folder, free_port(), bin_dir)
     data = os.path.join(folder, "data")
     _as_postgres(f"{bin_dir}/initdb", "-D", data, "-A", "trust", "-U", "postgres", "-E", "UTF8")
     options = _server_options(folder, server.port)

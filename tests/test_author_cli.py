@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -17,6 +16,7 @@ import pytest
 
 from qjsflow.bundles import find_toolchain
 from tests.conftest import FIXTURES, PROJECT_ROOT
+from tests.net import free_port
 
 pytestmark = pytest.mark.slow  # subprocesses, each publishing with esbuild
 
@@ -136,12 +136,6 @@ def test_the_typescript_author_tests_pass(tmp_path: Path) -> None:
     assert "# fail 0" in tested.stdout
 
 
-def _port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
 def _line_with(process: subprocess.Popen[str], text: str, seen: list[str]) -> str:
     assert process.stdout is not None
     deadline = time.monotonic() + 60
@@ -158,7 +152,7 @@ def test_dev_republishes_on_change_shows_errors_and_serves_the_console(tmp_path:
     tree.mkdir(parents=True)
     flow = tree / "flow.ts"
     flow.write_text("export default async () => 1;\n")
-    port = _port()
+    port = free_port()
     dev = subprocess.Popen([*QJSFLOW, "--db", str(tmp_path / "dev.db"), "dev", str(tree.parent),
                             "--port", str(port)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                            text=True)  # fmt: skip

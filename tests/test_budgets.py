@@ -18,6 +18,7 @@ from qjsflow.runner.egress import EgressPolicy
 from qjsflow.runner.environment import ScopeEnvironment
 from qjsflow.runner.errors import BudgetExceeded
 from qjsflow.sandbox import PoolConfig
+from qjsflow.testing import MockTool
 from tests.conftest import FakeClock
 from tests.journal_reads import query
 
@@ -153,11 +154,8 @@ async def test_compute_seconds_per_day(tmp_path: Path, clock: FakeClock) -> None
 async def test_tool_calls_per_day_never_reach_the_tool_past_the_budget(
     tmp_path: Path, clock: FakeClock
 ) -> None:
-    calls: list[object] = []
-
-    async def count(args: object) -> int:
-        calls.append(args)
-        return len(calls)
+    count = MockTool("counted")
+    calls = count.calls
 
     four = """export default async (event, step) => {
       for (let i = 0; i < 4; i++) await step.tool(`t${i}`, "count", i);
@@ -340,11 +338,8 @@ def test_budgets_are_numbers() -> None:
 async def test_a_retry_attempt_held_back_is_set_aside_not_failed(
     tmp_path: Path, clock: FakeClock
 ) -> None:
-    calls: list[object] = []
-
-    async def count(args: object) -> str:
-        calls.append(args)
-        return f"{args} done"
+    count = MockTool(lambda args: f"{args} done")
+    calls = count.calls
 
     source = """export default async (event, step) => step.do(
       "s", { retries: { limit: 1, delay: 5000 } }, async (ctx) => {

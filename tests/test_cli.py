@@ -33,6 +33,8 @@ export default async function (event: WorkflowEvent<{ name: string }>, step: Wor
 
 
 class Cli:
+    lease_ttl = "1"  # seconds: a killed driver's run is taken over soon
+
     def __init__(self, tmp_path: Path) -> None:
         self.db = tmp_path / "journal.db"
         self.tool_log = tmp_path / "tools.log"
@@ -42,7 +44,7 @@ class Cli:
     def argv(self, *args: str) -> list[str]:
         return [
             sys.executable, "-m", "qjsflow.runner.cli", "--db", str(self.db),
-            "--tools", "tests.crash_tools:TOOLS", "--lease-ttl", "1", *args,
+            "--tools", "tests.crash_tools:TOOLS", "--lease-ttl", self.lease_ttl, *args,
         ]  # fmt: skip
 
     def run(self, *args: str, json: bool = True) -> subprocess.CompletedProcess[str]:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import shutil
-import socket
 import subprocess
 import sys
 import threading
@@ -24,6 +23,7 @@ from qjsflow.runner.console import Tokens, create_app
 from qjsflow.runner.console.auth import OPERATOR, Principal
 from qjsflow.sandbox import PoolConfig
 from tests.conftest import PROJECT_ROOT
+from tests.net import free_port
 from tests.postgres import PostgresServer
 
 OPERATOR_TOKEN = "operator-token-0123456789"
@@ -66,12 +66,6 @@ class Console:
     db: Path
     server: uvicorn.Server
     thread: threading.Thread
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 async def _seed(db: Path | str, scope_root: Path) -> None:
@@ -117,7 +111,7 @@ def _start_console(db: Path | str, scope_root: Path, tokens: Tokens | None) -> C
     async def factory() -> Runner:
         return await Runner.connect(db, config, create=False)
 
-    port = _free_port()
+    port = free_port()
     server = uvicorn.Server(uvicorn.Config(create_app(factory, tokens), host="127.0.0.1",
                                            port=port, log_level="warning"))  # fmt: skip
     thread = threading.Thread(target=server.run, daemon=True)

@@ -3,11 +3,8 @@ probes, JSON log lines, and a graceful stop on SIGTERM."""
 
 from __future__ import annotations
 
-import os
 import signal
-import socket
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -16,6 +13,8 @@ import orjson
 import pytest
 
 from tests.conftest import PROJECT_ROOT
+from tests.net import free_port
+from tests.test_cli import Cli
 
 pytestmark = pytest.mark.slow  # real worker processes
 
@@ -28,35 +27,20 @@ export default async (event, step) => {
 """
 
 
-def _port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
+class Workers(Cli):
+    """The CLI over a journal with one workflow published, and worker processes on it."""
 
+    lease_ttl = "2"
 
-class Workers:
     def __init__(self, tmp_path: Path) -> None:
-        self.db = tmp_path / "journal.db"
-        self.tool_log = tmp_path / "tools.log"
-        self.tool_log.touch()
-        self.env = {**os.environ, "QJSFLOW_TOOL_LOG": str(self.tool_log)}
+        super().__init__(tmp_path)
         tree = tmp_path / "src" / "workflows"
         tree.mkdir(parents=True)
         (tree / "flow.js").write_text(FLOW)
-        self.cli("publish", str(tree.parent), "--scope", "acme")
-
-    def argv(self, *args: str) -> list[str]:
-        return [sys.executable, "-m", "qjsflow.runner.cli", "--db", str(self.db),
-                "--tools", "tests.crash_tools:TOOLS", "--lease-ttl", "2", *args]  # fmt: skip
-
-    def cli(self, *args: str) -> object:
-        done = subprocess.run(self.argv("--json", *args), cwd=PROJECT_ROOT, env=self.env,
-                              capture_output=True, text=True, timeout=120, check=False)  # fmt: skip
-        assert done.returncode == 0, done.stderr
-        return orjson.loads(done.stdout)
+        self.ok("publish", str(tree.parent), "--scope", "acme")
 
     def start(self, run_id: str, seconds: float) -> None:
-        self.cli("start", "flow", "--scope", "acme", "--snapshot", "latest", "--run-id", run_id,
+        self.ok("start", "flow", "--scope", "acme", "--snapshot", "latest", "--run-id", run_id,
                  "--input", str(seconds), "--no-wait")  # fmt: skip
 
     def worker(self, *args: str) -> subprocess.Popen[str]:
@@ -84,7 +68,7 @@ def _sample(metrics: str, name: str) -> float:
 
 def test_metrics_move_as_runs_complete_and_probes_answer(tmp_path: Path) -> None:
     workers = Workers(tmp_path)
-    metrics_port, health_port = _port(), _port()
+    metrics_port, health_port = free_port(), free_port()
     worker = workers.worker("--metrics-port", str(metrics_port), "--health-port",
                             str(health_port), "--log-format", "json")  # fmt: skip
     try:
@@ -132,5 +116,5 @@ def test_sigterm_finishes_the_drive_in_progress(tmp_path: Path) -> None:
     _, err = worker.communicate(timeout=30)
     assert worker.returncode == 0
     assert "stopping: finishing 1 drives in progress" in err
-    assert workers.cli("result", "slow") == [1, "slow done"]  # finished, not abandoned
+    assert workers.ok("result", "slow") == [1, "slow done"]  # finished, not abandoned
     assert workers.tool_log.read_text().count("slow slow") == 1
