@@ -99,6 +99,7 @@ class WorkflowTest:
         self.real_time = real_time
         self.environment = environment  # the runs' env: vars, secrets, egress for fetch
         self.clock = VirtualClock(start)
+        self.now: Callable[[], float] = system_clock if real_time else self.clock
         self.scope = scope
         self.source = source
         self.tools: dict[str, MockTool | ToolFn] = {
@@ -121,9 +122,8 @@ class WorkflowTest:
 
     async def __aenter__(self) -> WorkflowTest:
         folder = Path(self._stack.enter_context(tempfile.TemporaryDirectory(prefix="qjsflow-")))
-        clock: Callable[[], float] = system_clock if self.real_time else self.clock
         config = RunnerConfig(
-            clock=clock, monotonic=time.monotonic if self.real_time else self.clock,
+            clock=self.now, monotonic=time.monotonic if self.real_time else self.clock,
             limits=self.limits,
             pool=PoolConfig(size=2), scope_root=folder / "scopes",
             bindings=Bindings(tools=dict(self.tools)),
@@ -168,13 +168,15 @@ class WorkflowTest:
         self.events[run.run_id] = {kind: list(given) for kind, given in (events or {}).items()}
         if mock_steps:
             mocked = [(*_step_of(name), from_python(value)) for name, value in mock_steps.items()]
-            key, now = run_key(self.scope, run.run_id), int(self.clock() * 1000)
+            key, now = run_key(self.scope, run.run_id), int(self.now() * 1000)
             await self.runner.store.transact(lambda tx: _mock_steps(tx, key, mocked, now))
         await self._drive_due()
         return await self.runner.get(run.run_id, scope=self.scope)
 
     async def advance(self, seconds: float) -> None:
         """Move the virtual clock and drive what is due."""
+        if self.real_time:
+            raise InvalidInput("advance moves virtual time: this test runs in real time")
         self.clock.advance(seconds)
         await self._drive_due()
 

@@ -116,3 +116,18 @@ async def test_delays_under_a_second_pass_too() -> None:
         idle = await test.run_until_idle(run.run_id)
     assert idle.run.output == 3
     assert time.monotonic() - began < 5
+
+
+async def test_in_real_time_mocked_steps_carry_the_real_time() -> None:
+    """A mocked step's journal time is the run's clock (it was the virtual one: a real-time
+    run then saw a date in 2027 after it)."""
+    source = """export default async (event, step) => {
+      const a = await step.do("a", async () => 1);
+      return { a, now: Date.now() };
+    };"""
+    async with WorkflowTest({"workflows/m.ts": source}, real_time=True) as test:
+        run = await test.start("m", mock_steps={"a": 5})
+        with pytest.raises(Exception, match="advance moves virtual time"):
+            await test.advance(1)
+    assert run.output["a"] == 5
+    assert abs(run.output["now"] / 1000 - time.time()) < 60
