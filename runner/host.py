@@ -190,10 +190,6 @@ class DriveHost:
             self.throttle = exhausted(self.budgets, self.used, self.now(), measures, self.usage)
         return self.throttle is not None
 
-    def _use(self, measure: str, amount: float = 1) -> None:
-        """Count what this drive used (charged to the scope when the drive ends)."""
-        self.usage.add(measure, amount)
-
     async def __call__(self, ops: Sequence[OpEnvelope]) -> list[Answer]:
         """Answers in op order. Ops that only touch the journal are serviced together in one
         transaction; tools, notifications and SQL each need their own, around their call."""
@@ -249,7 +245,7 @@ class DriveHost:
             consumed = answer.result.value if isinstance(answer.result, Value) else None
             if answer.id in waits and isinstance(consumed, str):
                 self.journal_bytes += len(consumed)
-                self._use("journal_bytes", len(consumed))
+                self.usage.add("journal_bytes", len(consumed))
         self._count_logs(group)
         return answers
 
@@ -266,11 +262,11 @@ class DriveHost:
             self._attempts[(op.step, op.count, 1)] = began
             return envelope
         if isinstance(op, Log):
-            self._use("journal_bytes", len(op.text))
+            self.usage.add("journal_bytes", len(op.text))
             return envelope
         if not isinstance(op, StepRecord) or self._is_unbegun(op):
             return envelope
-        self._use("steps")
+        self.usage.add("steps", 1)
         return self._located(self._bounded(envelope))
 
     def _count_logs(self, group: list[OpEnvelope]) -> None:
@@ -440,7 +436,7 @@ class DriveHost:
         limit = self.limits.journal_bytes_per_run
         if self.journal_bytes + size <= limit:
             self.journal_bytes += size
-            self._use("journal_bytes", size)
+            self.usage.add("journal_bytes", size)
             return None
         return StepFailure(
             "LimitError",
@@ -493,8 +489,8 @@ class DriveHost:
             return started  # recorded already (another writer settled it): it answers
         assert tool is not None  # begin() starts an attempt only with the tool in hand
         attempt, call = started.attempt, started.seq
-        self._use("steps")
-        self._use("fetches" if op.address == FETCH_ADDRESS else "tool_calls")
+        self.usage.add("steps", 1)
+        self.usage.add("fetches" if op.address == FETCH_ADDRESS else "tool_calls", 1)
         scope, run_id = split_run_key(self.run_id)
         token = bind_tool_call(ToolCall(scope, run_id, key, attempt, op.address))
         try:
@@ -626,7 +622,7 @@ class DriveHost:
         # Recorded before it is sent: at most once, even if the process dies right after.
         answer, send = await self.store.transact(record_first, self.lease)
         if send:
-            self._use("steps")
+            self.usage.add("steps", 1)
             # Best effort by contract: a failed notification fails nothing.
             with contextlib.suppress(Exception):
                 scope, run_id = split_run_key(self.run_id)
@@ -681,8 +677,8 @@ class DriveHost:
                     read_only=self.reach.sql == "read",
                 )  # fmt: skip
         METRICS.sql_seconds.observe(outcome.elapsed_s)
-        self._use("steps")
-        self._use("sql_s", outcome.elapsed_s)
+        self.usage.add("steps", 1)
+        self.usage.add("sql_s", outcome.elapsed_s)
         # Counted once, outside the transaction below (which may run again after a fault).
         refused = None if outcome.result is None else self._over_journal_limit(key, outcome.result)
         finished = self.now()

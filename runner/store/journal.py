@@ -303,18 +303,7 @@ class JournalStore:
     async def claimable_turns(self, now: int, limit: int) -> list[tuple[str, str, int]]:
         """(run key, scope, turn) of claimable runs, by turn then age (`claimable_runs`)."""
         clock, at = lease_now(self._backend.dialect.lease_clock, now)
-        rows = await self._all(
-            "SELECT run_id, scope, turn FROM (SELECT run_id, scope, updated_at,"
-            " row_number() OVER (PARTITION BY scope ORDER BY updated_at, run_id) AS turn"
-            " FROM runs r"
-            f" WHERE status NOT IN {ENDED_SQL}"
-            f" AND (worker_id IS NULL OR lease_expires_at IS NULL OR lease_expires_at <= {clock})"
-            " AND (cancel_requested = 1 OR status <> 'paused' AND (status = 'running'"
-            "  OR EXISTS (SELECT 1 FROM timers t WHERE t.run_id = r.run_id AND t.due_at <= ?"
-            f"   AND {WAKING_TIMER_SQL})))"
-            ") due WHERE turn <= ? ORDER BY turn, updated_at, run_id LIMIT ?",
-            (*at, now, limit, limit),
-        )
+        rows = await self._all(claim_query(clock), (now, *at, now, limit, limit))
         return [(str(row[0]), str(row[1]), int(row[2])) for row in rows]
 
     async def driving_by_scope(self, now: int) -> dict[str, int]:
@@ -591,6 +580,27 @@ class JournalStore:
             (run_id,),
         )
         return [LogRecord(*row) for row in rows]
+
+
+def claim_query(clock: str) -> str:
+    """`claimable_turns`'s statement; its parameters: now, the lease clock's, now, the turn
+    limit, the row limit."""
+    return (
+        "SELECT run_id, scope, turn FROM (SELECT run_id, scope, updated_at,"
+        " row_number() OVER (PARTITION BY scope ORDER BY updated_at, run_id) AS turn"
+        " FROM runs r"
+        # Only runs that can be claimable are looked at, each found through an index (a due
+        # timer, `running`, a cancel asked): not every run that has not ended.
+        " WHERE run_id IN (SELECT t.run_id FROM timers t WHERE t.due_at <= ?"
+        "  UNION SELECT run_id FROM runs WHERE status = 'running'"
+        "  UNION SELECT run_id FROM runs WHERE cancel_requested = 1)"
+        f" AND status NOT IN {ENDED_SQL}"
+        f" AND (worker_id IS NULL OR lease_expires_at IS NULL OR lease_expires_at <= {clock})"
+        " AND (cancel_requested = 1 OR status <> 'paused' AND (status = 'running'"
+        "  OR EXISTS (SELECT 1 FROM timers t WHERE t.run_id = r.run_id AND t.due_at <= ?"
+        f"   AND {WAKING_TIMER_SQL})))"
+        ") due WHERE turn <= ? ORDER BY turn, updated_at, run_id LIMIT ?"
+    )
 
 
 def _capabilities(stored: object) -> Capabilities | None:

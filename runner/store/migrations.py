@@ -13,6 +13,7 @@ from qjsflow.runner.store.dialect import Dialect
 
 __all__ = [
     "CALL_DIGESTS",
+    "CANCELLING",
     "MIGRATIONS",
     "RUN_CONTROL",
     "TRACE_CONTEXT",
@@ -77,6 +78,11 @@ TRACE_CONTEXT = "ALTER TABLE runs ADD COLUMN traceparent TEXT"
 # Migration 13 (PostgreSQL's 8): what a tool, fetch or db.sql call was asked with, as the
 # sandbox's digest of it: a replay (or a migration's check) whose call differs is a divergence.
 CALL_DIGESTS = "ALTER TABLE steps ADD COLUMN args_digest TEXT"
+
+
+# Migration 14 (PostgreSQL's 9): a worker's claim finds runs with a cancel asked through this
+# (partial, so it holds only those) instead of scanning every run that has not ended.
+CANCELLING = "CREATE INDEX runs_cancelling ON runs (run_id) WHERE cancel_requested = 1"
 
 
 def tenancy(integer: str, real: str, strict: str) -> str:
@@ -282,6 +288,7 @@ MIGRATIONS: tuple[tuple[int, str, str], ...] = (
     (11, "each run's trace context", TRACE_CONTEXT),
     (12, "usage per scope; a snapshot's capabilities", tenancy("INTEGER", "REAL", " STRICT")),
     (13, "the digest of each call's arguments, checked on replay", CALL_DIGESTS),
+    (14, "runs with a cancel asked, found without a scan", CANCELLING),
 )
 
 

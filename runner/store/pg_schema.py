@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from qjsflow.runner.store.migrations import (
     CALL_DIGESTS,
+    CANCELLING,
     RUN_CONTROL,
     TRACE_CONTEXT,
     Migration,
@@ -119,4 +120,5 @@ PG_MIGRATIONS: tuple[Migration, ...] = (
         tenancy("BIGINT", "DOUBLE PRECISION", ""),
     ),
     (8, "the digest of each call's arguments (SQLite migration 13)", CALL_DIGESTS),
+    (9, "runs with a cancel asked, found without a scan (SQLite migration 14)", CANCELLING),
 )
