@@ -120,6 +120,9 @@ class StepRecord:
     attempt: int
     value: Encoded | None
     error: StepFailure | None
+    # Set when the sandbox settled the step itself and went on (a pure step's result): the
+    # run's clock it settled at, which the journal keeps for replays. No answer is awaited.
+    settled_at: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -185,7 +188,10 @@ Op = (
 
 
 def needs_answer(op: Op) -> bool:
-    """Logs and step.begin are fire and forget; every other op gets exactly one answer."""
+    """Logs, step.begin and a result the sandbox settled itself are fire and forget; every
+    other op gets exactly one answer."""
+    if isinstance(op, StepRecord):
+        return op.settled_at is None
     return not isinstance(op, Log | StepBegin)
 
 

@@ -190,7 +190,10 @@ def _record(body: dict[str, Any], limits: Limits) -> StepRecord:
     if has_value == has_error:
         raise ProtocolError("exactly one of value and error is required")
     if has_value:
-        return StepRecord(step, count, attempt, _encoded(body, "value", limits), None)
+        settled_at = _optional_ms(body, "at")
+        return StepRecord(step, count, attempt, _encoded(body, "value", limits), None, settled_at)
+    if "at" in body:
+        raise ProtocolError("only a value is settled by the sandbox")
     return StepRecord(step, count, attempt, None, _failure(_object(body["error"], "error")))
 
 

@@ -288,6 +288,10 @@ class RunDriver:
             # What the host answered ahead is committed before the drive's end is recorded
             # (a failure here, such as a lost lease, ends the drive as it would have then).
             await host.flush()
+        if host.diverged and not (isinstance(outcome, Failed) and outcome.retryable):
+            # What the sandbox did past a result the journal did not take as it assumed is
+            # void (none of it was serviced): the run is driven again from its journal.
+            return Suspended((), outcome.cpu_s), host
         if isinstance(outcome, Failed) and outcome.stack is not None:
             outcome = dataclasses.replace(outcome, stack=host.locate(outcome.stack))
         return outcome, host
@@ -536,6 +540,9 @@ def _finish(
                 tx.update_run(run_id, **common)
                 park_throttled(tx, current, now, host.throttle)
                 return _release(tx, lease)
+            if host.diverged:
+                tx.update_run(run_id, **common)
+                return None
             events = sorted({m.event for m in markers if m.kind == "event" and m.event})
             if events and tx.has_unconsumed(run_id, events):
                 # An event arrived while this drive ran, after its wait looked: drive again

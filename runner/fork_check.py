@@ -83,7 +83,7 @@ async def replay_without_calls(
     journal = tuple(
         JournalEntry(
             row.key, row.output, None if row.error is None else failure_from_json(row.error),
-            row.completed_at or row.started_at, row.args_digest if digests else None,
+            row.clock_at or row.started_at, row.args_digest if digests else None,
         )
         for row in rows
     )  # fmt: skip

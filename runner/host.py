@@ -37,6 +37,7 @@ from qjsflow.bridge.types import (
     StepWaitForEvent,
     Suspend,
     Value,
+    needs_answer,
     step_key,
 )
 from qjsflow.bridge.values import from_python, to_python
@@ -149,6 +150,11 @@ class DriveHost:
         self._effectful: set[str] = set()  # keys of steps whose body made an effect
         self._behind: list[asyncio.Future[bool]] = []  # batches answered ahead, being written
         self.pause_seen = False  # a pause was asked: every answer waits for the journal
+        # The sandbox settled a pure step itself and went on, and the journal did not take
+        # the result as it assumed (a limit, a pause, a budget, its timeout): nothing the
+        # sandbox sends after it is serviced, and the run is driven again from the journal.
+        # Set on the journal's thread, in the transaction that met it.
+        self.diverged = False
         # The scope's budgets, what it had used when the drive began, what this drive used
         # since (charged when it ends), and the budget it spent, if it did: the run's own
         # next call then parks it (runner/budgets.py).
@@ -202,6 +208,9 @@ class DriveHost:
                 answers += await self._in_journal(group)
                 await self.flush()  # an effect only ever follows what is journaled before it
                 group = []
+                if self.diverged:  # it follows a result the journal did not take: never made
+                    answers.append(Answer(envelope.id, PARKED, None))
+                    continue
                 match op:
                     case StepTool():
                         result, at = await self._tool(op)
@@ -236,9 +245,7 @@ class DriveHost:
         # journal's log is written in order.
         durable = any(isinstance(e.op, StepRecord) and self._had_effect(e.op) for e in group)
         answers = await self.store.transact(
-            lambda tx: [a for e in group if (a := self._service(tx, e, now)) is not None],
-            self.lease,
-            durable=durable,
+            lambda tx: self._serviced(tx, group, now), self.lease, durable=durable
         )
         waits = {e.id for e in group if isinstance(e.op, StepWaitForEvent)}
         for answer in answers:  # an event a wait consumed is part of the journal now
@@ -296,7 +303,7 @@ class DriveHost:
         beginning, console lines, and the successful results of steps whose body made no
         effect, begun in this drive, within their timeout (under this drive's lease nothing
         else can settle them). None when some op's answer depends on the journal."""
-        if self.pause_seen or self.throttle is not None:
+        if self.pause_seen or self.throttle is not None or self.diverged:
             return None
         answers = []
         for envelope in group:
@@ -308,7 +315,8 @@ class DriveHost:
             began = self._attempts.get((op.step, op.count, op.attempt))
             if began is None or (self.monotonic() - began[0]) * 1000 > began[1]:
                 return None  # not begun in this drive, or past its timeout: the journal says
-            answers.append(Answer(envelope.id, Value(None), now))
+            if op.settled_at is None:  # one the sandbox settled itself awaits no answer
+                answers.append(Answer(envelope.id, Value(None), now))
         return answers
 
     def _write_behind(self, group: list[OpEnvelope], now: int) -> None:
@@ -316,8 +324,7 @@ class DriveHost:
         awaited before anything that is not answered ahead (`flush`) and at the drive's end."""
 
         def work(tx: JournalTransaction) -> bool:
-            for envelope in group:
-                self._service(tx, envelope, now)
+            self._serviced(tx, group, now)
             return tx.pause_requested
 
         written = self.store.transact_soon(work, self.lease, durable=False)
@@ -338,6 +345,25 @@ class DriveHost:
             for outcome in outcomes:
                 if isinstance(outcome, BaseException):
                     raise outcome
+
+    def _serviced(self, tx: JournalTransaction, group: list[OpEnvelope], now: int) -> list[Answer]:
+        """The answers of a journal batch, in op order. A result the sandbox settled itself is
+        checked against what the journal makes of it; from the first that differs on (and from
+        the start once the drive has diverged), nothing is serviced and every call is parked."""
+        answers = []
+        for envelope in group:
+            op = envelope.op
+            if self.diverged:
+                if needs_answer(op):
+                    answers.append(Answer(envelope.id, PARKED, None))
+                continue
+            answer = self._service(tx, envelope, now)
+            if needs_answer(op):
+                if answer is not None:
+                    answers.append(answer)
+            elif isinstance(op, StepRecord) and (answer is None or answer.result != Value(None)):
+                self.diverged = True
+        return answers
 
     def _service(self, tx: JournalTransaction, envelope: OpEnvelope, now: int) -> Answer | None:
         op = envelope.op
@@ -415,7 +441,7 @@ class DriveHost:
         refused = self._over_journal_limit(op.step, op.value)
         if refused is None:
             return envelope
-        return OpEnvelope(envelope.id, StepRecord(op.step, op.count, op.attempt, None, refused))
+        return OpEnvelope(envelope.id, dataclasses.replace(op, value=None, error=refused))
 
     def _located(self, envelope: OpEnvelope) -> OpEnvelope:
         """A step's error is journaled with the author's frames, not the engine's."""

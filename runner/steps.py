@@ -86,8 +86,8 @@ def settled(row: StepRow | None) -> Answered | None:
     if row is None or row.settled_seq is None or row.completed_at is None:
         return None
     if row.status == "failed" and row.error is not None:
-        return failure_from_json(row.error), row.completed_at
-    return Value(row.output), row.completed_at
+        return failure_from_json(row.error), row.clock_at
+    return Value(row.output), row.clock_at
 
 
 def event(
@@ -239,7 +239,7 @@ def record(
         raise ProtocolError(f"step {op.step!r} #{op.count} was recorded without a check")
     return settle_call(
         tx, row, attempt=op.attempt, value=op.value, failure=op.error, now=now,
-        elapsed_ms=elapsed_ms, retry_in_drive_ms=retry_in_drive_ms,
+        elapsed_ms=elapsed_ms, retry_in_drive_ms=retry_in_drive_ms, replay_at=op.settled_at,
     )  # fmt: skip
 
 
@@ -253,13 +253,15 @@ def settle_call(
     now: int,
     elapsed_ms: int | None = None,
     retry_in_drive_ms: int = 0,
+    replay_at: int | None = None,
 ) -> Answered:
     """The end of an attempt of a step.do or step.tool: its value, or a failure that the retry
     policy turns into a retry (answered `{"retryIn": ms}` when due within `retry_in_drive_ms`,
     which only step.do passes) or the step's final error. An attempt that reports after its
     timeout has failed. `elapsed_ms` is the attempt's duration on a monotonic clock when the
     process that started it measured it (a wall-clock jump then changes nothing); otherwise
-    the journal's times are compared."""
+    the journal's times are compared. `replay_at`: the run's clock the sandbox settled a value
+    at, kept for replays."""
     answer = settled(row)
     if answer is not None:  # another writer settled it first: its value wins
         return answer
@@ -275,7 +277,7 @@ def settle_call(
     if failure is None:
         tx.settle_step(
             row, status="completed", output=value, error=None, at=now,
-            event_type="step_completed",
+            event_type="step_completed", replay_at=replay_at,
         )  # fmt: skip
         return (Value(None) if row.kind == "do" else Value(value)), now
     final = fail_attempt(tx, row, failure, now)

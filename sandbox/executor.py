@@ -136,6 +136,8 @@ class Drive:
             if self._call("hit") == "1":
                 continue
             ops = self._call("take")
+            if ops == "+":  # every op waiting was a pure step's result, settled by the prelude
+                continue
             if not ops:
                 if self._wait_for_timer():
                     continue

@@ -69,6 +69,12 @@ class MemoryHost:
                 continue
             if isinstance(envelope.op, StepBegin):
                 continue
+            op = envelope.op
+            if isinstance(op, StepRecord) and op.settled_at is not None:
+                # settled by the sandbox: journaled at the run's clock it used, not answered
+                key = f"do:{op.count}:{op.step}"
+                self.entries.append(JournalEntry(key, op.value, None, op.settled_at))
+                continue
             result, at = self._service(envelope.op)
             answers.append(Answer(envelope.id, result, at))
         return answers

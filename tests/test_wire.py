@@ -5,7 +5,15 @@ from __future__ import annotations
 import pytest
 
 from qjsflow.bridge.limits import Limits
-from qjsflow.bridge.types import Completed, Failed, Log, StepCheck, StepRecord, Suspended
+from qjsflow.bridge.types import (
+    Completed,
+    Failed,
+    Log,
+    StepCheck,
+    StepRecord,
+    Suspended,
+    needs_answer,
+)
 from qjsflow.bridge.wire import ProtocolError, parse_op, parse_outcome
 
 LIMITS = Limits()
@@ -31,6 +39,15 @@ def test_a_valid_check_and_record() -> None:
     )
     assert isinstance(record.op, StepRecord)
     assert record.op.value == '{"a":1}'
+    assert record.op.settled_at is None  # answered by the host
+    settled = parse_op(
+        {"id": 3, "op": {"op": "step.record", "step": "s", "count": 1, "attempt": 1,
+                         "value": "1", "at": 1_700_000_000_000}},
+        LIMITS,
+    )  # fmt: skip
+    assert isinstance(settled.op, StepRecord)
+    assert settled.op.settled_at == 1_700_000_000_000
+    assert not needs_answer(settled.op)
 
 
 @pytest.mark.parametrize(
@@ -141,6 +158,34 @@ def test_a_valid_check_and_record() -> None:
                 },
             },
             "nested deeper",
+        ),
+        (
+            {
+                "id": 1,
+                "op": {
+                    "op": "step.record",
+                    "step": "s",
+                    "count": 1,
+                    "attempt": 1,
+                    "error": {"name": "E", "message": "m", "retryable": True},
+                    "at": 5,
+                },
+            },
+            "only a value is settled by the sandbox",
+        ),
+        (
+            {
+                "id": 1,
+                "op": {
+                    "op": "step.record",
+                    "step": "s",
+                    "count": 1,
+                    "attempt": 1,
+                    "value": "1",
+                    "at": -1,
+                },
+            },
+            "at must be an integer",
         ),
         (
             {"id": 1, "op": {"op": "step.sleep", "step": "s", "count": 1, "ms": 1, "until": 2}},

@@ -20,6 +20,7 @@ __all__ = [
     "Migration",
     "current_version",
     "migrate",
+    "replay_clock",
     "scoped_run_keys",
     "tenancy",
 ]
@@ -83,6 +84,13 @@ CALL_DIGESTS = "ALTER TABLE steps ADD COLUMN args_digest TEXT"
 # Migration 14 (PostgreSQL's 9): a worker's claim finds runs with a cancel asked through this
 # (partial, so it holds only those) instead of scanning every run that has not ended.
 CANCELLING = "CREATE INDEX runs_cancelling ON runs (run_id) WHERE cancel_requested = 1"
+
+
+# Migration 15 (PostgreSQL's 10): the run's clock when a step's result was settled by the
+# sandbox itself (a pure step, sandbox/prelude/80-dispatch.js): a replay reaches that time,
+# not the journal's wall-clock `completed_at`, so the body sees the same Date.now() again.
+def replay_clock(integer: str) -> str:
+    return f"ALTER TABLE steps ADD COLUMN replay_at {integer}"
 
 
 def tenancy(integer: str, real: str, strict: str) -> str:
@@ -289,6 +297,7 @@ MIGRATIONS: tuple[tuple[int, str, str], ...] = (
     (12, "usage per scope; a snapshot's capabilities", tenancy("INTEGER", "REAL", " STRICT")),
     (13, "the digest of each call's arguments, checked on replay", CALL_DIGESTS),
     (14, "runs with a cancel asked, found without a scan", CANCELLING),
+    (15, "the run's clock of a step the sandbox settled itself", replay_clock("INTEGER")),
 )
 
 

@@ -13,6 +13,7 @@ from qjsflow.runner.store.migrations import (
     RUN_CONTROL,
     TRACE_CONTEXT,
     Migration,
+    replay_clock,
     scoped_run_keys,
     tenancy,
 )
@@ -121,4 +122,9 @@ PG_MIGRATIONS: tuple[Migration, ...] = (
     ),
     (8, "the digest of each call's arguments (SQLite migration 13)", CALL_DIGESTS),
     (9, "runs with a cancel asked, found without a scan (SQLite migration 14)", CANCELLING),
+    (
+        10,
+        "the run's clock of a step the sandbox settled itself (SQLite migration 15)",
+        replay_clock("BIGINT"),
+    ),
 )

@@ -78,10 +78,18 @@ class StepRow:
     completed_at: int | None
     settled_seq: int | None
     args_digest: str | None = None  # a tool, fetch or db.sql call's, as the sandbox made it
+    # The run's clock when the sandbox settled the step itself (a pure step's result, which it
+    # did not wait for): what a replay reaches, where `completed_at` is when it was written.
+    replay_at: int | None = None
 
     @property
     def key(self) -> str:
         return step_key(self.kind, self.count, self.name)
+
+    @property
+    def clock_at(self) -> int | None:
+        """The time a replay reaches at this step, once settled."""
+        return self.completed_at if self.replay_at is None else self.replay_at
 
 
 @dataclass(frozen=True, slots=True)

@@ -44,7 +44,7 @@ RUN_COLUMNS = (
 )
 STEP_COLUMNS = (
     "run_id, kind, name, count, status, attempt, config, detail, output, error, started_at,"
-    " completed_at, settled_seq, args_digest"
+    " completed_at, settled_seq, args_digest, replay_at"
 )
 _RUN_UPDATABLE = {
     "status", "output", "error", "updated_at", "wake_at", "waiting_for", "cpu_used_s",
@@ -374,10 +374,11 @@ class JournalTransaction:
         seq = self.append_event(run_id, "step_copied", at, dumps_text({"key": row.key}))
         self._db.execute(
             f"INSERT INTO steps ({STEP_COLUMNS})"
-            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (
                 run_id, row.kind, row.name, row.count, row.status, row.attempt, row.config,
                 row.detail, row.output, row.error, row.started_at, row.completed_at, seq, None,
+                row.replay_at,
             ),
         )  # fmt: skip
 
@@ -472,21 +473,27 @@ class JournalTransaction:
         error: str | None,
         at: int,
         event_type: str,
+        replay_at: int | None = None,
     ) -> bool:
-        """Record a step's final result once: False (nothing written) if it already settled."""
+        """Record a step's final result once: False (nothing written) if it already settled.
+        `replay_at`: the run's clock a replay reaches at it, when not `at` (StepRow)."""
         seq = self.append_event(step.run_id, event_type, at, f'{{"key":{dumps_text(step.key)}}}')
         row = self._one(
             "UPDATE steps SET status = ?, output = ?, error = ?, completed_at = ?,"
-            " settled_seq = ? WHERE run_id = ? AND kind = ? AND name = ? AND count = ?"
-            " AND settled_seq IS NULL RETURNING 1",
-            (status, output, error, at, seq, step.run_id, step.kind, step.name, step.count),
-        )
+            " settled_seq = ?, replay_at = ? WHERE run_id = ? AND kind = ? AND name = ?"
+            " AND count = ? AND settled_seq IS NULL RETURNING 1",
+            (
+                status, output, error, at, seq, replay_at, step.run_id, step.kind, step.name,
+                step.count,
+            ),
+        )  # fmt: skip
         return row is not None
 
     def load_journal(self, run_id: str) -> list[JournalRow]:
         """Every settled step of a run in the order it was reached: one query per drive."""
         rows = self._db.execute(
-            "SELECT kind, name, count, output, error, completed_at, args_digest FROM steps"
+            "SELECT kind, name, count, output, error, coalesce(replay_at, completed_at),"
+            " args_digest FROM steps"
             " WHERE run_id = ? AND settled_seq IS NOT NULL ORDER BY settled_seq",
             (run_id,),
         ).fetchall()

@@ -19,6 +19,61 @@ function send(op, onResult) {
   const id = nextId++;
   append(outbox, { id, op });
   if (onResult !== null) pending.set(id, { onResult, scope: currentScope });
+  return id;
+}
+
+// A pure step's result (a step.do begun in this drive whose attempt made no effect: no tool,
+// fetch, db.sql or notify) is settled by the sandbox itself, which goes on without waiting for
+// the host: the journal could answer it nothing else (the host checks that it agrees, and
+// drives the run again from the journal when it does not, servicing nothing sent after). Its
+// record carries the run's clock it settled at, which replays reach in its place, so time in
+// a run moves only when the host answers (as in a Worker, where it moves only at I/O).
+// Ops settled this way wait in `held` and go to the host with the next frame.
+const settleable = new RealSet(); // ids of records the sandbox may settle itself
+let held = [];
+let heldChars = 0; // of the results held: past HELD_CHARS they go out, as the memory is the run's
+const HELD_CHARS = 262144;
+// The ops to send now, or "+" when every op waiting was settled here (nothing to wait for).
+// Only when all of them can be, so that nothing that waits for the host comes before a result
+// settled here, and the journal's order is the order the run saw.
+function take() {
+  let own = outbox.length > 0;
+  for (let i = 0; own && i < outbox.length; i++) {
+    const message = outbox[i];
+    if (pending.has(message.id) && !settleable.has(message.id)) own = false;
+    if (typeof message.op.value === "string") heldChars += message.op.value.length;
+  }
+  if (heldChars > HELD_CHARS) own = false;
+  const taken = outbox;
+  outbox = [];
+  for (let i = 0; i < taken.length; i++) {
+    append(held, taken[i]);
+    if (own && settleable.has(taken[i].id)) settleHere(taken[i]);
+  }
+  if (own) return "+";
+  settleable.clear(); // sent as they are: the host answers them
+  const sent = held;
+  held = [];
+  heldChars = 0;
+  return sent.length === 0 ? "" : asciiJSON(sent);
+}
+function settleHere(message) {
+  const waiting = pending.get(message.id);
+  settleable.delete(message.id);
+  pending.delete(message.id);
+  currentScope = waiting.scope;
+  message.op.at = currentScope.clock;
+  waiting.onResult({ value: null }, currentScope.clock);
+}
+// At the end of a drive: what was settled here, and console output. A step call nobody
+// awaited must not run after the body has finished.
+function takeLast() {
+  const sent = held;
+  held = [];
+  heldChars = 0;
+  for (let i = 0; i < outbox.length; i++) if (outbox[i].op.op === "log") append(sent, outbox[i]);
+  outbox = [];
+  return sent.length === 0 ? "" : asciiJSON(sent);
 }
 
 // Step identity. Calls made inside a step body are scoped by that step: their names carry
@@ -29,6 +84,7 @@ function send(op, onResult) {
 // "/" or ":" can never spell another step's key.
 const ROOT_SCOPE = {
   id: "", prefix: "", counters: new RealMap(), depth: 0, clock: 0, rng: [1, 2, 3, 4], logs: 0,
+  parent: null, effectful: false,
 };
 let currentScope = ROOT_SCOPE;
 const MAX_NESTING = 8;
@@ -52,7 +108,7 @@ function attemptScope(key, attempt, startedAt) {
   const clock = typeof startedAt === "number" && startedAt > currentScope.clock ? startedAt : currentScope.clock;
   return {
     id: key + "#" + attempt, prefix: key + "/", counters: new RealMap(), depth: currentScope.depth + 1,
-    clock, logs: 0,
+    clock, logs: 0, parent: currentScope, effectful: false,
     rng: seed(runId + "\u0000" + key + "\u0000" + attempt + "\u0000" + clock),
   };
 }
@@ -170,6 +226,10 @@ function request(kind, name, op, onAnswer, begin) {
     }
     op.count = count;
     op.step = fullName;
+    if (kind !== "do") {
+      // An effect: no step enclosing it is pure in this drive (see settleable).
+      for (let s = scope; s !== null; s = s.parent) s.effectful = true;
+    }
     send(op, (result, at) => onAnswer(result, at, key, count, resolve, reject, fullName));
   });
 }

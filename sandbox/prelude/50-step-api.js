@@ -52,8 +52,9 @@ function runAttempt(name, fullName, count, attempt, config, fn, key, resolve, re
       currentScope = saved;
     }
   };
+  let own = null; // the attempt's scope
   const recordIn = (fields) => {
-    send({ op: "step.record", step: fullName, count, attempt, ...fields }, (result, at) => {
+    const id = send({ op: "step.record", step: fullName, count, attempt, ...fields }, (result, at) => {
       if (hasOwn(result, "value") && result.value !== null && typeof result.value === "object") {
         // A short retry: wait inside the drive, then run the next attempt in this context. If
         // the drive ends first, the marker suspends the run on the (journaled) retry.
@@ -74,11 +75,16 @@ function runAttempt(name, fullName, count, attempt, config, fn, key, resolve, re
         valueAnswer(result, at, key, count, resolve, rejectStep);
       }
     });
+    // Begun in this drive without asking (startedAt unset), and pure: see `settleable`.
+    if (attempt === 1 && startedAt === undefined && hasOwn(fields, "value") && !own.effectful) {
+      settleable.add(id);
+    }
   };
   if (attempt > 1) forgetFailedCalls(key);
   let started;
   try {
-    currentScope = attemptScope(key, attempt, startedAt);
+    own = attemptScope(key, attempt, startedAt);
+    currentScope = own;
     started = P.resolve(fn(ctx));
   } catch (error) {
     started = P.reject(error);

@@ -14,20 +14,9 @@ return function dispatch(command, argument) {
       case "nextTimer": return nextTimerDelay();
       case "fireTimer": fireTimer(); return "{}";
       case "answer": answer(parseJSON(argument)); return "{}";
-      case "take": {
-        const taken = outbox;
-        outbox = [];
-        return taken.length === 0 ? "" : asciiJSON(taken);
-      }
+      case "take": return take();
       case "outcome": return outcome === null ? "" : asciiJSON(withReplayed(outcome));
-      case "takeLogs": {
-        // At the end of a drive only console output still goes out: a step call nobody
-        // awaited must not run after the body has finished.
-        const logs = [];
-        for (let i = 0; i < outbox.length; i++) if (outbox[i].op.op === "log") append(logs, outbox[i]);
-        outbox = [];
-        return logs.length === 0 ? "" : asciiJSON(logs);
-      }
+      case "takeLogs": return takeLast();
       case "finish": return asciiJSON(withReplayed(finish()));
     }
     return asciiJSON({ error: { name: "DriveError", message: "unknown command " + command } });

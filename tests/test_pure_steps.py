@@ -1,0 +1,149 @@
+"""Pure steps settled by the sandbox itself: a step.do begun in the drive whose body made no
+effect goes on without waiting for the host, its record goes with the next frame, replays reach
+the run's clock it settled at, and a result the journal does not take as assumed voids all the
+sandbox sent after it (docs/ARCHITECTURE.md, Pure steps)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import pytest
+
+from qjsflow.bridge.limits import Limits
+from qjsflow.bridge.types import Answer, OpEnvelope, StepRecord
+from qjsflow.runner import Bindings, Runner, RunnerConfig
+from qjsflow.runner.host import DriveHost
+from qjsflow.sandbox import PoolConfig
+from qjsflow.testing import MockTool
+from tests.conftest import FakeClock, start_source
+
+TEN_PURE = """
+export default async (event, step) => {
+  let total = 0;
+  for (let i = 0; i < 10; i++) total += await step.do("pure " + i, async () => i);
+  return total;
+};
+"""
+
+
+@pytest.fixture
+def frames(monkeypatch: pytest.MonkeyPatch) -> list[list[OpEnvelope]]:
+    """Every frame of ops the product's host was given."""
+    seen: list[list[OpEnvelope]] = []
+    original = DriveHost.__call__
+
+    async def counting(self: DriveHost, ops: Sequence[OpEnvelope]) -> list[Answer]:
+        seen.append(list(ops))
+        return await original(self, ops)
+
+    monkeypatch.setattr(DriveHost, "__call__", counting)
+    return seen
+
+
+async def test_pure_steps_reach_the_host_together_in_one_frame(
+    runner: Runner, frames: list[list[OpEnvelope]]
+) -> None:
+    run = await start_source(runner, TEN_PURE)
+    assert run.output == 45
+    assert len(frames) == 1  # not a round trip per step
+    records = [e.op for e in frames[0] if isinstance(e.op, StepRecord)]
+    assert [r.step for r in records] == [f"pure {i}" for i in range(10)]
+    assert all(r.settled_at is not None for r in records)
+    steps = await runner.list_steps(run.run_id, scope="acme")
+    assert [s.status for s in steps] == ["completed"] * 10
+
+
+EFFECT_INSIDE = """
+export default async (event, step) => {
+  const a = await step.do("pure", async () => 1);
+  const b = await step.do("outer", async () => await step.tool("t", "count", {}));
+  return [a, b];
+};
+"""
+
+
+async def test_a_step_whose_body_made_an_effect_waits_for_the_host(
+    runner: Runner, frames: list[list[OpEnvelope]]
+) -> None:
+    run = await start_source(runner, EFFECT_INSIDE, bindings=Bindings(tools={"count": MockTool(7)}))
+    assert run.output == [1, 7]
+    records = {e.op.step: e.op for f in frames for e in f if isinstance(e.op, StepRecord)}
+    assert records["pure"].settled_at is not None
+    assert records["outer"].settled_at is None  # its result is answered by the journal
+
+
+class TickingClock(FakeClock):
+    """Time moves a millisecond at every reading, as a busy host's would."""
+
+    def __call__(self) -> float:
+        self.now += 0.001
+        return self.now
+
+
+SEES_THE_TIME = """
+export default async (event, step) => {
+  await step.do("a", async () => 1);
+  const seen = Date.now();
+  await step.do("at " + seen, async () => 2);
+  await step.sleep("nap", 1000);
+  return { seen, after: Date.now() >= seen };
+};
+"""
+
+
+async def test_a_replay_sees_the_time_the_run_saw_after_a_pure_step(tmp_path: Path) -> None:
+    clock = TickingClock()
+    config = RunnerConfig(clock=clock, monotonic=clock, pool=PoolConfig(size=2))
+    async with Runner.open(tmp_path / "journal.db", config) as runner:
+        run = await start_source(runner, SEES_THE_TIME)
+        assert run.status == "sleeping"
+        clock.advance(5)
+        done = await runner.resume(run.run_id, scope="acme")
+        assert done.status == "completed", done.error
+        steps = await runner.list_steps(run.run_id, scope="acme")
+    named = [s.name for s in steps if s.name.startswith("at ")]
+    # The replay computed the same Date.now() and so the same step name: one step, not two.
+    assert named == [f"at {done.output['seen']}"]
+    assert done.output["after"] is True
+
+
+OVER_THE_JOURNAL = """
+export default async (event, step) => {
+  const seen = [];
+  for (let i = 0; i < 5; i++) {
+    try {
+      await step.do("big " + i, async () => "x".repeat(40000));
+      seen.push("ok " + i);
+    } catch (error) {
+      seen.push("failed " + i + ": " + error.name);
+      break;
+    }
+  }
+  await step.tool("report", "count", seen);
+  return seen;
+};
+"""
+
+
+async def test_nothing_sent_after_a_result_the_journal_refused_is_serviced(
+    tmp_path: Path,
+) -> None:
+    """The sandbox settled five 40 kB results itself and went on to a tool; the journal's limit
+    refuses the third: the fourth and fifth are never recorded, the tool is not called with
+    what the sandbox assumed, and the run, driven again from its journal, calls it once with
+    what the journal says."""
+    config = RunnerConfig(limits=Limits(journal_bytes_per_run=100_000), pool=PoolConfig(size=2))
+    report = MockTool(None)
+    async with Runner.open(tmp_path / "journal.db", config) as runner:
+        run = await start_source(
+            runner, OVER_THE_JOURNAL, bindings=Bindings(tools={"count": report})
+        )
+        steps = await runner.list_steps(run.run_id, scope="acme")
+        history = await runner.history(run.run_id, scope="acme")
+    expected = ["ok 0", "ok 1", "failed 2: LimitError"]
+    assert run.status == "completed", run.error
+    assert run.output == expected
+    assert report.calls == [expected]
+    assert [s.name for s in steps if s.name.startswith("big")] == ["big 0", "big 1", "big 2"]
+    assert [e.type for e in history].count("drive_started") == 2
