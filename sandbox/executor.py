@@ -73,15 +73,23 @@ def _with_prelude(prelude: PreludeLoader) -> tuple[quickjs.Context, Any]:
 
 class Prepared:
     """A fresh context with the prelude evaluated and the intrinsics locked down: everything a
-    drive needs that does not depend on the run, made while the executor waits for work."""
+    drive needs that does not depend on the run, made while the executor waits for work.
 
-    def __init__(self, prelude: PreludeLoader) -> None:
+    `plan`: the routes to the objects the lockdown freezes, as the first context of this
+    process found them (JSON; "" before): the next contexts follow them instead of searching
+    every intrinsic again (sandbox/prelude/60-lockdown.js, harden)."""
+
+    def __init__(self, prelude: PreludeLoader, plan: str = "") -> None:
         try:
             self.context, self.dispatch = _with_prelude(prelude)
         except RuntimeError:  # its bytecode failed to load: the source, in a clean context
             self.context, self.dispatch = _with_prelude(prelude)
-        if self.dispatch("prepare", "") != "{}":
+        answer = self.dispatch("prepare", plan)
+        prepared = loads(answer, max_depth=None) if isinstance(answer, str) else None
+        if not isinstance(prepared, dict) or "error" in prepared:
             raise RuntimeError("the prelude failed to prepare a context")
+        found = prepared.get("plan")
+        self.plan = plan if found is None else dumps_text(found)
 
 
 class Drive:
@@ -319,11 +327,12 @@ def main(before_drive: Callable[[], object] | None = None) -> None:
         if before_drive is not None:
             before_drive()
         message = loads(payload, max_depth=None)
+        plan = prepared.plan
         drive = Drive(message["request"], message["bundle"], frames_out, prepared)
         result = drive.run()
         del drive, prepared
         _write_all(frames_out, frame(result))
-        prepared = Prepared(prelude)  # one context per drive, never shared between runs
+        prepared = Prepared(prelude, plan)  # one context per drive, never shared between runs
 
 
 if __name__ == "__main__":

@@ -45,8 +45,11 @@ function seed(text) {
   h4 = imul(h2 ^ (h4 >>> 19), 2716044179);
   return [(h1 ^ h2 ^ h3 ^ h4) >>> 0, (h2 ^ h1) >>> 0, (h3 ^ h1) >>> 0, (h4 ^ h1) >>> 0];
 }
+// A scope's stream is seeded from a text (`rng` holds the text until the first draw): most
+// steps never draw, and hashing the text at every step they reach would cost them all.
 function random() {
   const scope = currentScope;
+  if (typeof scope.rng === "string") scope.rng = seed(scope.rng);
   let [a, b, c, d] = scope.rng;
   const t = (((a + b) >>> 0) + d) >>> 0;
   d = (d + 1) >>> 0;
@@ -61,7 +64,7 @@ function random() {
 function reach(at, key) {
   const scope = currentScope;
   if (typeof at === "number" && at > scope.clock) scope.clock = at;
-  scope.rng = seed(runId + "\u0000" + key + "\u0000" + scope.clock);
+  scope.rng = runId + "\u0000" + key + "\u0000" + scope.clock;
 }
 
 function LogicalDate(...args) {

@@ -83,8 +83,8 @@ function takeLast() {
 // Names are escaped ("/" and "%" as %2F and %25) before they are joined, so a name holding
 // "/" or ":" can never spell another step's key.
 const ROOT_SCOPE = {
-  id: "", prefix: "", counters: new RealMap(), depth: 0, clock: 0, rng: [1, 2, 3, 4], logs: 0,
-  parent: null, effectful: false,
+  id: "", prefix: "", counters: new RealMap(), depth: 0, clock: 0, logs: 0, parent: null,
+  effectful: false, rng: /** @type {number[] | string} */ ([1, 2, 3, 4]),
 };
 let currentScope = ROOT_SCOPE;
 const MAX_NESTING = 8;
@@ -109,7 +109,7 @@ function attemptScope(key, attempt, startedAt) {
   return {
     id: key + "#" + attempt, prefix: key + "/", counters: new RealMap(), depth: currentScope.depth + 1,
     clock, logs: 0, parent: currentScope, effectful: false,
-    rng: seed(runId + "\u0000" + key + "\u0000" + attempt + "\u0000" + clock),
+    rng: runId + "\u0000" + key + "\u0000" + attempt + "\u0000" + clock,
   };
 }
 const NAME_ESCAPES = /[%/]/g;

@@ -26,24 +26,70 @@ function enableOverride(object, name) {
 // constructors, prototypes. A plain method (a function with no own `prototype`) is left as it
 // is: its own properties are read-only already, and new ones change nothing the prelude or
 // other code relies on. This keeps preparing a context cheap.
-function harden(roots) {
+//
+// The walk looks at every property of every object it reaches (about a thousand), most of them
+// plain methods; it returns its plan, the route to each object it froze, which the executor
+// hands to the next context it prepares (`plan`): every fresh context of this prelude has the
+// same shape, so following the routes freezes the same objects without the search. A route is
+// [0, root], [1, object] (its prototype) or [2, object, key, symbol?], objects numbered in
+// the order they were frozen. A route that does not lead to an object (a context of another
+// shape) falls back to the walk. Returns null when the plan was followed.
+function harden(roots, plan) {
+  if (plan !== null && follow(roots, plan)) return null;
   const seen = new RealSet();
-  const queue = [...roots];
+  const routes = [];
+  const queue = [];
+  for (let i = 0; i < roots.length; i++) append(queue, [roots[i], [0, i]]);
   while (queue.length) {
-    const object = queue.pop();
+    const [object, route] = queue.pop();
     if (object === null || (typeof object !== "object" && typeof object !== "function")) continue;
     if (seen.has(object) || object === G) continue;
     seen.add(object);
     freeze(object);
-    append(queue, getPrototypeOf(object));
+    const at = routes.length;
+    append(routes, route);
+    append(queue, [getPrototypeOf(object), [1, at]]);
     const names = ownKeys(object);
     for (let i = 0; i < names.length; i++) {
       const desc = getOwnPropertyDescriptor(object, names[i]);
       const value = desc.value;
-      if (value !== null && typeof value === "object") append(queue, value);
-      else if (typeof value === "function" && hasOwn(value, "prototype")) append(queue, value);
+      if ((value !== null && typeof value === "object") ||
+          (typeof value === "function" && hasOwn(value, "prototype"))) {
+        append(queue, [value, keyRoute(at, names[i])]);
+      }
     }
   }
+  return routes;
+}
+function keyRoute(at, name) {
+  if (typeof name !== "symbol") return [2, at, name];
+  const description = name.description || "";
+  const known = call(strSlice, description, 7); // "Symbol.iterator" -> "iterator"
+  return RealSymbol[known] === name ? [2, at, known, 1] : [3]; // [3]: no route, walk next time
+}
+function follow(roots, plan) {
+  const objects = [];
+  for (let i = 0; i < plan.length; i++) {
+    const route = plan[i];
+    let object;
+    const from = route[0] === 0 ? undefined : objects[route[1]];
+    if (route[0] === 0) {
+      object = roots[route[1]];
+    } else if (from === undefined) {
+      return false;
+    } else if (route[0] === 1) {
+      object = getPrototypeOf(from);
+    } else if (route[0] === 2) {
+      const desc = getOwnPropertyDescriptor(from, route[3] ? RealSymbol[route[2]] : route[2]);
+      object = desc === undefined ? undefined : desc.value;
+    }
+    if (object === null || object === G || (typeof object !== "object" && typeof object !== "function")) {
+      return false;
+    }
+    freeze(object);
+    append(objects, object);
+  }
+  return true;
 }
 // The step scope follows awaits: a callback registered with then() (which is what every
 // compiled await uses, see bundles/driver.mjs) runs in the scope that registered it, so code
@@ -64,7 +110,7 @@ function inScope(scope, callback) {
     }
   };
 }
-function lockdown(runtime) {
+function lockdown(runtime, plan) {
   defineProperty(P.prototype, "then", { value: then, writable: true, configurable: true, enumerable: false });
   for (const name of ["WeakRef", "FinalizationRegistry", "performance", "SharedArrayBuffer", "Atomics"]) {
     delete G[name];
@@ -115,5 +161,5 @@ function lockdown(runtime) {
   append(roots, new RealSet().values());
   append(roots, ""[Symbol.iterator]());
   append(roots, call(RealRegExp.prototype[Symbol.matchAll], /a/g, "a"));
-  harden(roots);
+  return harden(roots, plan);
 }

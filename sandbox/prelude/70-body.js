@@ -58,14 +58,18 @@ const step = freeze({
   tool: stepTool, notify: stepNotify,
 });
 let prepared = false;
-function prepare() {
+// `plan`: the routes the first context's lockdown took (JSON, or "" for none); the answer is
+// this context's own when it had to walk (see harden).
+function prepare(plan) {
   // What the bundled "qjsflow" module reaches: db, and the run's env once boot has made it.
-  lockdown(freeze({ db, get env() { return moduleBody === null ? undefined : moduleBody.env; } }));
+  const module = freeze({ db, get env() { return moduleBody === null ? undefined : moduleBody.env; } });
+  const routes = lockdown(module, plan === "" ? null : parseJSON(plan));
   prepared = true;
+  return routes === null ? "{}" : asciiJSON({ plan: routes });
 }
 
 function boot(request) {
-  if (!prepared) prepare();
+  if (!prepared) prepare("");
   limits = request.limits;
   runId = request.runId;
   entryExport = request.export;

@@ -6,7 +6,7 @@
 return function dispatch(command, argument) {
   try {
     switch (command) {
-      case "prepare": prepare(); return "{}";
+      case "prepare": return prepare(argument);
       case "boot": boot(parseJSON(argument)); return "{}";
       case "load": load(argument); return "{}";
       case "start": start(); return "{}";
