@@ -22,7 +22,7 @@ import socket
 import time
 from collections.abc import AsyncIterator, Mapping
 from functools import partial
-from typing import Any
+from typing import Any, Protocol
 
 from qjsflow.bridge import dumps_text
 from qjsflow.bridge.hints import with_run_hint
@@ -71,10 +71,18 @@ from qjsflow.runner.store import (
 )
 from qjsflow.sandbox import ExecutorPool
 
-__all__ = ["SIGNAL_TIMER", "RunDriver", "park_paused"]
+__all__ = ["SIGNAL_TIMER", "BeforeLease", "RunDriver", "park_paused"]
 
 _log = logging.getLogger("qjsflow.driver")
 SIGNAL_TIMER = "signal"  # a timer key that wakes a waiting run when an event arrives
+
+
+class BeforeLease(Protocol):
+    """Work written in the transaction that takes a run's lease, before it is taken."""
+
+    def __call__(self, tx: JournalTransaction, *, now: int) -> None: ...
+
+
 _MAX_DRIVES_PER_CALL = 10_000
 _BUNDLES_KEPT = 64
 _CRASH_RETRIES = 2
@@ -107,15 +115,18 @@ class RunDriver:
     def _ttl_ms(self) -> int:
         return int(self.config.lease_ttl_s * 1000)
 
-    async def drive(self, run_id: str, bindings: Bindings) -> RunRecord:
+    async def drive(
+        self, run_id: str, bindings: Bindings, *, first: BeforeLease | None = None
+    ) -> RunRecord:
         """Drive `run_id` until it suspends on something not yet due, or ends. A run whose
-        lease another live driver holds is returned as it is."""
+        lease another live driver holds is returned as it is. `first` is written in the
+        transaction that takes the lease, before it (an operator's resume lifting a pause)."""
         async with self._locks.hold(run_id):
             now = self.now_ms()
             # The lease and the drive's beginning in one transaction: one journal hop fewer.
             taken = await self.store.transact(
                 partial(_take_and_begin, run_id=run_id, worker_id=self.worker_id, now=now,
-                        ttl_ms=self._ttl_ms, budgets=self.config.scope_budgets),
+                        ttl_ms=self._ttl_ms, budgets=self.config.scope_budgets, first=first),
                 durable=False,
             )  # fmt: skip
             final: RunRecord | None = None
@@ -358,8 +369,11 @@ def _take_and_begin(
     now: int,
     ttl_ms: int,
     budgets: Mapping[str, Budgets],
+    first: BeforeLease | None = None,
 ) -> tuple[Lease, _Begun | RunRecord] | None:
     """The run's lease, if no live driver holds it, and the drive's beginning under it."""
+    if first is not None:
+        first(tx, now=now)
     lease = tx.acquire_lease(run_id, worker_id, now, ttl_ms)
     if lease is None:
         return None

@@ -34,7 +34,7 @@ from qjsflow.runner.control import (
     restart_run,
     terminate_run,
 )
-from qjsflow.runner.driver import SIGNAL_TIMER, RunDriver
+from qjsflow.runner.driver import SIGNAL_TIMER, BeforeLease, RunDriver
 from qjsflow.runner.environment import env_of
 from qjsflow.runner.errors import (
     InvalidEvent,
@@ -253,11 +253,12 @@ class Runner:
         due, this drives any run; `drive=False` leaves it for a worker). A finished run is
         returned as it is."""
         key = _key(run_id, scope)
-        if (await self._run(run_id, scope)).pause_requested:  # else nothing to write
-            await self._store.transact(partial(lift_pause, key=key, now=self._driver.now_ms()))
         if not drive:
+            if (await self._run(run_id, scope)).pause_requested:  # else nothing to write
+                await self._store.transact(partial(lift_pause, key=key, now=self._driver.now_ms()))
             return await self.get(run_id, scope=scope)
-        return await self._drive(key, bindings)
+        # The pause lifted in the transaction that takes the run's lease: one journal hop.
+        return await self._drive(key, bindings, first=partial(lift_pause, key=key))
 
     async def pause(self, run_id: str, *, scope: str) -> RunView:
         """Park the run once the steps under way have recorded their results: no worker drives
@@ -625,8 +626,10 @@ class Runner:
         """The run of this scope, or RunNotFound."""
         return _found(await self._store.get_run(_key(run_id, scope)), run_id)
 
-    async def _drive(self, run_id: str, bindings: Bindings | None) -> RunView:
-        run = await self._driver.drive(run_id, bindings or self.config.bindings)
+    async def _drive(
+        self, run_id: str, bindings: Bindings | None, *, first: BeforeLease | None = None
+    ) -> RunView:
+        run = await self._driver.drive(run_id, bindings or self.config.bindings, first=first)
         return run_view(run)
 
     @staticmethod
