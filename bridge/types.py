@@ -123,6 +123,9 @@ class StepRecord:
     # Set when the sandbox settled the step itself and went on (a pure step's result): the
     # run's clock it settled at, which the journal keeps for replays. No answer is awaited.
     settled_at: int | None = None
+    # The policy of its step.begin, when the step began in the same frame: the begin is not
+    # sent on its own (the step is written once, settled).
+    begun_with: RetryPolicy | None = None
 
 
 @dataclass(frozen=True, slots=True)

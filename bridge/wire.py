@@ -191,8 +191,14 @@ def _record(body: dict[str, Any], limits: Limits) -> StepRecord:
         raise ProtocolError("exactly one of value and error is required")
     if has_value:
         settled_at = _optional_ms(body, "at")
-        return StepRecord(step, count, attempt, _encoded(body, "value", limits), None, settled_at)
-    if "at" in body:
+        begun_with = None
+        if "config" in body:
+            if settled_at is None or attempt != 1:
+                raise ProtocolError("only a first attempt settled by the sandbox has a config")
+            begun_with = _policy(_object(body["config"], "config"))
+        value = _encoded(body, "value", limits)
+        return StepRecord(step, count, attempt, value, None, settled_at, begun_with)
+    if "at" in body or "config" in body:
         raise ProtocolError("only a value is settled by the sandbox")
     return StepRecord(step, count, attempt, None, _failure(_object(body["error"], "error")))
 

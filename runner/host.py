@@ -263,11 +263,10 @@ class DriveHost:
         result is bounded by the journal limit and located; what it uses is counted."""
         op = envelope.op
         if isinstance(op, StepBegin):
-            if "/" not in op.step and self._spent("step"):
-                self._unbegun.add((op.step, op.count))
-            began = (self.monotonic(), op.config.timeout_ms, time.time_ns())
-            self._attempts[(op.step, op.count, 1)] = began
+            self._begun(op.step, op.count, op.config)
             return envelope
+        if isinstance(op, StepRecord) and op.begun_with is not None:  # its begin inside it
+            self._begun(op.step, op.count, op.begun_with)
         if isinstance(op, Log):
             self.usage.add("journal_bytes", len(op.text))
             return envelope
@@ -275,6 +274,13 @@ class DriveHost:
             return envelope
         self.usage.add("steps", 1)
         return self._located(self._bounded(envelope))
+
+    def _begun(self, step: str, count: int, policy: RetryPolicy) -> None:
+        """A step the sandbox began without asking: its first attempt is timed from here (or,
+        past a spent budget, the step is left unbegun)."""
+        if "/" not in step and self._spent("step"):
+            self._unbegun.add((step, count))
+        self._attempts[(step, count, 1)] = (self.monotonic(), policy.timeout_ms, time.time_ns())
 
     def _count_logs(self, group: list[OpEnvelope]) -> None:
         """The workflow body's lines stored so far: the next drive skips as many."""
@@ -385,6 +391,12 @@ class DriveHost:
                 return None
             case StepRecord() if self._is_unbegun(op):
                 return Answer(envelope.id, PARKED, None)
+            case StepRecord(begun_with=RetryPolicy()):
+                answered = steps.begun_settled(tx, self.run_id, op, now)
+                _count_step("do", answered[0], 0)
+                if self._holds(tx, op.step):
+                    return Answer(envelope.id, PARKED, None)
+                return Answer(envelope.id, *answered)
             case StepCheck():
                 result, at = steps.check(tx, self.run_id, op, now)
                 started = result.value if isinstance(result, Value) else None

@@ -32,6 +32,7 @@ __all__ = [
     "Answered",
     "begin",
     "begin_attempt",
+    "begun_settled",
     "check",
     "event_value",
     "fail_attempt",
@@ -180,6 +181,24 @@ def begin(tx: JournalTransaction, run_id: str, op: StepBegin, now: int) -> None:
         config=policy_to_json(op.config),
     )  # fmt: skip
     event(tx, run_id, "step_started", now, step_key("do", op.count, op.step), attempt=1)
+
+
+def begun_settled(tx: JournalTransaction, run_id: str, op: StepRecord, now: int) -> Answered:
+    """A step the sandbox began and settled itself in one frame (a pure step's first attempt,
+    its begin inside its record): written once, settled, with both its events. A row that
+    exists already is left to the step's record, as `begin` leaves it; a result the host
+    refused (a limit) is begun and then recorded as that failure."""
+    assert op.begun_with is not None
+    if op.value is None or tx.get_step(run_id, "do", op.step, op.count) is not None:
+        begin(tx, run_id, StepBegin(op.step, "do", op.count, op.begun_with), now)
+        return record(tx, run_id, op, now)
+    key = step_key("do", op.count, op.step)
+    event(tx, run_id, "step_started", now, key, attempt=1)
+    tx.insert_settled_step(
+        run_id, "do", op.step, op.count, config=policy_to_json(op.begun_with), output=op.value,
+        at=now, replay_at=op.settled_at,
+    )  # fmt: skip
+    return Value(None), now
 
 
 def check(tx: JournalTransaction, run_id: str, op: StepCheck, now: int) -> Answered:

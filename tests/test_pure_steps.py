@@ -50,8 +50,12 @@ async def test_pure_steps_reach_the_host_together_in_one_frame(
     records = [e.op for e in frames[0] if isinstance(e.op, StepRecord)]
     assert [r.step for r in records] == [f"pure {i}" for i in range(10)]
     assert all(r.settled_at is not None for r in records)
+    assert len(frames[0]) == 10  # each step's begin went inside its record
+    assert all(r.begun_with is not None for r in records)
     steps = await runner.list_steps(run.run_id, scope="acme")
-    assert [s.status for s in steps] == ["completed"] * 10
+    assert [(s.status, s.attempt) for s in steps] == [("completed", 1)] * 10
+    history = [e.type for e in await runner.history(run.run_id, scope="acme")]
+    assert history.count("step_started") == history.count("step_completed") == 10
 
 
 EFFECT_INSIDE = """

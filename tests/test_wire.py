@@ -47,7 +47,16 @@ def test_a_valid_check_and_record() -> None:
     )  # fmt: skip
     assert isinstance(settled.op, StepRecord)
     assert settled.op.settled_at == 1_700_000_000_000
+    assert settled.op.begun_with is None
     assert not needs_answer(settled.op)
+    begun = parse_op(
+        {"id": 4, "op": {"op": "step.record", "step": "s", "count": 1, "attempt": 1,
+                         "value": "1", "at": 5, "config": POLICY}},
+        LIMITS,
+    )  # fmt: skip
+    assert isinstance(begun.op, StepRecord)
+    assert begun.op.begun_with is not None
+    assert begun.op.begun_with.limit == 1
 
 
 @pytest.mark.parametrize(
@@ -186,6 +195,35 @@ def test_a_valid_check_and_record() -> None:
                 },
             },
             "at must be an integer",
+        ),
+        (
+            {
+                "id": 1,
+                "op": {
+                    "op": "step.record",
+                    "step": "s",
+                    "count": 1,
+                    "attempt": 1,
+                    "value": "1",
+                    "config": POLICY,
+                },
+            },
+            "only a first attempt settled by the sandbox has a config",
+        ),
+        (
+            {
+                "id": 1,
+                "op": {
+                    "op": "step.record",
+                    "step": "s",
+                    "count": 1,
+                    "attempt": 2,
+                    "value": "1",
+                    "at": 5,
+                    "config": POLICY,
+                },
+            },
+            "only a first attempt settled by the sandbox has a config",
         ),
         (
             {"id": 1, "op": {"op": "step.sleep", "step": "s", "count": 1, "ms": 1, "until": 2}},

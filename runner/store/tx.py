@@ -334,6 +334,29 @@ class JournalTransaction:
         )
         return row is not None
 
+    def insert_settled_step(
+        self,
+        run_id: str,
+        kind: str,
+        name: str,
+        count: int,
+        *,
+        config: str,
+        output: str,
+        at: int,
+        replay_at: int | None,
+    ) -> None:
+        """A step completed by its first attempt, written once (`settle_step` without the row
+        written before it): its completion event first, whose seq it settles at."""
+        key = step_key(kind, count, name)
+        seq = self.append_event(run_id, "step_completed", at, f'{{"key":{dumps_text(key)}}}')
+        self._db.execute(
+            "INSERT INTO steps (run_id, kind, name, count, status, attempt, config, output,"
+            " started_at, completed_at, settled_seq, replay_at)"
+            " VALUES (?, ?, ?, ?, 'completed', 1, ?, ?, ?, ?, ?, ?)",
+            (run_id, kind, name, count, config, output, at, at, seq, replay_at),
+        )
+
     def update_step(self, run_id: str, kind: str, name: str, count: int, **fields: Any) -> None:
         unknown = set(fields) - _STEP_UPDATABLE
         if unknown:

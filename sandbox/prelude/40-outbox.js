@@ -17,9 +17,10 @@ function send(op, onResult) {
     throw new LimitError("ops per drive limit exceeded");
   }
   const id = nextId++;
-  append(outbox, { id, op });
+  const message = { id, op };
+  append(outbox, message);
   if (onResult !== null) pending.set(id, { onResult, scope: currentScope });
-  return id;
+  return message;
 }
 
 // A pure step's result (a step.do begun in this drive whose attempt made no effect: no tool,
@@ -28,8 +29,14 @@ function send(op, onResult) {
 // drives the run again from the journal when it does not, servicing nothing sent after). Its
 // record carries the run's clock it settled at, which replays reach in its place, so time in
 // a run moves only when the host answers (as in a Worker, where it moves only at I/O).
-// Ops settled this way wait in `held` and go to the host with the next frame.
-const settleable = new RealSet(); // ids of records the sandbox may settle itself
+// Ops settled this way wait in `held` and go to the host with the next frame. A step whose
+// begin has not gone out yet goes as its record alone, carrying the begin's policy (one op,
+// one row written, instead of two).
+// Their state is kept on the messages under symbols, which the frame's JSON leaves out (a
+// QuickJS Set of thousands of integer ids costs tens of microseconds an operation).
+const OPENING = RealSymbol("opening"); // on a record the sandbox may settle: its step.begin
+const UNSENT = RealSymbol("unsent"); // on a step.begin: not sent yet
+const INSIDE = RealSymbol("inside"); // on a step.begin: goes inside its record
 let held = [];
 let heldChars = 0; // of the results held: past HELD_CHARS they go out, as the memory is the run's
 const HELD_CHARS = 262144;
@@ -40,7 +47,7 @@ function take() {
   let own = outbox.length > 0;
   for (let i = 0; own && i < outbox.length; i++) {
     const message = outbox[i];
-    if (pending.has(message.id) && !settleable.has(message.id)) own = false;
+    if (message[OPENING] === undefined && pending.has(message.id)) own = false;
     if (typeof message.op.value === "string") heldChars += message.op.value.length;
   }
   if (heldChars > HELD_CHARS) own = false;
@@ -48,32 +55,44 @@ function take() {
   outbox = [];
   for (let i = 0; i < taken.length; i++) {
     append(held, taken[i]);
-    if (own && settleable.has(taken[i].id)) settleHere(taken[i]);
+    if (own && taken[i][OPENING] !== undefined) settleHere(taken[i]);
   }
   if (own) return "+";
-  settleable.clear(); // sent as they are: the host answers them
-  const sent = held;
-  held = [];
-  heldChars = 0;
-  return sent.length === 0 ? "" : asciiJSON(sent);
+  return release([]); // sent as they are: the host answers them
 }
 function settleHere(message) {
   const waiting = pending.get(message.id);
-  settleable.delete(message.id);
   pending.delete(message.id);
+  const opening = message[OPENING];
+  if (opening[UNSENT]) {
+    opening[INSIDE] = true;
+    message.op.config = opening.op.config;
+  }
   currentScope = waiting.scope;
   message.op.at = currentScope.clock;
   waiting.onResult({ value: null }, currentScope.clock);
 }
+// The held ops and then `more`, as the frame to send ("" for none); begins that went inside
+// their record are left out.
+function release(more) {
+  const sent = [];
+  for (let i = 0; i < held.length; i++) {
+    const message = held[i];
+    message[UNSENT] = false;
+    if (message[INSIDE] !== true) append(sent, message);
+  }
+  for (let i = 0; i < more.length; i++) append(sent, more[i]);
+  held = [];
+  heldChars = 0;
+  return sent.length === 0 ? "" : asciiJSON(sent);
+}
 // At the end of a drive: what was settled here, and console output. A step call nobody
 // awaited must not run after the body has finished.
 function takeLast() {
-  const sent = held;
-  held = [];
-  heldChars = 0;
-  for (let i = 0; i < outbox.length; i++) if (outbox[i].op.op === "log") append(sent, outbox[i]);
+  const logs = [];
+  for (let i = 0; i < outbox.length; i++) if (outbox[i].op.op === "log") append(logs, outbox[i]);
   outbox = [];
-  return sent.length === 0 ? "" : asciiJSON(sent);
+  return release(logs);
 }
 
 // Step identity. Calls made inside a step body are scoped by that step: their names carry
@@ -227,7 +246,7 @@ function request(kind, name, op, onAnswer, begin) {
     op.count = count;
     op.step = fullName;
     if (kind !== "do") {
-      // An effect: no step enclosing it is pure in this drive (see settleable).
+      // An effect: no step enclosing it is pure in this drive (see OPENING).
       for (let s = scope; s !== null; s = s.parent) s.effectful = true;
     }
     send(op, (result, at) => onAnswer(result, at, key, count, resolve, reject, fullName));

@@ -18,15 +18,16 @@ function stepDo(name, configOrFn, maybeFn) {
       (result, at) => onCheck(result, at, key, count, resolve, rejectStep, fullName),
     );
     const begin = (key, count, fullName, resolve, rejectStep) => {
-      send({ op: "step.begin", step: fullName, count, kind: "do", config: policy }, null);
+      const opening = send({ op: "step.begin", step: fullName, count, kind: "do", config: policy }, null);
+      opening[UNSENT] = true;
       const retry = again(key, count, fullName, resolve, rejectStep);
-      runAttempt(name, fullName, count, 1, merged, fn, key, resolve, rejectStep, undefined, retry);
+      runAttempt(name, fullName, count, 1, merged, fn, key, resolve, rejectStep, { opening }, retry);
     };
     const onCheck = (result, at, key, count, resolve, rejectStep, fullName) => {
       if (hasOwn(result, "value") && result.value !== null && result.value.hit === false) {
         const { attempt, now } = result.value;
         const retry = again(key, count, fullName, resolve, rejectStep);
-        runAttempt(name, fullName, count, attempt, merged, fn, key, resolve, rejectStep, now, retry);
+        runAttempt(name, fullName, count, attempt, merged, fn, key, resolve, rejectStep, { now }, retry);
       } else if (hasOwn(result, "value") && result.value !== null && result.value.hit === true) {
         reach(at, key);
         resolve(decode(result.value.value));
@@ -39,7 +40,10 @@ function stepDo(name, configOrFn, maybeFn) {
     return reject(error);
   }
 }
-function runAttempt(name, fullName, count, attempt, config, fn, key, resolve, rejectStep, startedAt, retry) {
+// `began`: how the attempt started: `{ now }`, the host's time, when the host was asked, or
+// `{ opening }`, the step.begin message, when the sandbox began it without asking.
+function runAttempt(name, fullName, count, attempt, config, fn, key, resolve, rejectStep, began, retry) {
+  const startedAt = began.now;
   const ctx = freeze({ step: freeze({ name, count }), attempt, config: deepFreeze(config) });
   const where = `step "${name}" (#${count})`;
   const outer = currentScope; // the caller's scope: the step's own promise resumes it
@@ -54,7 +58,7 @@ function runAttempt(name, fullName, count, attempt, config, fn, key, resolve, re
   };
   let own = null; // the attempt's scope
   const recordIn = (fields) => {
-    const id = send({ op: "step.record", step: fullName, count, attempt, ...fields }, (result, at) => {
+    const message = send({ op: "step.record", step: fullName, count, attempt, ...fields }, (result, at) => {
       if (hasOwn(result, "value") && result.value !== null && typeof result.value === "object") {
         // A short retry: wait inside the drive, then run the next attempt in this context. If
         // the drive ends first, the marker suspends the run on the (journaled) retry.
@@ -75,9 +79,9 @@ function runAttempt(name, fullName, count, attempt, config, fn, key, resolve, re
         valueAnswer(result, at, key, count, resolve, rejectStep);
       }
     });
-    // Begun in this drive without asking (startedAt unset), and pure: see `settleable`.
-    if (attempt === 1 && startedAt === undefined && hasOwn(fields, "value") && !own.effectful) {
-      settleable.add(id);
+    // Begun in this drive without asking, and pure: the sandbox may settle it (OPENING).
+    if (began.opening !== undefined && hasOwn(fields, "value") && !own.effectful) {
+      message[OPENING] = began.opening;
     }
   };
   if (attempt > 1) forgetFailedCalls(key);
