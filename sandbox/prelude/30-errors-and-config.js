@@ -107,7 +107,16 @@ function readOptions(object, allowed, what) {
   return copy;
 }
 // Returns [config as the author sees it in ctx.config, normalized policy for the host].
+// A call without a config (most) shares one, made once: it is frozen when a body sees it.
+let defaultStepConfig = null;
 function stepConfig(config, what) {
+  if (config === undefined) {
+    if (defaultStepConfig === null) defaultStepConfig = checkedStepConfig(undefined, what);
+    return defaultStepConfig;
+  }
+  return checkedStepConfig(config, what);
+}
+function checkedStepConfig(config, what) {
   const merged = {
     retries: { ...DEFAULT_CONFIG.retries },
     timeout: DEFAULT_CONFIG.timeout,
