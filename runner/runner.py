@@ -90,6 +90,7 @@ __all__ = ["PublishResult", "PublishedWorkflow", "Runner", "Source"]
 Source = str | os.PathLike[str] | Mapping[str, str | bytes]
 _SNAPSHOT_ID = re.compile(r"[0-9a-f]{64}")
 _SNAPSHOT_PREFIX = re.compile(r"[0-9a-f]{8,63}")
+_SNAPSHOTS_KEPT = 1024  # snapshots a runner remembers by id (each a few hundred bytes)
 _MAX_PAGE = 10_001  # runs a page may hold (the CLI asks for one more than it shows)
 _RUN_ID = re.compile(r"^[A-Za-z0-9_-]{1,128}$")
 
@@ -120,6 +121,9 @@ class Runner:
         scope_root = config.scope_root or _default_scope_root(store)
         self.scopes = ScopeDatabases(scope_root, config.sql_limits)
         self._driver = RunDriver(store, self._pool, config, self.scopes)
+        # Snapshots found by their full id: immutable (content-addressed) and never deleted,
+        # so a start need not read one again. Keyed by scope: each scope has its own.
+        self._snapshots: dict[tuple[str, str], SnapshotRecord] = {}
 
     @classmethod
     @asynccontextmanager
@@ -238,13 +242,26 @@ class Runner:
                 return None
             return tx.get_run(run_id)
 
-        existing = await self._store.transact(create)
-        if existing is not None:
-            _check_same(existing, record)
-            return run_view(existing)
         if not drive:
+            existing = await self._store.transact(create)
+            if existing is not None:
+                _check_same(existing, record)
+                return run_view(existing)
             return run_view(record)
-        return await self._drive(run_id, bindings)
+
+        def create_to_drive(tx: JournalTransaction, *, now: int) -> None:
+            existing = create(tx)
+            if existing is not None:  # nothing is written: the run is returned as it is
+                raise _Existing(existing)
+
+        # Created in the transaction that takes its lease and begins its first drive (not
+        # fsynced by itself: the drive's first effect or its end makes it durable, and the
+        # caller learns of the run only then).
+        try:
+            return await self._drive(run_id, bindings, first=create_to_drive)
+        except _Existing as already:
+            _check_same(already.run, record)
+            return run_view(already.run)
 
     async def resume(
         self, run_id: str, bindings: Bindings | None = None, *, scope: str, drive: bool = True
@@ -580,6 +597,9 @@ class Runner:
         `latest` (the scope's newest). Another scope's snapshot is not found, like a missing
         one."""
         scope = validate_scope(scope)
+        known = self._snapshots.get((scope, reference))
+        if known is not None:
+            return known
         if reference == "latest":
             found = await self._store.list_snapshots(scope, limit=1)
         elif _SNAPSHOT_ID.fullmatch(reference):
@@ -595,6 +615,8 @@ class Runner:
             found = []
         if not found:
             raise SnapshotNotFound(scope, reference[:80])
+        if found[0].snapshot_id == reference and len(self._snapshots) < _SNAPSHOTS_KEPT:
+            self._snapshots[(scope, reference)] = found[0]
         return found[0]
 
     async def scopes_of(self, run_id: str) -> builtins.list[str]:
@@ -639,6 +661,14 @@ class Runner:
         if not isinstance(run_id, str) or not _RUN_ID.fullmatch(run_id):
             raise InvalidRunId(run_id)
         return run_id
+
+
+class _Existing(Exception):
+    """A start found the run it was asked to create: the transaction writes nothing."""
+
+    def __init__(self, run: RunRecord) -> None:
+        super().__init__(run.run_id)
+        self.run = run
 
 
 def _default_scope_root(store: JournalStore) -> Path:

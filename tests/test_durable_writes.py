@@ -49,7 +49,9 @@ async def test_pure_step_results_ride_on_the_next_durable_commit(
     fsynced.clear()
     run = await start_source(runner, PURE)
     assert run.output == 45
-    assert fsynced.count(True) == 2  # the run's creation and its end; ten steps, no fsync
+    # One: the run's end. Its creation (made with its first drive's beginning) and its ten
+    # steps ride on it.
+    assert fsynced == [False, False, True]
 
 
 async def test_a_step_whose_body_made_an_effect_is_fsynced(
@@ -66,6 +68,7 @@ async def test_a_step_whose_body_made_an_effect_is_fsynced(
     fsynced.clear()
     run = await start_source(runner, WITH_EFFECT, bindings=Bindings(tools={"count": count}))
     assert run.output == [1, 1]
-    # creation, the tool's start and its result, `inner` and `outer` (each enclosing the
-    # tool), and the end; `pure` rides along.
-    assert fsynced.count(True) == 6
+    # The tool's start (the run's creation and `pure` ride on it) and its result, `inner` and
+    # `outer` (each enclosing the tool), and the end.
+    assert fsynced.count(True) == 5
+    assert fsynced[:2] == [False, False]  # created with the drive's beginning; `pure`
