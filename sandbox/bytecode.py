@@ -28,6 +28,10 @@ _CHECKED_VERSIONS = frozenset({"0.17.0.2"})
 _GLOBAL = "__qjsflowPrelude"  # where the loaded prelude leaves `dispatch`, removed at once
 _COMPILE_ONLY = 1 << 5  # JS_EVAL_FLAG_COMPILE_ONLY
 _BYTECODE = 1 << 0  # JS_WRITE_OBJ_BYTECODE, JS_READ_OBJ_BYTECODE
+# Written without the prelude's source text (its frames keep their lines): a third of the
+# bytecode fewer to read into every context, and the prelude's functions do not show their
+# source to author code.
+_STRIP_SOURCE = 1 << 4  # JS_WRITE_OBJ_STRIP_SOURCE
 _TAG_EXCEPTION = 6
 
 
@@ -120,7 +124,9 @@ class PreludeLoader:
             if function.tag == _TAG_EXCEPTION:
                 return
             size = ctypes.c_size_t()
-            buffer = library.JS_WriteObject(pointer, ctypes.byref(size), function, _BYTECODE)
+            buffer = library.JS_WriteObject(
+                pointer, ctypes.byref(size), function, _BYTECODE | _STRIP_SOURCE
+            )
             library.JS_FreeValue(pointer, function)
             if not buffer:
                 return

@@ -49,3 +49,14 @@ def test_an_unchecked_binding_version_falls_back_to_the_source(
     loader = PreludeLoader(PRELUDE)
     assert not loader.fast
     assert _prepared(loader)[0].startswith('{"plan":')
+
+
+def test_the_prelude_is_loaded_without_its_source_text() -> None:
+    # A third of the bytecode to read into every context; and author code calling toString on
+    # the runtime's functions sees no source of the sandbox.
+    loader = PreludeLoader(PRELUDE)
+    context = quickjs.Context()
+    loader.evaluate(context)("prepare", "")
+    shown = context.eval("fetch.toString() + Headers.toString()")
+    assert "[native code]" in shown
+    assert "return" not in shown
