@@ -31,7 +31,7 @@ import quickjs
 from qjsflow.bridge.codec import dumps, dumps_text, loads
 from qjsflow.bridge.errors import CodecError
 from qjsflow.bridge.rules import RULES
-from qjsflow.sandbox.bytecode import PreludeLoader
+from qjsflow.sandbox.bytecode import BundleCode, PreludeLoader
 from qjsflow.sandbox.confine import confine
 from qjsflow.sandbox.frames import frame, read_frame_fd
 
@@ -46,6 +46,7 @@ def load_prelude() -> str:
 
 
 PRELUDE = load_prelude()
+_BUNDLE_PAD = "\n" * (RULES.bundle_first_line - 1)  # as the prelude pads the bundle's source
 _JOB_CHECK_EVERY = 1024
 
 
@@ -94,10 +95,16 @@ class Prepared:
 
 class Drive:
     def __init__(
-        self, request: dict[str, Any], bundle: str, frames_out: int, prepared: Prepared
+        self,
+        request: dict[str, Any],
+        bundle: str,
+        frames_out: int,
+        prepared: Prepared,
+        bundles: BundleCode | None = None,
     ) -> None:
         self.request = request
         self.bundle = bundle
+        self.bundles = bundles
         self.frames_out = frames_out
         limits = request["limits"]
         self.limits = limits
@@ -123,11 +130,21 @@ class Drive:
             if self.budget_s <= 0:
                 raise DriveStopped(f"{self.budget_name} exceeded", limit=False)
             self._call("boot", dumps_text(self.request))
-            self._call("load", self.bundle, what="loading the workflow")
+            self._load()
             self._call("start", "", what="starting the workflow")
             return self._loop()
         except DriveStopped as stop:
             return _failed(stop.message, recycle=stop.limit, stack=stop.stack)
+
+    def _load(self) -> None:
+        """Evaluate the bundle: from the bytecode this process compiled of it, or its source."""
+        memory = int(self.limits["memory_bytes"])
+        if self.bundles is not None and self.bundles.define(
+            self.context, _BUNDLE_PAD + self.bundle, memory
+        ):
+            self._call("load", "", what="loading the workflow")
+        else:
+            self._call("load", self.bundle, what="loading the workflow")
 
     def _loop(self) -> bytes:
         while True:
@@ -310,6 +327,7 @@ def main(before_drive: Callable[[], object] | None = None) -> None:
     # Compiled once for every drive of this process; before confinement, as finding the
     # binding's version and library opens files.
     prelude = PreludeLoader(PRELUDE)
+    bundles = BundleCode(prelude)
     frames_out = os.dup(1)
     os.dup2(2, 1)
     try:
@@ -328,7 +346,7 @@ def main(before_drive: Callable[[], object] | None = None) -> None:
             before_drive()
         message = loads(payload, max_depth=None)
         plan = prepared.plan
-        drive = Drive(message["request"], message["bundle"], frames_out, prepared)
+        drive = Drive(message["request"], message["bundle"], frames_out, prepared, bundles)
         result = drive.run()
         del drive, prepared
         _write_all(frames_out, frame(result))

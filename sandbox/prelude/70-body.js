@@ -116,6 +116,14 @@ const CTX = freeze({ waitUntil() {} }); // this.ctx of a WorkflowEntrypoint: not
 
 const BUNDLE_PAD = call(strRepeat, "\n", RULES.bundle_first_line - 1);
 function load(code) {
+  if (code === "") {
+    // The executor loaded the bundle's bytecode, which defined a function whose body is the
+    // bundle (sandbox/bytecode.py, BundleCode): run it, as the global code would run.
+    const body = G.__qjsflowBundle;
+    delete G.__qjsflowBundle;
+    G.__qjsflow_module = call(body, G);
+    return;
+  }
   // Indirect (not called by the name `eval`): global scope, none of ours. Its first line is
   // numbered RULES.bundle_first_line in stack frames.
   EVAL(BUNDLE_PAD + code);
