@@ -7,6 +7,7 @@ the host.
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Callable
 from dataclasses import asdict
@@ -127,12 +128,19 @@ def request_to_wire(request: DriveRequest) -> dict[str, Any]:
             }
             for entry in request.journal
         ],
-        "limits": asdict(request.limits),
+        "limits": _limits_to_wire(request.limits),
         "cpuUsedS": request.cpu_used_s,
         "logsSeen": request.logs_seen,
         "unsettled": list(request.unsettled),
         "strict": request.strict,
     }
+
+
+@functools.lru_cache(maxsize=64)
+def _limits_to_wire(limits: Limits) -> dict[str, Any]:
+    """A drive's limits as data: the same few `Limits` for every drive, converted once each
+    (`asdict` walks every field, ~0.15 ms a drive)."""
+    return asdict(limits)
 
 
 def failure_to_wire(failure: StepFailure) -> dict[str, Any]:

@@ -156,8 +156,9 @@ class Drive:
                     raise DriveStopped(
                         f"{self.budget_name} exceeded", limit=True, stack=stopped.get("stack")
                     )
-                self._exchange(self._call("takeLogs"))
-                return _outcome(outcome)
+                # The drive's last ops (pure steps' results, console lines: none awaits an
+                # answer) go with the outcome, in one frame.
+                return _outcome(outcome, self._call("takeLogs"))
             if self._call("hit") == "1":
                 continue
             ops = self._call("take")
@@ -288,8 +289,9 @@ class Drive:
         )
 
 
-def _outcome(text: str) -> bytes:
-    return b'{"type":"outcome","outcome":' + text.encode("ascii") + b"}"
+def _outcome(text: str, last_ops: str = "") -> bytes:
+    ops = b',"ops":' + last_ops.encode("ascii") if last_ops else b""
+    return b'{"type":"outcome","outcome":' + text.encode("ascii") + ops + b"}"
 
 
 def _failed(message: str, *, recycle: bool, stack: str | None = None) -> bytes:

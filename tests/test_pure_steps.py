@@ -12,9 +12,10 @@ import pytest
 
 from qjsflow.bridge.limits import Limits
 from qjsflow.bridge.types import Answer, OpEnvelope, StepRecord
+from qjsflow.bridge.wire import ProtocolError
 from qjsflow.runner import Bindings, Runner, RunnerConfig
 from qjsflow.runner.host import DriveHost
-from qjsflow.sandbox import PoolConfig
+from qjsflow.sandbox import ExecutorPool, PoolConfig
 from qjsflow.testing import MockTool
 from tests.conftest import FakeClock, start_source
 
@@ -151,3 +152,32 @@ async def test_nothing_sent_after_a_result_the_journal_refused_is_serviced(
     assert report.calls == [expected]
     assert [s.name for s in steps if s.name.startswith("big")] == ["big 0", "big 1", "big 2"]
     assert [e.type for e in history].count("drive_started") == 2
+
+
+async def test_only_ops_that_await_no_answer_may_come_with_an_outcome() -> None:
+    """The drive's last ops ride with its outcome (one frame fewer each way); a tool call
+    there would be made with nobody awaiting it, so a frame holding one is refused."""
+    serviced: list[list[OpEnvelope]] = []
+
+    async def host(ops: Sequence[OpEnvelope]) -> list[Answer]:
+        serviced.append(list(ops))
+        return []
+
+    log = {"id": 1, "op": {"op": "log", "level": "log", "text": "hi", "count": 1}}
+    tool = {
+        "id": 2,
+        "op": {
+            "op": "step.tool",
+            "step": "t",
+            "count": 1,
+            "address": "a",
+            "args": "{}",
+            "config": {"limit": 0, "delayMs": 0, "backoff": "constant", "timeoutMs": 1},
+        },
+    }
+    async with ExecutorPool(PoolConfig(size=1)) as pool:
+        await pool._last_ops(None, [log], Limits(), host)  # type: ignore[arg-type]
+        assert len(serviced) == 1
+        with pytest.raises(ProtocolError, match="await no answer"):
+            await pool._last_ops(None, [log, tool], Limits(), host)  # type: ignore[arg-type]
+    assert len(serviced) == 1
