@@ -147,6 +147,7 @@ class DriveHost:
         # and its timeout, and when it began on the wall clock (for its trace span)
         self._attempts: dict[tuple[str, int, int], tuple[float, int, int]] = {}
         self.trace = tracing.current()  # the drive's span: the parent of those made here
+        self.recording = tracing.recording(self.trace)
         self._effectful: set[str] = set()  # keys of steps whose body made an effect
         self._behind: list[asyncio.Future[bool]] = []  # batches answered ahead, being written
         self.pause_seen = False  # a pause was asked: every answer waits for the journal
@@ -289,7 +290,7 @@ class DriveHost:
 
     def _trace_attempts(self, group: list[OpEnvelope]) -> None:
         """A span for each step attempt this batch ends."""
-        if not tracing.tracing():
+        if not self.recording:
             return
         for envelope in group:
             op = envelope.op

@@ -25,6 +25,7 @@ __all__ = [
     "drive_span",
     "failed",
     "new_traceparent",
+    "recording",
     "tracing",
 ]
 
@@ -92,6 +93,14 @@ def drive_span(traceparent: str | None, attributes: dict[str, Any]) -> Iterator[
         "qjsflow.drive", context=_parent(traceparent), attributes=attributes
     ) as span:
         yield span
+
+
+def recording(parent: Any) -> bool:
+    """Whether spans made under `parent` (a context from `current`) are kept: with the API
+    alone, or a drive its sampler dropped, its step spans are not worth making (~9 µs each)."""
+    if parent is None or not tracing():
+        return False
+    return bool(_api()["trace"].get_current_span(parent).is_recording())
 
 
 def current() -> Any:

@@ -11,9 +11,10 @@ from opentelemetry import trace
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import NonRecordingSpan, SpanContext
 
 from qjsflow.bridge import InvalidInput
-from qjsflow.runner import Bindings, Runner, StartRunInput
+from qjsflow.runner import Bindings, Runner, StartRunInput, tracing
 from tests.conftest import FakeClock
 
 _EXPORTER = InMemorySpanExporter()
@@ -111,3 +112,12 @@ async def test_a_malformed_traceparent_is_refused(clocked_runner: Runner) -> Non
         with pytest.raises(InvalidInput, match="traceparent"):
             await clocked_runner.start(request)
     assert await clocked_runner.list(scope="acme") == []
+
+
+def test_step_spans_are_made_only_under_a_drive_span_that_records() -> None:
+
+    unsampled = NonRecordingSpan(SpanContext(1, 2, is_remote=False))
+    assert not tracing.recording(trace.set_span_in_context(unsampled))
+    assert not tracing.recording(None)
+    with TracerProvider().get_tracer("t").start_as_current_span("drive") as span:
+        assert tracing.recording(trace.set_span_in_context(span))
