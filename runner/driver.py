@@ -246,11 +246,15 @@ class RunDriver:
                     lease,
                 )  # fmt: skip
             now = self.now_ms()
-            ended = await self.store.transact(
-                partial(_finish, lease=lease, outcome=outcome, host=host, now=now,
-                        charges=self._charges(outcome, host, now)),
-                lease,
-            )  # fmt: skip
+            finish = partial(_finish, lease=lease, outcome=outcome, host=host, now=now,
+                             charges=self._charges(outcome, host, now))  # fmt: skip
+            try:
+                # Queued behind the drive's last writes, in the same commit where it can be.
+                ended = await self.store.transact(finish, lease)
+            except _NotAllWritten:
+                await host.flush()  # raises what failed, or waits for a write made again
+                ended = await self.store.transact(finish, lease)
+            await host.flush()
             if ended is not None:
                 return ended
         # Still due after this many drives: leave the rest to the next call or a worker.
@@ -295,14 +299,14 @@ class RunDriver:
         )
         try:
             outcome = await self.pool.drive(request, host)
-        finally:
-            # What the host answered ahead is committed before the drive's end is recorded
-            # (a failure here, such as a lost lease, ends the drive as it would have then).
+        except BaseException:
+            # What the host answered ahead is committed first (a failure there, such as a
+            # lost lease, ends the drive as it would have then).
             await host.flush()
-        if host.diverged and not (isinstance(outcome, Failed) and outcome.retryable):
-            # What the sandbox did past a result the journal did not take as it assumed is
-            # void (none of it was serviced): the run is driven again from its journal.
-            return Suspended((), outcome.cpu_s), host
+            raise
+        if isinstance(outcome, Failed) and outcome.retryable:
+            await host.flush()  # the executor died: its charge is recorded after those
+        # Otherwise the drive's end is queued behind them (`_finish` checks they were written).
         if isinstance(outcome, Failed) and outcome.stack is not None:
             outcome = dataclasses.replace(outcome, stack=host.locate(outcome.stack))
         return outcome, host
@@ -524,7 +528,14 @@ def _finish(
     charges: Charges,
 ) -> RunRecord | None:
     """Record how the drive ended. None when the run should be driven again now; otherwise the
-    lease is released in the same transaction and the run returned as it was left."""
+    lease is released in the same transaction and the run returned as it was left. Written
+    after the drive's writes answered ahead, which must all be in (`_NotAllWritten`)."""
+    if not host.all_written():
+        raise _NotAllWritten
+    if host.diverged and not (isinstance(outcome, Failed) and outcome.retryable):
+        # What the sandbox did past a result the journal did not take as it assumed is void
+        # (none of it was serviced): the run is driven again from its journal.
+        outcome = Suspended((), outcome.cpu_s)
     run_id = lease.run_id
     current = tx.get_run(run_id)
     assert current is not None
@@ -573,6 +584,11 @@ def _finish(
                 return None
             return _release(tx, lease)
     raise AssertionError("unreachable")
+
+
+class _NotAllWritten(Exception):
+    """A drive's end met a batch answered ahead that was not written (it failed, or waits to
+    be written again): nothing is recorded; the driver waits for it, then records the end."""
 
 
 def park_paused(tx: JournalTransaction, run: RunRecord, now: int) -> None:

@@ -150,6 +150,8 @@ class DriveHost:
         self.recording = tracing.recording(self.trace)
         self._effectful: set[str] = set()  # keys of steps whose body made an effect
         self._behind: list[asyncio.Future[bool]] = []  # batches answered ahead, being written
+        self._queued_behind = 0  # such batches queued, and written (counted on the journal's
+        self._written_behind = 0  # thread when one commits its work: see `all_written`)
         self.pause_seen = False  # a pause was asked: every answer waits for the journal
         # The sandbox settled a pure step itself and went on, and the journal did not take
         # the result as it assumed (a limit, a pause, a budget, its timeout): nothing the
@@ -332,8 +334,10 @@ class DriveHost:
 
         def work(tx: JournalTransaction) -> bool:
             self._serviced(tx, group, now)
+            self._written_behind += 1
             return tx.pause_requested
 
+        self._queued_behind += 1
         written = self.store.transact_soon(work, self.lease, durable=False)
         written.add_done_callback(self._note_pause)
         self._behind.append(written)
@@ -342,6 +346,12 @@ class DriveHost:
     def _note_pause(self, written: asyncio.Future[bool]) -> None:
         if not written.cancelled() and written.exception() is None and written.result():
             self.pause_seen = True
+
+    def all_written(self) -> bool:
+        """On the journal's thread, in a transaction queued after this drive's last op: whether
+        every batch answered ahead has been written before it (in order, so in this commit or
+        an earlier one). False when one failed or waits to be written again."""
+        return self._written_behind == self._queued_behind
 
     async def flush(self) -> None:
         """Wait for the batches answered ahead to be committed; raise the first failure (a

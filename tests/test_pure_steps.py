@@ -5,8 +5,10 @@ sandbox sent after it (docs/ARCHITECTURE.md, Pure steps)."""
 
 from __future__ import annotations
 
+import sqlite3
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -15,6 +17,7 @@ from qjsflow.bridge.types import Answer, OpEnvelope, StepRecord
 from qjsflow.bridge.wire import ProtocolError
 from qjsflow.runner import Bindings, Runner, RunnerConfig
 from qjsflow.runner.host import DriveHost
+from qjsflow.runner.store import JournalTransaction
 from qjsflow.sandbox import ExecutorPool, PoolConfig
 from qjsflow.testing import MockTool
 from tests.conftest import FakeClock, start_source
@@ -181,3 +184,31 @@ async def test_only_ops_that_await_no_answer_may_come_with_an_outcome() -> None:
         with pytest.raises(ProtocolError, match="await no answer"):
             await pool._last_ops(None, [log, tool], Limits(), host)  # type: ignore[arg-type]
     assert len(serviced) == 1
+
+
+async def test_a_drives_end_waits_for_a_result_written_again_after_a_fault(
+    runner: Runner, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The drive's end is queued right behind its last results, to share their commit; when
+    writing those meets a transient fault (written again later), the end is not recorded
+    before them: it waits, then records. Nothing is lost, nothing recorded twice."""
+    original = JournalTransaction.insert_settled_step
+    faults = 0
+
+    def locked_once(self: JournalTransaction, *args: Any, **kwargs: Any) -> None:
+        nonlocal faults
+        if faults == 0:
+            faults += 1
+            raise sqlite3.OperationalError("database is locked")
+        original(self, *args, **kwargs)
+
+    monkeypatch.setattr(JournalTransaction, "insert_settled_step", locked_once)
+    run = await start_source(runner, TEN_PURE)
+    assert faults == 1
+    assert run.status == "completed"
+    assert run.output == 45
+    steps = await runner.list_steps(run.run_id, scope="acme")
+    assert [s.name for s in steps] == [f"pure {i}" for i in range(10)]
+    history = [e.type for e in await runner.history(run.run_id, scope="acme")]
+    assert history.count("run_completed") == 1
+    assert history.count("step_completed") == 10
