@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
@@ -12,6 +13,10 @@ import pytest
 from qjsflow.runner import Bindings, Runner, RunnerConfig
 from qjsflow.runner.scopes import run_key
 from qjsflow.runner.store import LeaseLost
+from qjsflow.runner.store.connection import connect_sqlite
+from qjsflow.runner.store.dialect import SQLITE
+from qjsflow.runner.store.journal import _Job, _run_batch
+from qjsflow.runner.store.migrations import migrate
 from qjsflow.sandbox import PoolConfig
 from tests.conftest import FakeClock, start_source
 from tests.journal_reads import table_counts
@@ -127,3 +132,54 @@ async def test_a_driver_whose_heartbeat_fails_stops_and_leaves_its_caller_alone(
         kinds = [e.type for e in await runner.store.list_events(run_key("acme", run.run_id))]
         assert "step_completed" not in kinds
         assert stolen
+
+
+def test_a_batchs_usage_is_written_last_and_only_for_jobs_that_succeed(tmp_path: Path) -> None:
+    """Every drive's end charges its scope's usage, and every such batch updates the same few
+    rows: written at the batch's end, summed, in one order, a transaction holding them waits
+    for nothing but its commit (on PostgreSQL, several workers' batches deadlocked on them
+    when each job charged in its place). A job that fails charges nothing."""
+    raw = connect_sqlite(tmp_path / "j.db")
+    migrate(raw, location="j.db", dialect=SQLITE)
+    statements: list[str] = []
+
+    class Logged:
+        in_transaction = property(lambda self: raw.in_transaction)
+
+        def execute(self, sql: str, args: object = ()) -> object:
+            statements.append(sql.split(maxsplit=1)[0] + (" usage" if "scope_usage" in sql else ""))
+            return raw.execute(sql, args)  # type: ignore[arg-type]
+
+        def executemany(self, sql: str, rows: object) -> object:
+            statements.append("many" + (" usage" if "scope_usage" in sql else ""))
+            return raw.executemany(sql, rows)  # type: ignore[arg-type]
+
+    def charging(amount: float, fail: bool = False) -> Any:
+        def work(tx: Any) -> None:
+            tx.charge_usage("acme", [("steps", 0, amount)])
+            tx._db.execute("SELECT 1")  # more of the job after its charge
+            if fail:
+                raise ValueError("this job fails")
+
+        return work
+
+    loop = asyncio.new_event_loop()
+    jobs = [
+        _Job(charging(2), None, True, loop.create_future()),
+        _Job(charging(5, fail=True), None, True, loop.create_future()),
+        _Job(charging(3), None, True, loop.create_future()),
+    ]
+
+    class Backend:  # the SQLite backend's dialect and transaction, on the logged connection
+        dialect = SQLITE
+
+        def begin(self, connection: Any, full: bool) -> None:
+            connection.execute("BEGIN IMMEDIATE")
+
+    outcomes = _run_batch(Logged(), jobs, Backend())  # type: ignore[arg-type]
+    loop.close()
+    assert [ok for ok, _ in outcomes] == [True, False, True]
+    assert statements[-2:] == ["many usage", "COMMIT"]
+    assert statements.count("many usage") == 1
+    amount = raw.execute("SELECT amount FROM scope_usage WHERE measure = 'steps'").fetchone()
+    assert amount == (5.0,)  # 2 + 3: the failed job's 5 is not charged

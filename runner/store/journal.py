@@ -39,8 +39,10 @@ from qjsflow.runner.store.tx import (
     RUN_COLUMNS,
     JournalTransaction,
     Lease,
+    UsageCharge,
     lease_now,
     run_record,
+    write_batch_usage,
 )
 
 __all__ = ["BundleRecord", "JournalStore", "SnapshotRecord", "WorkflowRecord"]
@@ -98,6 +100,7 @@ def _run_batch(connection: Any, batch: list[_Job], backend: Backend) -> list[tup
     """
     outcomes: list[tuple[bool, Any]] = []
     alone = len(batch) == 1  # no savepoint needed: the transaction is the job's
+    usage: list[UsageCharge] = []  # what the jobs that succeed charge, written last
     backend.begin(connection, full=any(job.durable for job in batch))
     try:
         for job in batch:
@@ -105,9 +108,11 @@ def _run_batch(connection: Any, batch: list[_Job], backend: Backend) -> list[tup
                 connection.execute("SAVEPOINT job")
             try:
                 tx = JournalTransaction(connection, job.fence, backend.dialect)
+                tx.usage = []
                 if job.fence is not None:
                     tx.check_fence(job.fence)
                 outcomes.append((True, job.work(tx)))
+                usage += tx.usage
                 if not alone:
                     connection.execute("RELEASE job")
             except Exception as error:
@@ -118,6 +123,8 @@ def _run_batch(connection: Any, batch: list[_Job], backend: Backend) -> list[tup
         if alone and not outcomes[0][0]:
             connection.execute("ROLLBACK")
         else:
+            if usage:
+                write_batch_usage(JournalTransaction(connection, None, backend.dialect), usage)
             connection.execute("COMMIT")
     except BaseException:
         if connection.in_transaction:

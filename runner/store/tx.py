@@ -32,8 +32,10 @@ __all__ = [
     "JournalTransaction",
     "Lease",
     "LeaseLost",
+    "UsageCharge",
     "lease_now",
     "run_record",
+    "write_batch_usage",
 ]
 
 RUN_COLUMNS = (
@@ -74,6 +76,26 @@ class LeaseLost(QjsflowError):
         super().__init__(f"the lease on run {lease.run_id!r} (epoch {lease.epoch}) was taken over")
 
 
+# A scope's usage to add, (measure, window start, amount) rows, and the windows to forget.
+UsageCharge = tuple[str, tuple[tuple[str, int, float], ...], dict[str, int]]
+
+
+def write_batch_usage(tx: JournalTransaction, charges: list[UsageCharge]) -> None:
+    """The usage a group commit's jobs charged, written last, as one sum per scope, measure
+    and window, in one order. Every batch that charges a scope updates the same few rows: a
+    transaction that holds them then waits for nothing but its commit, and no two lock them
+    in a different order (on PostgreSQL, batches of several workers deadlocked there)."""
+    sums: dict[tuple[str, str, int], float] = {}
+    forget: dict[str, dict[str, int]] = {}
+    for scope, charged, before in charges:
+        for measure, start, amount in charged:
+            sums[(scope, measure, start)] = sums.get((scope, measure, start), 0.0) + amount
+        forget.setdefault(scope, {}).update(before)
+    for scope in sorted({key[0] for key in sums} | set(forget)):
+        rows = [(m, start, sums[(s, m, start)]) for (s, m, start) in sorted(sums) if s == scope]
+        tx.write_usage(scope, rows, forget.get(scope))
+
+
 def lease_now(lease_clock: str | None, now: int) -> tuple[str, tuple[int, ...]]:
     """SQL and arguments for the time leases are judged and written by: the caller's `now`,
     or on a database with a clock of its own, that clock (a worker's skewed clock then
@@ -109,6 +131,9 @@ class JournalTransaction:
         self._epoch = None if fence is None else fence.epoch
         self._dialect = dialect
         self.pause_requested = False  # set by `check_fence`
+        # Usage charged by a job of a group commit, written at the batch's end (`write_usage`)
+        # when the batch collects it; None: written at once.
+        self.usage: list[UsageCharge] | None = None
 
     def _lease_now(self, now: int) -> tuple[str, tuple[int, ...]]:
         return lease_now(self._dialect.lease_clock, now)
@@ -244,6 +269,18 @@ class JournalTransaction:
     ) -> None:
         """Add to what `scope` used; each measure's windows that began before its entry in
         `forget_before` (when given) are dropped, in one statement whatever the measures."""
+        if self.usage is not None:
+            self.usage.append((scope, tuple(charges), dict(forget_before or {})))
+            return
+        self.write_usage(scope, charges, forget_before)
+
+    def write_usage(
+        self,
+        scope: str,
+        charges: Iterable[tuple[str, int, float]],
+        forget_before: Mapping[str, int] | None = None,
+    ) -> None:
+        """`charge_usage`, written now."""
         self._db.executemany(
             "INSERT INTO scope_usage (scope, measure, window_start, amount) VALUES (?, ?, ?, ?)"
             " ON CONFLICT (scope, measure, window_start)"
