@@ -404,7 +404,7 @@ class DriveHost:
                 return Answer(envelope.id, PARKED, None)
             case StepRecord(begun_with=RetryPolicy()):
                 answered = steps.begun_settled(tx, self.run_id, op, now)
-                _count_step("do", answered[0], 0)
+                _count_step("do", answered[0], self._elapsed_ms_of(op))
                 if self._holds(tx, op.step):
                     return Answer(envelope.id, PARKED, None)
                 return Answer(envelope.id, *answered)

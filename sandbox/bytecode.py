@@ -22,6 +22,8 @@ from typing import Any
 
 import quickjs
 
+from qjsflow.bridge.rules import RULES
+
 __all__ = ["BundleCode", "PreludeLoader"]
 
 _CHECKED_VERSIONS = frozenset({"0.17.0.2"})
@@ -150,6 +152,7 @@ class PreludeLoader:
 # Where a bundle's loaded bytecode leaves the function that runs it, for the prelude's `load`.
 _BUNDLE_GLOBAL = "__qjsflowBundle"
 _BUNDLES_KEPT = 4
+_BUNDLE_PAD = "\n" * (RULES.bundle_first_line - 1)  # as the prelude pads the bundle's source
 _BUNDLE_BYTES_KEPT = 32 * 1024 * 1024
 
 
@@ -169,9 +172,9 @@ class BundleCode:
         self._kept: dict[str, ctypes.Array[ctypes.c_char]] = {}  # oldest first
 
     def define(self, context: quickjs.Context, text: str, memory_bytes: int) -> bool:
-        """Define the function that runs `text` (the bundle, padded to its first line) at
-        globalThis[_BUNDLE_GLOBAL] in `context`; False when that cannot be done (the caller
-        evaluates the source: a syntax error is reported from there)."""
+        """Define the function that runs `text` (the bundle) at globalThis[_BUNDLE_GLOBAL] in
+        `context`; False when that cannot be done (the caller evaluates the source: a syntax
+        error is reported from there)."""
         if self._library is None:
             return False
         pointer = _context_pointer(self._library, context)
@@ -194,10 +197,11 @@ class BundleCode:
         pointer = _context_pointer(self._library, scratch)
         if pointer is None:
             return None
-        # Line 1 holds the wrapper, so the bundle's lines keep their numbers; a newline ends a
-        # last line comment before the wrapper closes.
+        # Line 1 holds the wrapper and the bundle starts where the prelude's source path puts
+        # it, so its frames keep their lines; a newline ends a last line comment before the
+        # wrapper closes.
         wrapped = (
-            f"globalThis.{_BUNDLE_GLOBAL} = function () {{{text}\n"
+            f"globalThis.{_BUNDLE_GLOBAL} = function () {{{_BUNDLE_PAD}{text}\n"
             "return typeof __qjsflow_module === 'undefined' ? undefined : __qjsflow_module;\n};"
         ).encode()
         function = self._library.JS_Eval(pointer, wrapped, len(wrapped), b"<input>",

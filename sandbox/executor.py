@@ -46,7 +46,6 @@ def load_prelude() -> str:
 
 
 PRELUDE = load_prelude()
-_BUNDLE_PAD = "\n" * (RULES.bundle_first_line - 1)  # as the prelude pads the bundle's source
 _JOB_CHECK_EVERY = 1024
 
 
@@ -139,9 +138,7 @@ class Drive:
     def _load(self) -> None:
         """Evaluate the bundle: from the bytecode this process compiled of it, or its source."""
         memory = int(self.limits["memory_bytes"])
-        if self.bundles is not None and self.bundles.define(
-            self.context, _BUNDLE_PAD + self.bundle, memory
-        ):
+        if self.bundles is not None and self.bundles.define(self.context, self.bundle, memory):
             self._call("load", "", what="loading the workflow")
         else:
             self._call("load", self.bundle, what="loading the workflow")

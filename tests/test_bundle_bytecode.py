@@ -15,7 +15,7 @@ from qjsflow.bridge.wire import request_to_wire
 from qjsflow.sandbox import ExecutorPool
 from qjsflow.sandbox import bytecode as bytecode_module
 from qjsflow.sandbox.bytecode import BundleCode, PreludeLoader
-from qjsflow.sandbox.executor import _BUNDLE_PAD, PRELUDE, Prepared
+from qjsflow.sandbox.executor import PRELUDE, Prepared
 from tests.conftest import bundle_of
 from tests.memory_host import MemoryHost
 
@@ -48,7 +48,7 @@ def _load(prepared: Prepared, code: str, bundles: BundleCode | None) -> str:
     """What the prelude's load answers, by either path ('' from bytecode)."""
     dispatch = prepared.dispatch
     dispatch("boot", dumps_text(request_to_wire(MemoryHost().request(""))))
-    if bundles is not None and bundles.define(prepared.context, _BUNDLE_PAD + code, 2**26):
+    if bundles is not None and bundles.define(prepared.context, code, 2**26):
         answer: str = dispatch("load", "")
     else:
         answer = dispatch("load", code)
@@ -84,9 +84,9 @@ async def test_each_bundle_is_compiled_once_and_a_syntax_error_falls_back(
 
     monkeypatch.setattr(BundleCode, "_compile", counting)
     for _ in range(3):
-        assert bundles.define(quickjs.Context(), _BUNDLE_PAD + code, 2**26)
+        assert bundles.define(quickjs.Context(), code, 2**26)
     assert len(compiled) == 1
-    assert not bundles.define(quickjs.Context(), _BUNDLE_PAD + "let = ;", 2**26)
+    assert not bundles.define(quickjs.Context(), "let = ;", 2**26)
 
 
 def test_no_more_than_a_few_bundles_are_kept(monkeypatch: pytest.MonkeyPatch) -> None:

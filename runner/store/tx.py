@@ -91,9 +91,11 @@ def write_batch_usage(tx: JournalTransaction, charges: list[UsageCharge]) -> Non
         for measure, start, amount in charged:
             sums[(scope, measure, start)] = sums.get((scope, measure, start), 0.0) + amount
         forget.setdefault(scope, {}).update(before)
-    for scope in sorted({key[0] for key in sums} | set(forget)):
-        rows = [(m, start, sums[(s, m, start)]) for (s, m, start) in sorted(sums) if s == scope]
-        tx.write_usage(scope, rows, forget.get(scope))
+    rows: dict[str, list[tuple[str, int, float]]] = {scope: [] for scope in forget}
+    for scope, measure, start in sorted(sums):
+        rows[scope].append((measure, start, sums[(scope, measure, start)]))
+    for scope in sorted(rows):
+        tx.write_usage(scope, rows[scope], forget[scope])
 
 
 def lease_now(lease_clock: str | None, now: int) -> tuple[str, tuple[int, ...]]:
