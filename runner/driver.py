@@ -532,7 +532,7 @@ def _finish(
     after the drive's writes answered ahead, which must all be in (`_NotAllWritten`)."""
     if not host.all_written():
         raise _NotAllWritten
-    if host.diverged and not (isinstance(outcome, Failed) and outcome.retryable):
+    if host.diverged:  # (a drive whose executor died is charged, not finished: `_charge`)
         # What the sandbox did past a result the journal did not take as it assumed is void
         # (none of it was serviced): the run is driven again from its journal.
         outcome = Suspended((), outcome.cpu_s)

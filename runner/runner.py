@@ -90,7 +90,6 @@ __all__ = ["PublishResult", "PublishedWorkflow", "Runner", "Source"]
 Source = str | os.PathLike[str] | Mapping[str, str | bytes]
 _SNAPSHOT_ID = re.compile(r"[0-9a-f]{64}")
 _SNAPSHOT_PREFIX = re.compile(r"[0-9a-f]{8,63}")
-_SNAPSHOTS_KEPT = 1024  # snapshots a runner remembers by id (each a few hundred bytes)
 _MAX_PAGE = 10_001  # runs a page may hold (the CLI asks for one more than it shows)
 _RUN_ID = re.compile(r"^[A-Za-z0-9_-]{1,128}$")
 
@@ -121,9 +120,6 @@ class Runner:
         scope_root = config.scope_root or _default_scope_root(store)
         self.scopes = ScopeDatabases(scope_root, config.sql_limits)
         self._driver = RunDriver(store, self._pool, config, self.scopes)
-        # Snapshots found by their full id: immutable (content-addressed) and never deleted,
-        # so a start need not read one again. Keyed by scope: each scope has its own.
-        self._snapshots: dict[tuple[str, str], SnapshotRecord] = {}
 
     @classmethod
     @asynccontextmanager
@@ -597,9 +593,6 @@ class Runner:
         `latest` (the scope's newest). Another scope's snapshot is not found, like a missing
         one."""
         scope = validate_scope(scope)
-        known = self._snapshots.get((scope, reference))
-        if known is not None:
-            return known
         if reference == "latest":
             found = await self._store.list_snapshots(scope, limit=1)
         elif _SNAPSHOT_ID.fullmatch(reference):
@@ -615,8 +608,6 @@ class Runner:
             found = []
         if not found:
             raise SnapshotNotFound(scope, reference[:80])
-        if found[0].snapshot_id == reference and len(self._snapshots) < _SNAPSHOTS_KEPT:
-            self._snapshots[(scope, reference)] = found[0]
         return found[0]
 
     async def scopes_of(self, run_id: str) -> builtins.list[str]:

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from qjsflow.bridge import InvalidInput
-from qjsflow.runner import ALL_SCOPES, Runner, RunNotFound, StartRunInput
+from qjsflow.runner import ALL_SCOPES, Runner, RunNotFound, SnapshotNotFound, StartRunInput
 from qjsflow.runner.config import RunnerConfig
 from qjsflow.runner.retention import Retention
 from qjsflow.sandbox import PoolConfig
@@ -117,3 +117,16 @@ async def test_a_worker_prunes_under_the_retention_setting(
         assert [run.run_id for run in await runner.list(scope="acme")] == [new.run_id]
         with pytest.raises(RunNotFound):
             await runner.get(old.run_id, scope="acme")
+
+
+async def test_a_pruned_snapshot_is_not_found_by_a_runner_that_started_runs_of_it(
+    clocked_runner: Runner, clock: FakeClock
+) -> None:
+    """Snapshots are deleted by prune (once no run is pinned to them): a later start of one
+    is refused by name, whether or not this runner found it before."""
+    done = await start_source(clocked_runner, 'export default async () => "gone";')
+    clock.advance(10 * 86400)
+    pruned = await clocked_runner.prune(older_than_s=86400, scope="acme", snapshots=True)
+    assert (pruned.runs, pruned.snapshots) == (1, 1)
+    with pytest.raises(SnapshotNotFound):
+        await _start(clocked_runner, done.snapshot_id, 1, "after-prune")
