@@ -16,7 +16,7 @@ import functools
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from qjsflow.bridge import dumps_text
 from qjsflow.bridge.hints import with_run_hint
@@ -25,6 +25,7 @@ from qjsflow.bridge.types import (
     Answer,
     DbSql,
     Log,
+    Op,
     OpEnvelope,
     RetryPolicy,
     StepBegin,
@@ -367,20 +368,60 @@ class DriveHost:
         """The answers of a journal batch, in op order. A result the sandbox settled itself is
         checked against what the journal makes of it; from the first that differs on (and from
         the start once the drive has diverged), nothing is serviced and every call is parked."""
-        answers = []
+        answers: list[Answer] = []
+        together: list[OpEnvelope] = []  # pure steps' results in a row: written together
         for envelope in group:
-            op = envelope.op
-            if self.diverged:
-                if needs_answer(op):
-                    answers.append(Answer(envelope.id, PARKED, None))
+            if self._writes_together(tx, envelope.op):
+                together.append(envelope)
                 continue
-            answer = self._service(tx, envelope, now)
-            if needs_answer(op):
-                if answer is not None:
-                    answers.append(answer)
-            elif isinstance(op, StepRecord) and (answer is None or answer.result != Value(None)):
-                self.diverged = True
+            self._settle_together(tx, together, now, answers)
+            together = []
+            self._service_one(tx, envelope, now, answers)
+        self._settle_together(tx, together, now, answers)
         return answers
+
+    def _service_one(
+        self, tx: JournalTransaction, envelope: OpEnvelope, now: int, answers: list[Answer]
+    ) -> None:
+        op = envelope.op
+        if self.diverged:
+            if needs_answer(op):
+                answers.append(Answer(envelope.id, PARKED, None))
+            return
+        answer = self._service(tx, envelope, now)
+        if needs_answer(op):
+            if answer is not None:
+                answers.append(answer)
+        elif isinstance(op, StepRecord) and (answer is None or answer.result != Value(None)):
+            self.diverged = True
+
+    def _writes_together(self, tx: JournalTransaction, op: Op) -> bool:
+        """A pure step's result with its begin inside it that nothing would hold up (no
+        pause asked, no budget spent when it began, no divergence): `_service` would write it
+        alone with `steps.begun_settled` and answer it `Value(None)`."""
+        return (
+            isinstance(op, StepRecord)
+            and op.begun_with is not None
+            and op.value is not None
+            and not self.diverged
+            and not tx.pause_requested
+            and not self._is_unbegun(op)
+        )
+
+    def _settle_together(
+        self, tx: JournalTransaction, together: list[OpEnvelope], now: int, answers: list[Answer]
+    ) -> None:
+        """Write these results (see `_writes_together`) in two statements; when one of them
+        has a row already (or comes twice), write each as `_service` does."""
+        ops = [cast(StepRecord, envelope.op) for envelope in together]
+        if not ops:
+            return
+        if steps.begun_settled_together(tx, self.run_id, ops, now):
+            for op in ops:
+                _count_step("do", Value(None), self._elapsed_ms_of(op))
+            return
+        for envelope in together:
+            self._service_one(tx, envelope, now, answers)
 
     def _service(self, tx: JournalTransaction, envelope: OpEnvelope, now: int) -> Answer | None:
         op = envelope.op

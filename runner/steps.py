@@ -9,6 +9,8 @@ null); a late writer is answered with the winner's value.
 from __future__ import annotations
 
 import dataclasses
+import functools
+from collections.abc import Sequence
 
 from qjsflow.bridge import dumps_text, loads
 from qjsflow.bridge.types import (
@@ -26,13 +28,14 @@ from qjsflow.bridge.types import (
 )
 from qjsflow.bridge.values import tagged_date
 from qjsflow.bridge.wire import ProtocolError, failure_to_wire
-from qjsflow.runner.store import JournalTransaction, StepRow
+from qjsflow.runner.store import JournalTransaction, SettledStep, StepRow
 
 __all__ = [
     "Answered",
     "begin",
     "begin_attempt",
     "begun_settled",
+    "begun_settled_together",
     "check",
     "event_value",
     "fail_attempt",
@@ -66,6 +69,7 @@ def failure_from_json(text: str) -> StepFailure:
     )  # fmt: skip
 
 
+@functools.lru_cache(maxsize=64)  # a run's steps mostly share a handful of policies
 def policy_to_json(policy: RetryPolicy) -> str:
     return dumps_text(
         {
@@ -199,6 +203,22 @@ def begun_settled(tx: JournalTransaction, run_id: str, op: StepRecord, now: int)
         at=now, replay_at=op.settled_at,
     )  # fmt: skip
     return Value(None), now
+
+
+def begun_settled_together(
+    tx: JournalTransaction, run_id: str, ops: Sequence[StepRecord], now: int
+) -> bool:
+    """Pure steps' records with their results, written as `begun_settled` writes each of them
+    when it has no row, but together (two statements instead of four a step). False, with
+    nothing written, when one of them has a row or comes twice: `begun_settled` then writes
+    them one by one."""
+    settled = []
+    for op in ops:
+        assert op.begun_with is not None
+        assert op.value is not None
+        policy = policy_to_json(op.begun_with)
+        settled.append(SettledStep(op.step, op.count, policy, op.value, now, op.settled_at))
+    return tx.insert_settled_steps(run_id, settled)
 
 
 def check(tx: JournalTransaction, run_id: str, op: StepCheck, now: int) -> Answered:

@@ -12,15 +12,18 @@ from typing import Any
 
 import pytest
 
+from qjsflow.bridge.codec import loads
 from qjsflow.bridge.limits import Limits
-from qjsflow.bridge.types import Answer, OpEnvelope, StepRecord
+from qjsflow.bridge.types import Answer, OpEnvelope, RetryPolicy, StepRecord
 from qjsflow.bridge.wire import ProtocolError
 from qjsflow.runner import Bindings, Runner, RunnerConfig
 from qjsflow.runner.host import DriveHost
+from qjsflow.runner.scopes import run_key
 from qjsflow.runner.store import JournalTransaction
 from qjsflow.sandbox import ExecutorPool, PoolConfig
 from qjsflow.testing import MockTool
 from tests.conftest import FakeClock, start_source
+from tests.journal_reads import query
 
 TEN_PURE = """
 export default async (event, step) => {
@@ -192,17 +195,17 @@ async def test_a_drives_end_waits_for_a_result_written_again_after_a_fault(
     """The drive's end is queued right behind its last results, to share their commit; when
     writing those meets a transient fault (written again later), the end is not recorded
     before them: it waits, then records. Nothing is lost, nothing recorded twice."""
-    original = JournalTransaction.insert_settled_step
+    original = JournalTransaction.insert_settled_steps
     faults = 0
 
-    def locked_once(self: JournalTransaction, *args: Any, **kwargs: Any) -> None:
+    def locked_once(self: JournalTransaction, *args: Any, **kwargs: Any) -> bool:
         nonlocal faults
         if faults == 0:
             faults += 1
             raise sqlite3.OperationalError("database is locked")
-        original(self, *args, **kwargs)
+        return original(self, *args, **kwargs)
 
-    monkeypatch.setattr(JournalTransaction, "insert_settled_step", locked_once)
+    monkeypatch.setattr(JournalTransaction, "insert_settled_steps", locked_once)
     run = await start_source(runner, TEN_PURE)
     assert faults == 1
     assert run.status == "completed"
@@ -212,3 +215,88 @@ async def test_a_drives_end_waits_for_a_result_written_again_after_a_fault(
     history = [e.type for e in await runner.history(run.run_id, scope="acme")]
     assert history.count("run_completed") == 1
     assert history.count("step_completed") == 10
+
+
+FAN_OUT_PURE = """
+export default async (event, step) => {
+  const all = [];
+  for (let i = 0; i < 250; i++) all.push(step.do("s", async () => i));
+  const values = await Promise.all(all);
+  const go = await step.waitForEvent("go", { type: "go" });
+  return values.reduce((a, b) => a + b, 0) + go.payload;
+};
+"""
+
+
+async def test_pure_results_of_one_frame_are_written_together_in_the_order_seen(
+    clocked_runner: Runner, journal: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """250 pure steps settled in one frame are written with a few statements (not four a
+    step), in the order the run saw them: each step's `step_started` and `step_completed` in
+    turn, the step settled at its completion's seq; the replay is answered from them."""
+    one_by_one = 0
+    together: list[int] = []
+    original_one = JournalTransaction.insert_settled_step
+    original_many = JournalTransaction._insert_settled
+
+    def one(self: JournalTransaction, *args: Any, **kwargs: Any) -> None:
+        nonlocal one_by_one
+        one_by_one += 1
+        original_one(self, *args, **kwargs)
+
+    def many(self: JournalTransaction, run_id: str, steps: Any) -> int:
+        together.append(len(steps))
+        return original_many(self, run_id, steps)
+
+    monkeypatch.setattr(JournalTransaction, "insert_settled_step", one)
+    monkeypatch.setattr(JournalTransaction, "_insert_settled", many)
+    run = await start_source(clocked_runner, FAN_OUT_PURE)
+    assert run.status == "waiting", run.error
+    assert one_by_one == 0
+    assert together == [100, 100, 50]  # two statements each
+    done = await clocked_runner.signal(run.run_id, "go", 1000, scope="acme")
+    assert done.status == "completed", done.error
+    assert done.output == sum(range(250)) + 1000
+    key = run_key("acme", run.run_id)
+    rows = query(journal, "SELECT count, settled_seq FROM steps WHERE run_id = ? AND name = 's'"
+                 " ORDER BY settled_seq", (key,))  # fmt: skip
+    assert [count for count, _ in rows] == list(range(1, 251))
+    events = query(journal, "SELECT seq, type, data FROM events WHERE run_id = ? AND type IN"
+                   " ('step_started', 'step_completed') ORDER BY seq", (key,))  # fmt: skip
+    fan = [(seq, kind, loads(data)) for seq, kind, data in events if ":s" in data]
+    assert [(kind, data["key"]) for _, kind, data in fan] == [
+        (kind, f"do:{n}:s") for n in range(1, 251) for kind in ("step_started", "step_completed")
+    ]
+    assert all(data.get("attempt") == 1 for _, kind, data in fan if kind == "step_started")
+    completed = [seq for seq, kind, _ in fan if kind == "step_completed"]
+    assert [settled for _, settled in rows] == completed
+
+
+async def test_pure_results_that_cannot_be_written_together_are_written_one_by_one(
+    clocked_runner: Runner, clock: FakeClock
+) -> None:
+    """A frame that settles the same step twice (a sandbox that lies): written together, the
+    second would break the batch; written one by one, as always, the second finds the first's
+    row, its result differs from what the sandbox assumed, and nothing after it is written."""
+    source = 'export default async (e, step) => { await step.sleep("s", "1 hour"); };'
+    run = await start_source(clocked_runner, source)
+    now = int(clock() * 1000)
+    lease = await clocked_runner.store.acquire_lease(
+        run_key("acme", run.run_id), "test", now, 60_000
+    )
+    assert lease is not None
+    host = DriveHost(
+        clocked_runner.store, lease, Bindings(), Limits(), lambda: now,
+        scopes=clocked_runner.scopes,
+    )  # fmt: skip
+    policy = RetryPolicy(0, 0, "constant", 60_000)
+
+    def settled(op_id: int, name: str, value: str) -> OpEnvelope:
+        return OpEnvelope(op_id, StepRecord(name, 1, 1, value, None, now, policy))
+
+    answers = await host([settled(1, "a", "1"), settled(2, "a", "2"), settled(3, "b", "3")])
+    assert answers == []  # results the sandbox settled await no answer
+    await host.flush()  # they were answered ahead: written behind
+    assert host.diverged
+    steps = await clocked_runner.list_steps(run.run_id, scope="acme")
+    assert [(s.name, s.output) for s in steps if s.name != "s"] == [("a", 1)]

@@ -13,7 +13,7 @@ from qjsflow.runner.store.records import (
     StepRow,
     ToolCallRecord,
 )
-from qjsflow.runner.store.tx import JournalTransaction, Lease, LeaseLost
+from qjsflow.runner.store.tx import JournalTransaction, Lease, LeaseLost, SettledStep
 
 __all__ = [
     "ENDED",
@@ -29,6 +29,7 @@ __all__ = [
     "LeaseLost",
     "LogRecord",
     "RunRecord",
+    "SettledStep",
     "SnapshotRecord",
     "StepRow",
     "ToolCallRecord",

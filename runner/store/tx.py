@@ -9,7 +9,7 @@ hop however many statements it holds. Every method assumes the caller holds the 
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,6 +32,7 @@ __all__ = [
     "JournalTransaction",
     "Lease",
     "LeaseLost",
+    "SettledStep",
     "UsageCharge",
     "lease_now",
     "run_record",
@@ -120,6 +121,21 @@ def _ended_where(
     marks = ", ".join("?" for _ in chosen)
     where = f"updated_at < ? AND status IN ({marks})" + ("" if scope is None else " AND scope = ?")
     return where, (before, *chosen, *(() if scope is None else (scope,)))
+
+
+@dataclass(frozen=True, slots=True)
+class SettledStep:
+    """A step.do completed by its first attempt, written at once (`insert_settled_steps`)."""
+
+    name: str
+    count: int
+    config: str
+    output: str
+    at: int
+    replay_at: int | None
+
+
+_STEPS_PER_STATEMENT = 100  # 1,000 arguments a statement: within both databases' limits
 
 
 class JournalTransaction:
@@ -395,6 +411,52 @@ class JournalTransaction:
             " VALUES (?, ?, ?, ?, 'completed', 1, ?, ?, ?, ?, ?, ?)",
             (run_id, kind, name, count, config, output, at, at, seq, replay_at),
         )
+
+    def insert_settled_steps(self, run_id: str, steps: Sequence[SettledStep]) -> bool:
+        """Steps completed by their first attempt, begun and settled at once (a pure step's
+        record): for each, as `insert_settled_step` after a `step_started` event, in order, but
+        every event in one statement and every row in another. False, with nothing written,
+        when one of them has a row already or comes twice: the caller writes them one by one."""
+        self._db.execute("SAVEPOINT settled_steps")
+        try:
+            written = 0
+            for at in range(0, len(steps), _STEPS_PER_STATEMENT):
+                written += self._insert_settled(run_id, steps[at : at + _STEPS_PER_STATEMENT])
+        except BaseException:
+            self._db.execute("ROLLBACK TO settled_steps")
+            self._db.execute("RELEASE settled_steps")
+            raise
+        if written != len(steps):
+            self._db.execute("ROLLBACK TO settled_steps")
+        self._db.execute("RELEASE settled_steps")
+        return written == len(steps)
+
+    def _insert_settled(self, run_id: str, steps: Sequence[SettledStep]) -> int:
+        events: list[Any] = []
+        for step in steps:
+            key = dumps_text(step_key("do", step.count, step.name))
+            events += (run_id, "step_started", step.at, f'{{"key":{key},"attempt":1}}', self._epoch)
+            events += (run_id, "step_completed", step.at, f'{{"key":{key}}}', self._epoch)
+        marks = ", ".join(["(?, ?, ?, ?, ?)"] * (2 * len(steps)))
+        rows = self._db.execute(
+            f"INSERT INTO events (run_id, type, at, data, epoch) VALUES {marks} RETURNING seq",
+            events,
+        ).fetchall()
+        # Sequence numbers are given in the order of the rows inserted: the second of each
+        # step's pair is its completion's, which it settles at.
+        seqs = sorted(int(row[0]) for row in rows)
+        values: list[Any] = []
+        for step, completed in zip(steps, seqs[1::2], strict=True):
+            values += (run_id, step.name, step.count, step.config, step.output, step.at,
+                       step.at, completed, step.replay_at)  # fmt: skip
+        marks = ", ".join(["(?, 'do', ?, ?, 'completed', 1, ?, ?, ?, ?, ?, ?)"] * len(steps))
+        inserted = self._db.execute(
+            "INSERT INTO steps (run_id, kind, name, count, status, attempt, config, output,"
+            f" started_at, completed_at, settled_seq, replay_at) VALUES {marks}"
+            " ON CONFLICT DO NOTHING RETURNING 1",
+            values,
+        ).fetchall()
+        return len(inserted)
 
     def update_step(self, run_id: str, kind: str, name: str, count: int, **fields: Any) -> None:
         unknown = set(fields) - _STEP_UPDATABLE
