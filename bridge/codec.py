@@ -50,7 +50,8 @@ def loads(
         value = orjson.loads(data)
     except orjson.JSONDecodeError as error:
         raise CodecError(f"malformed JSON: {error}") from None
-    if max_depth is not None and _depth(value, max_depth) > max_depth:
+    # Nesting `max_depth + 1` deep takes twice as many brackets: shorter text needs no walk.
+    if max_depth is not None and size > 2 * max_depth + 1 and _depth(value, max_depth) > max_depth:
         raise CodecError(f"JSON nested deeper than the limit of {max_depth} levels")
     return value
 

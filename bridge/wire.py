@@ -290,14 +290,29 @@ _PARSERS: dict[str, Callable[[dict[str, Any], Limits], Op]] = {
 
 
 def _policy(config: dict[str, Any]) -> RetryPolicy:
-    backoff = config.get("backoff")
+    # A run's steps share a few policies, and each of its step ops carries one: a policy
+    # checked already is reused, when every field is an exact int or str (so that no other
+    # value that compares equal, True for 1, is taken for one).
+    key = (config.get("limit"), config.get("delayMs"), config.get("backoff"),
+           config.get("timeoutMs"))  # fmt: skip
+    if all(type(part) is int or type(part) is str for part in key):
+        return _known_policy(*key)
+    return _checked_policy(*key)
+
+
+@functools.lru_cache(maxsize=256)
+def _known_policy(limit: object, delay: object, backoff: object, timeout: object) -> RetryPolicy:
+    return _checked_policy(limit, delay, backoff, timeout)
+
+
+def _checked_policy(limit: object, delay: object, backoff: object, timeout: object) -> RetryPolicy:
     if backoff not in ("constant", "linear", "exponential"):
         raise ProtocolError("config.backoff must be constant, linear or exponential")
     return RetryPolicy(
-        limit=_int(config, "limit", 0, 1_000),
-        delay_ms=_int(config, "delayMs", 0, _MAX_MS),
-        backoff=cast(Literal["constant", "linear", "exponential"], backoff),
-        timeout_ms=_int(config, "timeoutMs", 1, _MAX_MS),
+        limit=_whole(limit, "limit", 0, 1_000),
+        delay_ms=_whole(delay, "delayMs", 0, _MAX_MS),
+        backoff=backoff,
+        timeout_ms=_whole(timeout, "timeoutMs", 1, _MAX_MS),
     )
 
 
@@ -343,7 +358,12 @@ def _optional_text(obj: dict[str, Any], key: str, max_chars: int) -> str | None:
 
 
 def _int(obj: dict[str, Any], key: str, low: int, high: int) -> int:
-    value = obj.get(key)
+    return _whole(obj.get(key), key, low, high)
+
+
+def _whole(value: Any, key: str, low: int, high: int) -> int:
+    if type(value) is int and low <= value <= high:  # the common case, first
+        return value
     if isinstance(value, float) and value.is_integer():
         value = int(value)
     if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:

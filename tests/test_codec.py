@@ -42,3 +42,13 @@ def test_without_a_depth_walk_orjson_still_bounds_nesting() -> None:
     assert loads("[" * 900 + "]" * 900, max_depth=None) is not None
     with pytest.raises(CodecError, match="depth limit exceeded"):
         loads("[" * 2000 + "]" * 2000, max_depth=None)
+
+
+@pytest.mark.parametrize("depth", [1, 2, 3, 64])
+def test_the_shortest_text_one_level_too_deep_is_refused(depth: int) -> None:
+    """Text too short to nest deeper than the limit is not walked: the shortest text that
+    does nest one level deeper still is."""
+    assert loads("[" * depth + "]" * depth, max_depth=depth) is not None
+    assert loads('{"a":' * depth + "1" + "}" * depth, max_depth=depth) is not None
+    with pytest.raises(CodecError, match="deeper"):
+        loads("[" * (depth + 1) + "]" * (depth + 1), max_depth=depth)

@@ -261,3 +261,19 @@ def test_outcomes() -> None:
         parse_outcome({"status": "suspended", "markers": []}, LIMITS, 0)
     with pytest.raises(ProtocolError, match="unknown outcome status"):
         parse_outcome({"status": "done"}, LIMITS, 0)
+
+
+@pytest.mark.parametrize(
+    ("field", "value"), [("limit", True), ("limit", -1), ("delayMs", False), ("timeoutMs", 0)]
+)
+def test_a_policy_seen_before_is_still_checked_field_by_field(field: str, value: object) -> None:
+    """Step ops repeat a handful of policies, and one checked already is reused: a value
+    that merely compares equal to a good one (True to 1) is checked, and refused, as ever."""
+    op = {"op": "step.check", "step": "s", "kind": "do", "count": 1}
+    good = {**POLICY, "limit": 1, "delayMs": 0}
+    assert (
+        parse_op({"id": 1, "op": {**op, "config": good}}, LIMITS).op
+        == parse_op({"id": 2, "op": {**op, "config": {**good, "limit": 1.0}}}, LIMITS).op
+    )
+    with pytest.raises(ProtocolError, match=f"{field} must be an integer"):
+        parse_op({"id": 3, "op": {**op, "config": {**good, field: value}}}, LIMITS)
