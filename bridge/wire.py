@@ -293,11 +293,11 @@ def _policy(config: dict[str, Any]) -> RetryPolicy:
     # A run's steps share a few policies, and each of its step ops carries one: a policy
     # checked already is reused, when every field is an exact int or str (so that no other
     # value that compares equal, True for 1, is taken for one).
-    key = (config.get("limit"), config.get("delayMs"), config.get("backoff"),
-           config.get("timeoutMs"))  # fmt: skip
-    if all(type(part) is int or type(part) is str for part in key):
-        return _known_policy(*key)
-    return _checked_policy(*key)
+    limit, delay, backoff, timeout = (config.get("limit"), config.get("delayMs"),
+                                      config.get("backoff"), config.get("timeoutMs"))  # fmt: skip
+    if type(limit) is int and type(delay) is int and type(backoff) is str and type(timeout) is int:
+        return _known_policy(limit, delay, backoff, timeout)
+    return _checked_policy(limit, delay, backoff, timeout)
 
 
 @functools.lru_cache(maxsize=256)

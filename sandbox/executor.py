@@ -146,8 +146,9 @@ class Drive:
     def _loop(self) -> bytes:
         while True:
             self._drain()
-            outcome = self._call("outcome")
-            if outcome:
+            ops = self._call("next")  # one call a turn (`nextTurn`, sandbox/prelude/70-body.js)
+            if ops.startswith("{"):
+                outcome = ops
                 if _COMPUTE_STOPPED in outcome:  # name the budget the prelude cannot know
                     stopped = loads(outcome, max_depth=None)
                     raise DriveStopped(
@@ -156,10 +157,7 @@ class Drive:
                 # The drive's last ops (pure steps' results, console lines: none awaits an
                 # answer) go with the outcome, in one frame.
                 return _outcome(outcome, self._call("takeLogs"))
-            if self._call("hit") == "1":
-                continue
-            ops = self._call("take")
-            if ops == "+":  # every op waiting was a pure step's result, settled by the prelude
+            if ops in ("1", "+"):  # a replayed step settled, or pure steps settled by the prelude
                 continue
             if not ops:
                 if self._wait_for_timer():

@@ -212,6 +212,14 @@ function popHit() {
   return top;
 }
 
+// The executor's turn, in one call (each call from the executor costs as much as a step's
+// own work): the outcome (an object) once the body has one; "1" when a replayed step was
+// settled (its jobs run next); else what `take` returns: "+", "" or the ops (a list).
+function nextTurn() {
+  if (outcome !== null) return asciiJSON(withReplayed(outcome));
+  if (nextHit()) return "1";
+  return take();
+}
 // Settle the replayed entry that comes first in the journal, if one is waiting.
 function nextHit() {
   if (hits.length === 0) return false;

@@ -10,11 +10,10 @@ return function dispatch(command, argument) {
       case "boot": boot(parseJSON(argument)); return "{}";
       case "load": load(argument); return "{}";
       case "start": start(); return "{}";
-      case "hit": return nextHit() ? "1" : "0";
+      case "next": return nextTurn();
       case "nextTimer": return nextTimerDelay();
       case "fireTimer": fireTimer(); return "{}";
       case "answer": answer(parseJSON(argument)); return "{}";
-      case "take": return take();
       case "outcome": return outcome === null ? "" : asciiJSON(withReplayed(outcome));
       case "takeLogs": return takeLast();
       case "finish": return asciiJSON(withReplayed(finish()));
