@@ -16,7 +16,10 @@ from qjsflow.bridge.types import (
     StepWaitForEvent,
     Suspended,
 )
+from qjsflow.bridge.wire import request_to_wire
 from qjsflow.sandbox import ExecutorPool
+from qjsflow.sandbox.bytecode import PreludeLoader
+from qjsflow.sandbox.executor import PRELUDE, Drive, Prepared
 from tests.conftest import bundle_of
 from tests.memory_host import MemoryHost
 
@@ -338,3 +341,46 @@ async def test_awaiting_nothing_fails_clearly(pool: ExecutorPool) -> None:
     outcome = await pool.drive(host.request(await bundle_of(source)), host)
     assert isinstance(outcome, Failed)
     assert "awaited something that can never resolve" in outcome.message
+
+
+FIFTY_THEN_WAIT = """
+export default async (event, step) => {
+  let total = 0;
+  for (let i = 0; i < 50; i++) total += await step.do("s" + i, async () => i);
+  await step.waitForEvent("go", { type: "go" });
+  return total;
+};
+"""
+
+
+async def test_each_turn_of_a_drive_is_one_call_into_the_prelude(pool: ExecutorPool) -> None:
+    """A turn (a replayed step settled, pure steps settled, ops for the host, the outcome)
+    costs the executor one call into the prelude, as much as a step's own work: a replay of
+    50 steps makes about 50 calls, not three a step."""
+    host = MemoryHost()
+    code = await bundle_of(FIFTY_THEN_WAIT)
+    first = await pool.drive(host.request(code), host)
+    assert isinstance(first, Suspended)
+    assert len(host.entries) == 50
+    loader = PreludeLoader(PRELUDE)
+    drive = Drive(request_to_wire(host.request(code)), code, -1, Prepared(loader))
+    calls: list[str] = []
+    answered: list[str] = []
+    original = drive._call
+
+    def counted(command: str, argument: str = "", what: str = "") -> str:
+        calls.append(command)
+        return original(command, argument, what)
+
+    def exchange(ops: str) -> list[object]:  # the wait, answered as the host would
+        [wait] = orjson.loads(ops)
+        answered.append(wait["op"]["op"])
+        return [{"id": wait["id"], "result": {"suspend": "event", "event": "go"}, "at": None}]
+
+    drive._call = counted  # type: ignore[method-assign]
+    drive._exchange = exchange  # type: ignore[method-assign]
+    outcome = orjson.loads(drive.run())
+    assert outcome["outcome"]["status"] == "suspended"
+    assert outcome["outcome"]["replayed"] == 50
+    assert answered == ["step.waitForEvent"]
+    assert len(calls) <= 50 + 8, calls
