@@ -31,7 +31,7 @@ import quickjs
 from qjsflow.bridge.codec import dumps, dumps_text, loads
 from qjsflow.bridge.errors import CodecError
 from qjsflow.bridge.rules import RULES
-from qjsflow.sandbox.bytecode import BundleCode, PreludeLoader
+from qjsflow.sandbox.bytecode import BundleCode, PreludeLoader, collect_cycles_from
 from qjsflow.sandbox.confine import confine
 from qjsflow.sandbox.frames import frame, read_frame_fd
 
@@ -80,6 +80,7 @@ class Prepared:
     every intrinsic again (sandbox/prelude/60-lockdown.js, harden)."""
 
     def __init__(self, prelude: PreludeLoader, plan: str = "") -> None:
+        self.library = prelude.library
         try:
             self.context, self.dispatch = _with_prelude(prelude)
         except RuntimeError:  # its bytecode failed to load: the source, in a clean context
@@ -121,6 +122,7 @@ class Drive:
         self.context = prepared.context
         self.dispatch = prepared.dispatch
         self.context.set_memory_limit(limits["memory_bytes"])
+        collect_cycles_from(prepared.library, self.context, limits["memory_bytes"] // 8)
         self.context.set_max_stack_size(limits["stack_bytes"])
 
     def run(self) -> bytes:

@@ -18,7 +18,10 @@ import pytest
 
 from qjsflow.bridge.limits import Limits
 from qjsflow.bridge.types import Answer, Completed, Failed, OpEnvelope, StepFailure
-from qjsflow.sandbox import ExecutorPool, PoolConfig
+from qjsflow.bridge.wire import request_to_wire
+from qjsflow.sandbox import ExecutorPool, PoolConfig, bytecode
+from qjsflow.sandbox.bytecode import PreludeLoader
+from qjsflow.sandbox.executor import PRELUDE, Drive, Prepared
 from tests.conftest import bundle_of, executor_pids
 from tests.memory_host import MemoryHost
 
@@ -245,3 +248,42 @@ async def test_a_pool_removes_the_folders_of_dead_executors_only() -> None:
     finally:
         for folder in (dead, live, other):
             shutil.rmtree(folder, ignore_errors=True)
+
+
+CYCLES = """
+export default async (event, step) => {
+  let made = 0;
+  for (let i = 0; i < 400; i++) {
+    // 400 x ~256 kB of objects that point at each other: garbage only a cycle collection frees
+    const ring = [];
+    for (let j = 0; j < 2000; j++) ring.push({ next: null, data: [j, j, j, j] });
+    for (let j = 0; j < ring.length; j++) ring[j].next = ring[(j + 1) % ring.length];
+    made += ring.length;
+  }
+  return made;
+};
+"""
+
+
+async def test_garbage_in_cycles_is_collected_well_within_the_memory_limit(
+    pool: ExecutorPool,
+) -> None:
+    """A drive may grow its heap to an eighth of its memory limit before the engine first
+    looks for garbage in cycles (fewer looks while a fan-out builds up); past that it looks as
+    before, so cyclic garbage many times the limit never reaches it."""
+    host = MemoryHost()
+    limits = Limits(memory_bytes=32 * 2**20)
+    outcome = await pool.drive(host.request(await bundle_of(CYCLES), limits=limits), host)
+    assert isinstance(outcome, Completed), outcome
+    assert outcome.output == str(400 * 2000)
+
+
+def test_a_drives_context_first_collects_cycles_at_an_eighth_of_its_limit() -> None:
+    loader = PreludeLoader(PRELUDE)
+    assert loader.library is not None
+    host = MemoryHost()
+    request = request_to_wire(host.request("", limits=Limits(memory_bytes=64 * 2**20)))
+    drive = Drive(request, "", -1, Prepared(loader))
+    pointer = bytecode._context_pointer(loader.library, drive.context)
+    runtime = loader.library.JS_GetRuntime(pointer)
+    assert loader.library.JS_GetGCThreshold(runtime) == 8 * 2**20

@@ -12,7 +12,10 @@ const unsettled = new RealSet(); // keys of steps with a row that is not settled
 const openCalls = new RealSet(); // step and db.sql calls whose promise has not settled
 let consumed = 0;
 let outbox = [];
-const pending = new RealMap(); // id -> {onResult}
+// id -> {onResult, scope} of the op sent with that id, while its answer is awaited. Ids count
+// up from 1 as ops are sent, so this stays a dense array (a QuickJS Map of thousands of
+// integer keys is several times slower to look up).
+const pending = /** @type {Array<{onResult: Function, scope: any} | undefined>} */ ([undefined]);
 const hits = []; // replayed entries whose promise waits for its turn: a min-heap on seq
 let nextId = 1;
 let opsSent = 0;

@@ -19,7 +19,7 @@ function send(op, onResult) {
   const id = nextId++;
   const message = { id, op };
   append(outbox, message);
-  if (onResult !== null) pending.set(id, { onResult, scope: currentScope });
+  pending[id] = onResult === null ? undefined : { onResult, scope: currentScope };
   return message;
 }
 
@@ -47,7 +47,7 @@ function take() {
   let own = outbox.length > 0;
   for (let i = 0; own && i < outbox.length; i++) {
     const message = outbox[i];
-    if (message[OPENING] === undefined && pending.has(message.id)) own = false;
+    if (message[OPENING] === undefined && pending[message.id] !== undefined) own = false;
     if (typeof message.op.value === "string") heldChars += message.op.value.length;
   }
   if (heldChars > HELD_CHARS) own = false;
@@ -61,8 +61,8 @@ function take() {
   return release([]); // sent as they are: the host answers them
 }
 function settleHere(message) {
-  const waiting = pending.get(message.id);
-  pending.delete(message.id);
+  const waiting = pending[message.id];
+  pending[message.id] = undefined;
   const opening = message[OPENING];
   if (opening[UNSENT]) {
     opening[INSIDE] = true;

@@ -229,9 +229,10 @@ function nextHit() {
 }
 
 function answer(message) {
-  const waiting = pending.get(message.id);
-  if (waiting === undefined) throw new DriveError("the host answered an unknown op " + message.id);
-  pending.delete(message.id);
+  const id = message.id;
+  const waiting = typeof id === "number" && id >= 1 && id < pending.length ? pending[id] : undefined;
+  if (waiting === undefined) throw new DriveError("the host answered an unknown op " + id);
+  pending[id] = undefined;
   currentScope = waiting.scope;
   waiting.onResult(message.result, message.at);
 }
