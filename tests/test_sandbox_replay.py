@@ -384,3 +384,33 @@ async def test_each_turn_of_a_drive_is_one_call_into_the_prelude(pool: ExecutorP
     assert outcome["outcome"]["replayed"] == 50
     assert answered == ["step.waitForEvent"]
     assert len(calls) <= 50 + 8, calls
+
+
+TRACES = """
+export default async (event, step) => {
+  let traces = 0;
+  Error.stackTraceLimit = { valueOf() { traces += 1; return 5; } };
+  const value = await step.do("plain", async () =>
+    ({ a: 1, b: { c: [1, 2] }, d: new Date(0), m: new Map([[1, 2]]), r: /x/g }));
+  const during = traces;
+  const deep = (n) => (n === 0 ? new Error("x").stack : deep(n - 1));
+  const frames = deep(10).split("\\n").filter(Boolean).length;
+  return { during, frames, kept: typeof Error.stackTraceLimit, date: value.d instanceof Date,
+           map: value.m instanceof Map, regexp: value.r instanceof RegExp };
+};
+"""
+
+
+async def test_encoding_a_value_writes_no_stack_traces_and_keeps_the_authors_limit(
+    pool: ExecutorPool,
+) -> None:
+    """Telling a Date or a Map from a plain object takes checks that throw when they fail;
+    each thrown error had the engine write a stack trace (reading the author's
+    `Error.stackTraceLimit`, and running their code when it is an object). They are made with
+    no trace now, and the author's setting is theirs again after."""
+    host = MemoryHost()
+    outcome = await pool.drive(host.request(await bundle_of(TRACES)), host)
+    assert isinstance(outcome, Completed), outcome
+    assert orjson.loads(outcome.output) == {
+        "during": 0, "frames": 5, "kept": "object", "date": True, "map": True, "regexp": True
+    }  # fmt: skip
