@@ -482,7 +482,7 @@ class DriveHost:
         return None if began is None else int((self.monotonic() - began[0]) * 1000)
 
     def _had_effect(self, op: StepRecord) -> bool:
-        return step_key("do", op.count, op.step) in self._effectful
+        return bool(self._effectful) and step_key("do", op.count, op.step) in self._effectful
 
     def _effect(self, step: str) -> None:
         """Note an effect made under `step` (a call's full name): every step enclosing it had
