@@ -66,6 +66,7 @@ from qjsflow.runner.store import (
     RunRecord,
     SnapshotRecord,
     WorkflowRecord,
+    snapshot_records,
 )
 from qjsflow.runner.tracing import new_traceparent
 from qjsflow.runner.usage import ScopeUsage, refuse_start, scope_usage
@@ -204,51 +205,51 @@ class Runner:
         """
         scope = validate_scope(request.scope)
         run_id = run_key(scope, self._run_id(request.run_id))
-        snapshot = await self.find_snapshot(request.snapshot_id, scope=scope)
-        entries = {w.workflow: w.entry_path for w in snapshot.workflows}
-        entry_path = entries.get(request.workflow)
-        if entry_path is None or request.entry_path not in (None, entry_path):
-            raise UnknownWorkflow(request.workflow, sorted(entries))
         limit = self.config.limits.value_bytes
         encoded_input = from_python(request.input, max_bytes=limit, what="the run input")
-        bindings_text = from_python(
-            env_of(
-                self.config.environments.get(scope),
-                request.persisted_bindings,
-                Reach(snapshot.capabilities, self.config.scope_policies.get(scope)).binding_allowed,
-            ),
-            max_bytes=limit,
-            what="the persisted bindings",
-        )
         now = self._driver.now_ms()
-        record = RunRecord(
-            run_id, scope, request.workflow, snapshot.snapshot_id, entry_path, "running",
-            encoded_input, bindings_text, None, None, now, now, None, None, 0.0, 0, False,
-            traceparent=new_traceparent(request.traceparent),
-        )  # fmt: skip
-
+        traceparent = new_traceparent(request.traceparent)
         budgets = self.config.scope_budgets.get(scope)
 
-        def create(tx: JournalTransaction) -> RunRecord | None:
-            """None when the run was created; else the run that already has this id."""
+        def record_of(snapshot: SnapshotRecord) -> RunRecord:
+            entries = {w.workflow: w.entry_path for w in snapshot.workflows}
+            entry_path = entries.get(request.workflow)
+            if entry_path is None or request.entry_path not in (None, entry_path):
+                raise UnknownWorkflow(request.workflow, sorted(entries))
+            policy = self.config.scope_policies.get(scope)
+            bindings_text = from_python(
+                env_of(self.config.environments.get(scope), request.persisted_bindings,
+                       Reach(snapshot.capabilities, policy).binding_allowed),
+                max_bytes=limit, what="the persisted bindings",
+            )  # fmt: skip
+            return RunRecord(
+                run_id, scope, request.workflow, snapshot.snapshot_id, entry_path, "running",
+                encoded_input, bindings_text, None, None, now, now, None, None, 0.0, 0, False,
+                traceparent=traceparent,
+            )  # fmt: skip
+
+        def create(tx: JournalTransaction) -> tuple[RunRecord, RunRecord | None]:
+            """The run asked for, and None when it was created or else the run that already
+            has this id. Its snapshot is found in the same transaction: one journal hop."""
+            record = record_of(_snapshot(tx, reference=request.snapshot_id, scope=scope))
             if budgets is not None and tx.get_run(run_id) is None:
                 refuse_start(tx, scope, budgets)
             if tx.insert_run(record):
                 tx.append_event(run_id, "run_created", now, dumps_text({"scope": scope}))
-                return None
-            return tx.get_run(run_id)
+                return record, None
+            return record, tx.get_run(run_id)
 
         if not drive:
-            existing = await self._store.transact(create)
+            wanted, existing = await self._store.transact(create)
             if existing is not None:
-                _check_same(existing, record)
+                _check_same(existing, wanted)
                 return run_view(existing)
-            return run_view(record)
+            return run_view(wanted)
 
         def create_to_drive(tx: JournalTransaction, *, now: int) -> None:
-            existing = create(tx)
+            wanted, existing = create(tx)
             if existing is not None:  # nothing is written: the run is returned as it is
-                raise _Existing(existing)
+                raise _Existing(existing, wanted)
 
         # Created in the transaction that takes its lease and begins its first drive (not
         # fsynced by itself: the drive's first effect or its end makes it durable, and the
@@ -256,7 +257,7 @@ class Runner:
         try:
             return await self._drive(run_id, bindings, first=create_to_drive)
         except _Existing as already:
-            _check_same(already.run, record)
+            _check_same(already.run, already.wanted)
             return run_view(already.run)
 
     async def resume(
@@ -593,22 +594,7 @@ class Runner:
         `latest` (the scope's newest). Another scope's snapshot is not found, like a missing
         one."""
         scope = validate_scope(scope)
-        if reference == "latest":
-            found = await self._store.list_snapshots(scope, limit=1)
-        elif _SNAPSHOT_ID.fullmatch(reference):
-            found = await self._store.list_snapshots(scope, snapshot_id=reference)
-        elif _SNAPSHOT_PREFIX.fullmatch(reference):
-            found = await self._store.list_snapshots(scope, id_prefix=reference, limit=2)
-            if len(found) > 1:
-                raise InvalidInput(
-                    f"several snapshots in scope {scope!r} start with {reference!r}: "
-                    "give more of the id"
-                )
-        else:
-            found = []
-        if not found:
-            raise SnapshotNotFound(scope, reference[:80])
-        return found[0]
+        return await self._store.read(partial(_snapshot, reference=reference, scope=scope))
 
     async def scopes_of(self, run_id: str) -> builtins.list[str]:
         """For operators: every scope that has a run with this id (run ids are per scope)."""
@@ -655,11 +641,13 @@ class Runner:
 
 
 class _Existing(Exception):
-    """A start found the run it was asked to create: the transaction writes nothing."""
+    """A start found the run it was asked to create (`wanted`): the transaction writes
+    nothing."""
 
-    def __init__(self, run: RunRecord) -> None:
+    def __init__(self, run: RunRecord, wanted: RunRecord) -> None:
         super().__init__(run.run_id)
         self.run = run
+        self.wanted = wanted
 
 
 def _default_scope_root(store: JournalStore) -> Path:
@@ -710,6 +698,26 @@ def _found(run: RunRecord | None, run_id: str) -> RunRecord:
     if run is None:
         raise RunNotFound(run_id)
     return run
+
+
+def _snapshot(tx: JournalTransaction, *, reference: str, scope: str) -> SnapshotRecord:
+    """`Runner.find_snapshot`, within a transaction."""
+    if reference == "latest":
+        rows = tx.snapshot_rows(scope, limit=1)
+    elif _SNAPSHOT_ID.fullmatch(reference):
+        rows = tx.snapshot_rows(scope, snapshot_id=reference)
+    elif _SNAPSHOT_PREFIX.fullmatch(reference):
+        rows = tx.snapshot_rows(scope, id_prefix=reference, limit=2)
+    else:
+        rows = []
+    found = snapshot_records(rows)
+    if len(found) > 1:
+        raise InvalidInput(
+            f"several snapshots in scope {scope!r} start with {reference!r}: give more of the id"
+        )
+    if not found:
+        raise SnapshotNotFound(scope, reference[:80])
+    return found[0]
 
 
 def _check_same(existing: RunRecord, wanted: RunRecord) -> None:

@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from qjsflow.runner import Bindings, Runner
-from qjsflow.runner.store import journal
+from qjsflow.runner import Bindings, Runner, SnapshotNotFound, StartRunInput
+from qjsflow.runner.store import connection, journal
 from tests.conftest import start_source
 
 PURE = """
@@ -72,3 +72,28 @@ async def test_a_step_whose_body_made_an_effect_is_fsynced(
     # `outer` (each enclosing the tool), and the end.
     assert fsynced.count(True) == 5
     assert fsynced[:2] == [False, False]  # created with the drive's beginning; `pure`
+
+
+async def test_starting_a_run_is_one_trip_to_the_journal(
+    runner: Runner, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The snapshot a start names is found in the transaction that creates the run (and,
+    driven, takes its lease): one job on the journal's thread, not a read and then a write."""
+    published = await runner.publish("acme", {"workflows/flow.ts": PURE})
+    jobs: list[str] = []
+    original = connection.JobThread.run
+
+    async def counting(self: connection.JobThread, job: Any, *args: Any) -> Any:
+        jobs.append(getattr(job, "func", job).__name__)
+        return await original(self, job, *args)
+
+    monkeypatch.setattr(connection.JobThread, "run", counting)
+    request = StartRunInput("acme", "flow", published.snapshot_id[:12], None, "r1")
+    run = await runner.start(request, drive=False)
+    assert run.status == "running"
+    assert jobs == ["_run_batch"]
+    again = await runner.start(request, drive=False)  # the same start: the same run
+    assert again.run_id == run.run_id
+    with pytest.raises(SnapshotNotFound):
+        await runner.start(StartRunInput("acme", "flow", "0" * 64, None, "r2"), drive=False)
+    assert await runner.store.get_run("acme/r2") is None

@@ -1,6 +1,12 @@
 """The journal store: the only SQL in qjsflow (docs/ARCHITECTURE.md, The journal)."""
 
-from qjsflow.runner.store.journal import BundleRecord, JournalStore, SnapshotRecord, WorkflowRecord
+from qjsflow.runner.store.journal import (
+    BundleRecord,
+    JournalStore,
+    SnapshotRecord,
+    WorkflowRecord,
+    snapshot_records,
+)
 from qjsflow.runner.store.migrations import MIGRATIONS
 from qjsflow.runner.store.records import (
     ENDED,
@@ -34,4 +40,5 @@ __all__ = [
     "StepRow",
     "ToolCallRecord",
     "WorkflowRecord",
+    "snapshot_records",
 ]

@@ -45,7 +45,13 @@ from qjsflow.runner.store.tx import (
     write_batch_usage,
 )
 
-__all__ = ["BundleRecord", "JournalStore", "SnapshotRecord", "WorkflowRecord"]
+__all__ = [
+    "BundleRecord",
+    "JournalStore",
+    "SnapshotRecord",
+    "WorkflowRecord",
+    "snapshot_records",
+]
 
 T = TypeVar("T")
 _MAX_BATCH = 256
@@ -266,9 +272,9 @@ class JournalStore:
     async def _all(self, sql: str, args: tuple[Any, ...] = ()) -> list[Any]:
         return await self._retrying(lambda: self._backend.all(sql, args))
 
-    async def _read(self, work: Callable[[JournalTransaction], T]) -> T:
+    async def read(self, work: Callable[[JournalTransaction], T]) -> T:
         """A read the write transactions also make, outside any transaction: one statement
-        for both, written once in `JournalTransaction`."""
+        for both, written once in `JournalTransaction` (`work` runs on the journal's thread)."""
         dialect = self._backend.dialect
         return await self._retrying(
             lambda: self._backend.run(lambda c: work(JournalTransaction(c, None, dialect)))
@@ -395,37 +401,12 @@ class JournalStore:
     ) -> list[SnapshotRecord]:
         """Snapshots, newest first, each with its workflows: of one scope (None: all), with
         one id or ids starting with a prefix of hex digits."""
-        where: list[str] = []
-        args: list[object] = []
-        for clause, value in (
-            ("s.scope = ?", scope),
-            ("s.snapshot_id = ?", snapshot_id),
-            ("substr(s.snapshot_id, 1, ?) = ?", id_prefix),
-        ):
-            if value is not None:
-                where.append(clause)
-                args += [len(value), value] if clause.startswith("substr") else [value]
-        rows = await self._all(
-            "SELECT s.scope, s.snapshot_id, s.created_at, b.workflow, b.entry_path, b.export_name,"
-            " s.capabilities"
-            " FROM (SELECT * FROM snapshots s"
-            + (" WHERE " + " AND ".join(where) if where else "")
-            + " ORDER BY created_at DESC, snapshot_id LIMIT ?) s"
-            " JOIN bundles b USING (scope, snapshot_id)"
-            " ORDER BY s.created_at DESC, s.scope, s.snapshot_id, b.workflow",
-            (*args, limit),
-        )
-        grouped: dict[tuple[str, str], list[Any]] = {}
-        for row in rows:
-            grouped.setdefault((str(row[0]), str(row[1])), []).append(row)
-        return [
-            SnapshotRecord(
-                scope_id, snapshot, float(group[0][2]),
-                tuple(WorkflowRecord(str(r[3]), str(r[4]), str(r[5])) for r in group),
-                _capabilities(group[0][6]),
+        rows = await self.read(
+            lambda tx: tx.snapshot_rows(
+                scope, snapshot_id=snapshot_id, id_prefix=id_prefix, limit=limit
             )
-            for (scope_id, snapshot), group in grouped.items()
-        ]  # fmt: skip
+        )
+        return snapshot_records(rows)
 
     async def insert_snapshot(self, scope: str, snapshot: Snapshot, created_at: float) -> bool:
         """Store a snapshot and its bundles; False (and nothing written) if it already exists."""
@@ -474,7 +455,7 @@ class JournalStore:
     # -- runs: reads outside any write transaction --------------------------------------------
 
     async def get_run(self, run_id: str) -> RunRecord | None:
-        return await self._read(lambda tx: tx.get_run(run_id))
+        return await self.read(lambda tx: tx.get_run(run_id))
 
     async def scopes_of_run(self, run_id: str) -> list[str]:
         """Scopes holding a run with this id (an operator's look-up across scopes): one
@@ -533,15 +514,15 @@ class JournalStore:
     async def ended_runs(
         self, before: int, statuses: Iterable[str], limit: int, scope: str | None = None
     ) -> list[tuple[str, str]]:
-        return await self._read(lambda tx: tx.ended_runs(before, statuses, limit, scope))
+        return await self.read(lambda tx: tx.ended_runs(before, statuses, limit, scope))
 
     async def count_ended_runs(
         self, before: int, statuses: Iterable[str], scope: str | None = None
     ) -> int:
-        return await self._read(lambda tx: tx.count_ended_runs(before, statuses, scope))
+        return await self.read(lambda tx: tx.count_ended_runs(before, statuses, scope))
 
     async def count_unused_snapshots(self, before: float, scope: str | None = None) -> int:
-        return len(await self._read(lambda tx: tx.unused_snapshots(before, scope)))
+        return len(await self.read(lambda tx: tx.unused_snapshots(before, scope)))
 
     async def count_runs_by_status(self, scope: str | None) -> dict[str, int]:
         """How many runs of a scope (None: every scope) have each status."""
@@ -564,7 +545,7 @@ class JournalStore:
         return found
 
     async def list_steps(self, run_id: str) -> list[StepRow]:
-        return await self._read(lambda tx: tx.list_steps(run_id))
+        return await self.read(lambda tx: tx.list_steps(run_id))
 
     async def list_events(self, run_id: str) -> list[EventRecord]:
         rows = await self._all(
@@ -608,6 +589,21 @@ def claim_query(clock: str) -> str:
         f"   AND {WAKING_TIMER_SQL})))"
         ") due WHERE turn <= ? ORDER BY turn, updated_at, run_id LIMIT ?"
     )
+
+
+def snapshot_records(rows: Iterable[Any]) -> list[SnapshotRecord]:
+    """Snapshots with their workflows, from `JournalTransaction.snapshot_rows`."""
+    grouped: dict[tuple[str, str], list[Any]] = {}
+    for row in rows:
+        grouped.setdefault((str(row[0]), str(row[1])), []).append(row)
+    return [
+        SnapshotRecord(
+            scope_id, snapshot, float(group[0][2]),
+            tuple(WorkflowRecord(str(r[3]), str(r[4]), str(r[5])) for r in group),
+            _capabilities(group[0][6]),
+        )
+        for (scope_id, snapshot), group in grouped.items()
+    ]  # fmt: skip
 
 
 def _capabilities(stored: object) -> Capabilities | None:

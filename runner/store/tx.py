@@ -540,6 +540,39 @@ class JournalTransaction:
         for table in (*RUN_TABLES, "runs"):
             self._db.execute(f"DELETE FROM {table} WHERE run_id IN ({marks})", run_ids)
 
+    def snapshot_rows(
+        self,
+        scope: str | None,
+        *,
+        snapshot_id: str | None = None,
+        id_prefix: str | None = None,
+        limit: int = 1000,
+    ) -> list[Any]:
+        """Snapshots, newest first, a row for each of their workflows: of one scope (None:
+        all), with one id or ids starting with a prefix of hex digits (`snapshot_records`
+        makes records of them)."""
+        where: list[str] = []
+        args: list[object] = []
+        for clause, value in (
+            ("s.scope = ?", scope),
+            ("s.snapshot_id = ?", snapshot_id),
+            ("substr(s.snapshot_id, 1, ?) = ?", id_prefix),
+        ):
+            if value is not None:
+                where.append(clause)
+                args += [len(value), value] if clause.startswith("substr") else [value]
+        rows: list[Any] = self._db.execute(
+            "SELECT s.scope, s.snapshot_id, s.created_at, b.workflow, b.entry_path, b.export_name,"
+            " s.capabilities"
+            " FROM (SELECT * FROM snapshots s"
+            + (" WHERE " + " AND ".join(where) if where else "")
+            + " ORDER BY created_at DESC, snapshot_id LIMIT ?) s"
+            " JOIN bundles b USING (scope, snapshot_id)"
+            " ORDER BY s.created_at DESC, s.scope, s.snapshot_id, b.workflow",
+            (*args, limit),
+        ).fetchall()
+        return rows
+
     def unused_snapshots(self, before: float, scope: str | None = None) -> list[tuple[str, str]]:
         """(scope, id) of snapshots published before `before` (seconds) that no run is
         pinned to."""
