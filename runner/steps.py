@@ -196,20 +196,16 @@ def begun_settled(tx: JournalTransaction, run_id: str, op: StepRecord, now: int)
     if op.value is None or tx.get_step(run_id, "do", op.step, op.count) is not None:
         begin(tx, run_id, StepBegin(op.step, "do", op.count, op.begun_with), now)
         return record(tx, run_id, op, now)
-    key = step_key("do", op.count, op.step)
-    event(tx, run_id, "step_started", now, key, attempt=1)
-    tx.insert_settled_step(
-        run_id, "do", op.step, op.count, config=policy_to_json(op.begun_with), output=op.value,
-        at=now, replay_at=op.settled_at,
-    )  # fmt: skip
+    written = begun_settled_together(tx, run_id, [op], now)
+    assert written, "a step with no row is written"
     return Value(None), now
 
 
 def begun_settled_together(
     tx: JournalTransaction, run_id: str, ops: Sequence[StepRecord], now: int
 ) -> bool:
-    """Pure steps' records with their results, written as `begun_settled` writes each of them
-    when it has no row, but together (two statements instead of four a step). False, with
+    """Pure steps' records with their results, each begun and settled at once (the writes of
+    `begun_settled` for a step with no row), all together: two statements. False, with
     nothing written, when one of them has a row or comes twice: `begun_settled` then writes
     them one by one."""
     settled = []

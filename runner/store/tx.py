@@ -389,34 +389,11 @@ class JournalTransaction:
         )
         return row is not None
 
-    def insert_settled_step(
-        self,
-        run_id: str,
-        kind: str,
-        name: str,
-        count: int,
-        *,
-        config: str,
-        output: str,
-        at: int,
-        replay_at: int | None,
-    ) -> None:
-        """A step completed by its first attempt, written once (`settle_step` without the row
-        written before it): its completion event first, whose seq it settles at."""
-        key = step_key(kind, count, name)
-        seq = self.append_event(run_id, "step_completed", at, f'{{"key":{dumps_text(key)}}}')
-        self._db.execute(
-            "INSERT INTO steps (run_id, kind, name, count, status, attempt, config, output,"
-            " started_at, completed_at, settled_seq, replay_at)"
-            " VALUES (?, ?, ?, ?, 'completed', 1, ?, ?, ?, ?, ?, ?)",
-            (run_id, kind, name, count, config, output, at, at, seq, replay_at),
-        )
-
     def insert_settled_steps(self, run_id: str, steps: Sequence[SettledStep]) -> bool:
         """Steps completed by their first attempt, begun and settled at once (a pure step's
-        record): for each, as `insert_settled_step` after a `step_started` event, in order, but
-        every event in one statement and every row in another. False, with nothing written,
-        when one of them has a row already or comes twice: the caller writes them one by one."""
+        record): for each, in order, its `step_started` and `step_completed` events and its row
+        settled at the latter — every event in one statement, every row in another. False,
+        with nothing written, when one of them has a row already or comes twice."""
         self._db.execute("SAVEPOINT settled_steps")
         try:
             written = 0

@@ -216,9 +216,13 @@ function popHit() {
 // own work): the outcome (an object) once the body has one; "1" when a replayed step was
 // settled (its jobs run next); else what `take` returns: "+", "" or the ops (a list).
 function nextTurn() {
-  if (outcome !== null) return asciiJSON(withReplayed(outcome));
+  if (outcome !== null) return outcomeText();
   if (nextHit()) return "1";
   return take();
+}
+// The body's outcome, as the executor reads it ("" while there is none).
+function outcomeText() {
+  return outcome === null ? "" : asciiJSON(withReplayed(outcome));
 }
 // Settle the replayed entry that comes first in the journal, if one is waiting.
 function nextHit() {

@@ -14,7 +14,7 @@ return function dispatch(command, argument) {
       case "nextTimer": return nextTimerDelay();
       case "fireTimer": fireTimer(); return "{}";
       case "answer": answer(parseJSON(argument)); return "{}";
-      case "outcome": return outcome === null ? "" : asciiJSON(withReplayed(outcome));
+      case "outcome": return outcomeText();
       case "takeLogs": return takeLast();
       case "finish": return asciiJSON(withReplayed(finish()));
     }
