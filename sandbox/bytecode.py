@@ -209,7 +209,7 @@ class BundleCode:
         scratch = quickjs.Context()
         scratch.set_memory_limit(memory_bytes)
         pointer = _context_pointer(self._library, scratch)
-        if pointer is None:
+        if pointer is None or not self._parses(pointer, text.encode()):
             return None
         # Line 1 holds the wrapper and the bundle starts where the prelude's source path puts
         # it, so its frames keep their lines; a newline ends a last line comment before the
@@ -230,6 +230,16 @@ class BundleCode:
         code = ctypes.create_string_buffer(ctypes.string_at(buffer, size.value), size.value)
         self._library.js_free(pointer, buffer)
         return code
+
+    def _parses(self, pointer: int, source: bytes) -> bool:
+        """Whether `source` is a program by itself. Only then is it one function's body once
+        wrapped: text that is not (`}; f(); function g() {`, say) could close the wrapper and
+        run when its bytecode is loaded, outside the drive's limits."""
+        function = self._library.JS_Eval(pointer, source, len(source), b"<input>", _COMPILE_ONLY)
+        if function.tag == _TAG_EXCEPTION:
+            return False
+        self._library.JS_FreeValue(pointer, function)
+        return True
 
     def _keep(self, text: str, code: ctypes.Array[ctypes.c_char]) -> None:
         self._kept[text] = code

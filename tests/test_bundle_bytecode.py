@@ -95,3 +95,14 @@ def test_no_more_than_a_few_bundles_are_kept(monkeypatch: pytest.MonkeyPatch) ->
     for n in range(5):
         assert bundles.define(quickjs.Context(), f"var __qjsflow_module = {n};", 2**26)
     assert len(bundles._kept) == 2
+
+
+def test_text_that_would_close_its_wrapper_is_never_loaded_as_bytecode() -> None:
+    """The bundle becomes one function's body, whose bytecode is loaded outside the drive's
+    limits: text that is not a program by itself could close that function and run as it
+    loads. Such text is left to the source path, which refuses it as a syntax error."""
+    bundles = BundleCode(PreludeLoader(PRELUDE))
+    context = quickjs.Context()
+    escape = "}; globalThis.escaped = 1; function again() {"
+    assert not bundles.define(context, escape, 2**26)
+    assert context.eval("typeof globalThis.escaped") == "undefined"
