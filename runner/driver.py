@@ -255,6 +255,7 @@ class RunDriver:
                 await host.flush()  # raises what failed, or waits for a write made again
                 ended = await self.store.transact(finish, lease)
             await host.flush()
+            self.pool.prepare_idle()  # the drive is recorded: the executor may prepare again
             if ended is not None:
                 return ended
         # Still due after this many drives: leave the rest to the next call or a worker.

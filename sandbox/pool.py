@@ -57,6 +57,10 @@ _CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 # Nothing of the host's environment; only the time zone, fixed so that local-time reads in JS
 # (getHours, getTimezoneOffset, toString) are the same on every worker and on every replay.
 _EXECUTOR_ENV = {"TZ": "UTC"}
+_PREPARE = b'{"type":"prepare"}'
+# After a drive an executor prepares its next context when the caller has recorded the drive
+# (`prepare_idle`), so that preparing does not compete with that; at the latest after this.
+_PREPARE_LATEST_S = 0.005
 # Executor working folders are named after the process that made them, so a pool can remove
 # those of processes that died (SIGKILLed workers leave theirs behind).
 _WORKDIR_PREFIX = "qjsflow-executor-"
@@ -119,6 +123,10 @@ class _Executor:
         self.drives = 0
         self.killed_for: str | None = None
         self.layers: dict[str, Any] = {}  # the confinement it reported (sandbox/confine.py)
+        # Whether its next context is prepared or being prepared: it prepares one as it
+        # starts, after a drive once told to (`ExecutorPool.prepare_idle`), else as the next
+        # drive arrives. Only an idle executor is told: mid-drive, a frame is an answer.
+        self.prepared = True
 
     @classmethod
     async def spawn(cls, config: PoolConfig, cpu_limit_s: int) -> _Executor:
@@ -175,6 +183,15 @@ class _Executor:
         assert stdin is not None
         stdin.write(frame(payload))
         await stdin.drain()
+
+    def prepare(self) -> None:
+        """Ask it to prepare its next drive's context now (no answer: written, not awaited)."""
+        stdin = self.process.stdin
+        if self.prepared or stdin is None or self.process.returncode is not None:
+            return
+        self.prepared = True
+        with contextlib.suppress(ConnectionError, RuntimeError):  # it died: the next take sees
+            stdin.write(frame(_PREPARE))
 
     async def receive(self) -> Any:
         stdout = self.process.stdout
@@ -252,6 +269,16 @@ class ExecutorPool:
             self._idle.append(executor)
         return dict(self.layers)
 
+    def prepare_idle(self) -> None:
+        """Idle executors prepare their next context now: a drive has been recorded (the
+        driver calls this after its last commit) or `_PREPARE_LATEST_S` has passed."""
+        for executor in self._idle:
+            executor.prepare()
+
+    def _prepare_idle(self, executor: _Executor) -> None:
+        if executor in self._idle:  # never mid-drive: a frame then would be read as answers
+            executor.prepare()
+
     def warm(self) -> None:
         """Start an executor now for a drive that is coming (publishing starts one while
         esbuild works, so asking what a bundle exports does not wait for a spawn)."""
@@ -265,6 +292,7 @@ class ExecutorPool:
         self._ensure_watchdog()
         async with self._slots:
             executor = await self._take()
+            executor.prepared = True  # if it was not, it prepares as the drive arrives
             keep = False
             watch = _Watch(executor, executor.cpu_seconds(), *_budget(request))
             self._watches[id(watch)] = watch
@@ -351,10 +379,10 @@ class ExecutorPool:
 
     async def _take(self) -> _Executor:
         """An executor for a drive: one spawned ahead if it is ready (its context is
-        prepared), else the longest idle (it has had the longest to prepare its next context),
-        else a new one. Then, if none is left idle and the pool has room, a spare is spawned:
-        an executor prepares its next context (~6 ms of compiling the prelude) after each
-        drive, so drives one after another alternate between two rather than wait for it."""
+        prepared), else the longest idle that has prepared its next context (else the longest
+        idle), else a new one. Then, if none is left idle and the pool has room, a spare is
+        spawned: an executor prepares its next context (~1-2 ms) after each drive, so drives
+        one after another alternate between two rather than wait for it."""
         while True:
             executor = await self._next_executor()
             if executor is not None and executor.process.returncode is None:
@@ -375,7 +403,10 @@ class ExecutorPool:
             warming = None  # a spare that failed to start: a drive spawns its own
         if self._idle:
             self._warming = warming
-            return self._idle.pop(0)
+            # The longest idle with its context prepared (else the longest idle).
+            ready = next((e for e in self._idle if e.prepared), self._idle[0])
+            self._idle.remove(ready)
+            return ready
         if warming is not None:
             with contextlib.suppress(QjsflowError):
                 return await warming
@@ -399,9 +430,11 @@ class ExecutorPool:
 
     async def _give_back(self, executor: _Executor, keep: bool) -> None:
         executor.drives += 1
+        executor.prepared = False  # its context is freed: the next is prepared when asked
         healthy = keep and executor.killed_for is None and executor.process.returncode is None
         if healthy and executor.drives < self.config.recycle_after and not self._closed:
             self._idle.append(executor)
+            asyncio.get_running_loop().call_later(_PREPARE_LATEST_S, self._prepare_idle, executor)
             return
         if not healthy:
             self.replaced += 1
