@@ -149,6 +149,11 @@ class RunDriver:
                 raise RunNotFound(run_id)
             return run
 
+    def alone(self) -> bool:
+        """Whether at most one drive is in progress in this process: the event loop would
+        only wait for its transactions (`JournalStore.commit_here`)."""
+        return len(self._active) <= 1
+
     def driving(self, run_id: str) -> bool:
         """Whether this process drives `run_id` now."""
         return run_id in self._active

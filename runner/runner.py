@@ -121,6 +121,7 @@ class Runner:
         scope_root = config.scope_root or _default_scope_root(store)
         self.scopes = ScopeDatabases(scope_root, config.sql_limits)
         self._driver = RunDriver(store, self._pool, config, self.scopes)
+        store.commit_here = self._driver.alone
 
     @classmethod
     @asynccontextmanager

@@ -78,16 +78,24 @@ async def test_starting_a_run_is_one_trip_to_the_journal(
     runner: Runner, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The snapshot a start names is found in the transaction that creates the run (and,
-    driven, takes its lease): one job on the journal's thread, not a read and then a write."""
+    driven, takes its lease): one journal job, not a read and then a write (on the journal's
+    thread or, a lone one, on the event loop's: `SqliteBackend.transaction`)."""
     published = await runner.publish("acme", {"workflows/flow.ts": PURE})
     jobs: list[str] = []
-    original = connection.JobThread.run
+    original_run = connection.JobThread.run
+    original_batch = journal._run_batch
 
-    async def counting(self: connection.JobThread, job: Any, *args: Any) -> Any:
-        jobs.append(getattr(job, "func", job).__name__)
-        return await original(self, job, *args)
+    async def on_thread(self: connection.JobThread, job: Any, *args: Any) -> Any:
+        if getattr(job, "func", None) is not batch:
+            jobs.append(getattr(job, "func", job).__name__)
+        return await original_run(self, job, *args)
 
-    monkeypatch.setattr(connection.JobThread, "run", counting)
+    def batch(connection: Any, batch: list[Any], backend: Any) -> Any:
+        jobs.append("_run_batch")
+        return original_batch(connection, batch, backend)
+
+    monkeypatch.setattr(connection.JobThread, "run", on_thread)
+    monkeypatch.setattr(journal, "_run_batch", batch)
     request = StartRunInput("acme", "flow", published.snapshot_id[:12], None, "r1")
     run = await runner.start(request, drive=False)
     assert run.status == "running"

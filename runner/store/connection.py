@@ -1,10 +1,11 @@
 """A journal connection's own thread, and opening a SQLite journal: the one place the SQLite
 pragmas are set.
 
-Each backend's database connection lives on one thread of its own and is touched nowhere
-else; a job (a whole transaction, a synchronous function) reaches it in one hop. A library
-that hops once per call cost ~15 hops for a transaction of five statements, which dominated a
-step (docs/PERFORMANCE.md).
+Each backend's database connection lives on one thread of its own; a job (a whole
+transaction, a synchronous function) reaches it in one hop. A library that hops once per call
+cost ~15 hops for a transaction of five statements, which dominated a step
+(docs/PERFORMANCE.md). A SQLite journal's transaction may also run on the event loop's thread,
+never while this thread has a job (`SqliteBackend.transaction`).
 """
 
 from __future__ import annotations
@@ -35,10 +36,19 @@ class JobThread:
 
     def __init__(self, name: str) -> None:
         self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
+        # Jobs handed to the thread and not yet done, counted on the event loop's thread: a
+        # job is done once its answer is back there, even if its waiter was cancelled.
+        self._pending = 0
         threading.Thread(target=self._serve, name=name, daemon=True).start()
+
+    @property
+    def idle(self) -> bool:
+        """Whether the thread has no job: its connection may be used from the loop's thread."""
+        return self._pending == 0
 
     async def run(self, job: Callable[..., T], *args: Any) -> T:
         future: asyncio.Future[T] = asyncio.get_running_loop().create_future()
+        self._pending += 1
         self._jobs.put((future, job, args))
         return await future
 
@@ -52,29 +62,30 @@ class JobThread:
             try:
                 result = job(*args)
             except BaseException as error:  # the waiter gets it; this thread carries on
-                future.get_loop().call_soon_threadsafe(_fail, future, error)
+                future.get_loop().call_soon_threadsafe(self._fail, future, error)
             else:
-                future.get_loop().call_soon_threadsafe(_settle, future, result)
+                future.get_loop().call_soon_threadsafe(self._settle, future, result)
+
+    def _settle(self, future: asyncio.Future[Any], result: Any) -> None:
+        self._pending -= 1
+        if not future.cancelled():
+            future.set_result(result)
+
+    def _fail(self, future: asyncio.Future[Any], error: BaseException) -> None:
+        self._pending -= 1
+        if not future.cancelled():
+            future.set_exception(error)
 
 
 _Job = tuple["asyncio.Future[Any]", Callable[..., Any], tuple[Any, ...]]
 
 
-def _settle(future: asyncio.Future[Any], result: Any) -> None:
-    if not future.cancelled():
-        future.set_result(result)
-
-
-def _fail(future: asyncio.Future[Any], error: BaseException) -> None:
-    if not future.cancelled():
-        future.set_exception(error)
-
-
 def connect_sqlite(path: str | Path) -> sqlite3.Connection:
     """On the journal's thread: a connection in autocommit mode (transactions are explicit
     `BEGIN IMMEDIATE`), WAL, `synchronous=FULL` so a commit survives power loss, foreign
-    keys on."""
-    connection = sqlite3.connect(str(path), isolation_level=None)
+    keys on. It is used from the event loop's thread too, only while this one has no job
+    (`SqliteBackend.transaction`)."""
+    connection = sqlite3.connect(str(path), isolation_level=None, check_same_thread=False)
     try:
         connection.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
         connection.execute("PRAGMA journal_mode = WAL")

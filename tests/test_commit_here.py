@@ -1,0 +1,118 @@
+"""Where a SQLite journal's transactions run: on the event loop's own thread while at most one
+drive is in progress (two wake-ups fewer each), on the journal's thread otherwise — and never
+with the loop waiting for another process's write lock."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import sqlite3
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from qjsflow.runner import Runner, StartRunInput
+from qjsflow.runner.store.connection import JobThread
+
+TEN = """
+export default async (event, step) => {
+  let total = 0;
+  for (let i = 0; i < 10; i++) total += await step.do("s" + i, async () => i);
+  return total;
+};
+"""
+
+
+@contextmanager
+def statements(runner: Runner) -> Iterator[list[tuple[bool, str]]]:
+    """The journal's statements while the block runs: whether each ran on this (the event
+    loop's) thread, and its text."""
+    seen: list[tuple[bool, str]] = []
+    here = threading.get_ident()
+    connection: sqlite3.Connection = runner.store._backend._db  # type: ignore[attr-defined]
+    connection.set_trace_callback(lambda sql: seen.append((threading.get_ident() == here, sql)))
+    try:
+        yield seen
+    finally:
+        connection.set_trace_callback(None)
+
+
+async def _published(runner: Runner) -> str:
+    return (await runner.publish("acme", {"workflows/flow.ts": TEN})).snapshot_id
+
+
+async def test_a_lone_drive_commits_on_the_loops_thread(tmp_path: Path) -> None:
+    async with Runner.open(tmp_path / "journal.db") as runner:
+        snapshot = await _published(runner)
+        await runner.start(StartRunInput("acme", "flow", snapshot, {}, "first"))  # reads its bundle
+        with statements(runner) as seen:
+            run = await runner.start(StartRunInput("acme", "flow", snapshot, {}, "lone"))
+        assert run.output == 45
+        assert seen
+        assert all(here for here, _ in seen)
+
+
+async def test_many_drives_commit_on_the_journals_thread(tmp_path: Path) -> None:
+    async with Runner.open(tmp_path / "journal.db") as runner:
+        snapshot = await _published(runner)
+        for n in range(30):
+            request = StartRunInput("acme", "flow", snapshot, {}, f"r{n}")
+            await runner.start(request, drive=False)
+        with statements(runner) as seen:
+            await runner.serve(until_idle=True, concurrency=30)
+        # With drives in flight, the loop does not do the journal's work (but while at most
+        # one is: as the first starts, or the last ends).
+        on_loop = sum(1 for here, sql in seen if here and sql.startswith("BEGIN"))
+        on_thread = sum(1 for here, sql in seen if not here and sql.startswith("BEGIN"))
+        assert on_thread > 4 * on_loop, (on_thread, on_loop)
+        for n in range(30):
+            done = await runner.store.get_run(f"acme/r{n}")
+            assert done is not None
+            assert done.status == "completed"
+
+
+async def test_the_loop_never_waits_for_another_process_lock(tmp_path: Path) -> None:
+    """Another process holds the journal's write lock for 0.4 s: the lone drive's transaction
+    goes to the journal's thread, which waits, while the event loop goes on."""
+    async with Runner.open(tmp_path / "journal.db") as runner:
+        snapshot = await _published(runner)
+        other = sqlite3.connect(tmp_path / "journal.db", isolation_level=None)
+        other.execute("BEGIN IMMEDIATE")
+        ticks: list[float] = []
+
+        async def tick() -> None:
+            while True:
+                ticks.append(time.monotonic())
+                await asyncio.sleep(0.01)
+
+        ticking = asyncio.get_running_loop().create_task(tick())
+        asyncio.get_running_loop().call_later(0.4, other.execute, "COMMIT")
+        began = time.monotonic()
+        try:
+            run = await runner.start(StartRunInput("acme", "flow", snapshot, {}, "late"))
+        finally:
+            ticking.cancel()
+            other.close()
+        assert run.output == 45
+        assert time.monotonic() - began >= 0.4  # it did wait for the lock
+        gaps = [later - earlier for earlier, later in itertools.pairwise(ticks)]
+        assert max(gaps) < 0.2, f"the event loop stalled for {max(gaps):.2f} s"
+
+
+async def test_a_job_counts_until_it_is_done_even_if_its_waiter_left() -> None:
+    """The thread's connection is free for the loop's thread only when no job is running on
+    it: a job whose waiter was cancelled still runs to its end."""
+    thread = JobThread("test-jobs")
+    try:
+        waiter = asyncio.get_running_loop().create_task(thread.run(time.sleep, 0.3))
+        await asyncio.sleep(0.05)
+        assert not thread.idle
+        waiter.cancel()
+        await asyncio.sleep(0.05)
+        assert not thread.idle, "the job still runs on the thread"
+        await asyncio.sleep(0.4)
+        assert thread.idle
+    finally:
+        thread.stop()
