@@ -84,7 +84,10 @@ class SqliteBackend:
         self._thread = thread
         self._db = connection
         self._full = True  # connect_sqlite() sets synchronous=FULL
-        self._here = False  # a transaction runs on the event loop's thread (`transaction`)
+        # How long the connection waits for another process's lock (connect_sqlite's busy
+        # timeout), and whether it does now: not while used on the event loop's thread.
+        self._busy_ms = int(connection.execute("PRAGMA busy_timeout").fetchone()[0])
+        self._waits = True
 
     @classmethod
     async def open(cls, path: Path, *, create: bool = True) -> SqliteBackend:
@@ -107,7 +110,18 @@ class SqliteBackend:
         return backend
 
     async def run(self, work: Callable[[Any], T]) -> T:
-        return await self._thread.run(work, self._db)
+        return await self._thread.run(self._waiting, work)
+
+    def _waiting(self, work: Callable[[Any], T]) -> T:
+        self._wait_for_locks(True)
+        return work(self._db)
+
+    def _wait_for_locks(self, wait: bool) -> None:
+        """The busy timeout: set only when it changes (between a run of transactions on the
+        event loop's thread and jobs on the journal's), so neither pays a statement a job."""
+        if wait != self._waits:
+            self._db.execute(f"PRAGMA busy_timeout = {self._busy_ms if wait else 0}")
+            self._waits = wait
 
     async def transaction(self, work: Callable[[Any], T], *, here: bool) -> T:
         """A write transaction (`work` opens it with `begin`). With `here`, while the journal's
@@ -117,13 +131,11 @@ class SqliteBackend:
         loop would stall every other task): locked, it goes to the journal's thread, which
         waits as usual."""
         if here and self._thread.idle:
-            self._here = True
+            self._wait_for_locks(False)
             try:
                 return work(self._db)
             except _LockedHere:
                 pass  # nothing ran
-            finally:
-                self._here = False
         return await self.run(work)
 
     async def all(self, sql: str, args: tuple[Any, ...] = ()) -> list[Any]:
@@ -134,19 +146,12 @@ class SqliteBackend:
         if full != self._full:  # only outside a transaction: SQLite refuses it inside one
             connection.execute(f"PRAGMA synchronous = {'FULL' if full else 'NORMAL'}")
             self._full = full
-        if not self._here:
-            connection.execute("BEGIN IMMEDIATE")
-            return
-        waits = int(connection.execute("PRAGMA busy_timeout").fetchone()[0])
-        connection.execute("PRAGMA busy_timeout = 0")  # locked: fail at once (`transaction`)
         try:
             connection.execute("BEGIN IMMEDIATE")
         except sqlite3.OperationalError as error:
-            if "locked" in str(error):
-                raise _LockedHere from error
+            if not self._waits and "locked" in str(error):  # on the loop's thread: go to the
+                raise _LockedHere from error  # journal's, which waits (`transaction`)
             raise
-        finally:
-            connection.execute(f"PRAGMA busy_timeout = {waits}")
 
     async def close(self) -> None:
         await self._thread.run(self._db.close)
