@@ -278,7 +278,7 @@ class ExecutorPool:
         for executor in self._idle:
             executor.prepare()
 
-    def _prepare_idle(self, executor: _Executor) -> None:
+    def _prepare_if_idle(self, executor: _Executor) -> None:
         if executor in self._idle:  # never mid-drive: a frame then would be read as answers
             executor.prepare()
 
@@ -437,7 +437,8 @@ class ExecutorPool:
         healthy = keep and executor.killed_for is None and executor.process.returncode is None
         if healthy and executor.drives < self.config.recycle_after and not self._closed:
             self._idle.append(executor)
-            asyncio.get_running_loop().call_later(_PREPARE_LATEST_S, self._prepare_idle, executor)
+            loop = asyncio.get_running_loop()
+            loop.call_later(_PREPARE_LATEST_S, self._prepare_if_idle, executor)
             return
         if not healthy:
             self.replaced += 1
