@@ -253,6 +253,12 @@ class RunDriver:
             now = self.now_ms()
             finish = partial(_finish, lease=lease, outcome=outcome, host=host, now=now,
                              charges=self._charges(outcome, host, now))  # fmt: skip
+            if self.alone():
+                # The end's commit runs on this thread at once (`JournalStore.commit_here`):
+                # the executor prepares its next context meanwhile, on the other core, while
+                # the commit waits for its fsync. Otherwise the journal's thread must first
+                # wake for it, so the executor prepares once it is done (below).
+                self.pool.prepare_idle()
             try:
                 # Queued behind the drive's last writes, in the same commit where it can be.
                 ended = await self.store.transact(finish, lease)

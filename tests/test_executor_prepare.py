@@ -14,6 +14,7 @@ from qjsflow.bridge.codec import dumps
 from qjsflow.bridge.types import Answer, Completed, OpEnvelope, Suspended
 from qjsflow.bridge.wire import request_to_wire
 from qjsflow.runner import Runner, StartRunInput
+from qjsflow.runner import driver as driver_module
 from qjsflow.sandbox import ExecutorPool, PoolConfig
 from qjsflow.sandbox import executor as executor_module
 from qjsflow.sandbox import pool as pool_module
@@ -146,3 +147,31 @@ async def test_the_driver_lets_executors_prepare_once_the_drive_is_recorded(
             idle = runner._pool._idle
             assert idle
             assert all(executor.prepared for executor in idle)
+
+
+async def test_a_lone_drive_lets_its_executor_prepare_while_its_end_commits(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The end's commit of a lone drive runs on the event loop's thread at once: the executor
+    prepares meanwhile, not after (with drives in flight, after: the journal's thread)."""
+    events: list[str] = []
+    prepare = pool_module._Executor.prepare
+    finish = driver_module._finish
+
+    def preparing(executor: Any) -> None:
+        if not executor.prepared:
+            events.append("prepare")
+        prepare(executor)
+
+    def finishing(*args: Any, **kwargs: Any) -> Any:
+        events.append("end committed")
+        return finish(*args, **kwargs)
+
+    monkeypatch.setattr(pool_module, "_PREPARE_LATEST_S", 60.0)
+    monkeypatch.setattr(pool_module._Executor, "prepare", preparing)
+    monkeypatch.setattr(driver_module, "_finish", finishing)
+    async with Runner.open(tmp_path / "journal.db") as runner:
+        published = await runner.publish("acme", {"workflows/flow.ts": ANSWER})
+        request = StartRunInput("acme", "flow", published.snapshot_id, {}, "lone")
+        assert (await runner.start(request)).status == "completed"
+    assert events == ["prepare", "end committed"]
