@@ -61,6 +61,10 @@ _PREPARE = b'{"type":"prepare"}'
 # After a drive an executor prepares its next context when the caller has recorded the drive
 # (`prepare_idle`), so that preparing does not compete with that; at the latest after this.
 _PREPARE_LATEST_S = 0.005
+# The executor's CPU rlimit: a backstop against a drive the watchdog cannot stop (the host's
+# threads frozen), the same however many drives an executor serves. One that has used half of
+# it is replaced after its drive, so that a healthy executor never meets it.
+_CPU_BACKSTOP_S = 6060
 # Executor working folders are named after the process that made them, so a pool can remove
 # those of processes that died (SIGKILLed workers leave theirs behind).
 _WORKDIR_PREFIX = "qjsflow-executor-"
@@ -308,8 +312,9 @@ class ExecutorPool:
                 outcome = Failed(False, f"the sandbox broke the protocol: {error}", 0.0)
             finally:
                 del self._watches[id(watch)]
-                used = max(0.0, executor.cpu_seconds() - watch.cpu_start)
-                await self._give_back(executor, keep)
+                spent = executor.cpu_seconds()
+                used = max(0.0, spent - watch.cpu_start)
+                await self._give_back(executor, keep, spent)
             return dataclasses.replace(outcome, cpu_s=used)
 
     async def _converse(
@@ -420,8 +425,7 @@ class ExecutorPool:
         if not self._swept:  # once, before this pool's first executor: not on every open
             self._swept = True
             await asyncio.to_thread(remove_stale_workdirs)
-        cpu_limit = int(self.config.recycle_after * 30 + 60)
-        executor = await _Executor.spawn(self.config, cpu_limit)
+        executor = await _Executor.spawn(self.config, _CPU_BACKSTOP_S)
         self._live += 1
         self.layers = executor.layers
         missing = executor.layers.get("missing") or []
@@ -431,11 +435,14 @@ class ExecutorPool:
                          "; ".join(str(m) for m in missing))  # fmt: skip
         return executor
 
-    async def _give_back(self, executor: _Executor, keep: bool) -> None:
+    async def _give_back(self, executor: _Executor, keep: bool, spent_s: float) -> None:
+        """Back to the idle ones, or replaced: after a kill, a crash or a limit, after
+        `recycle_after` drives, or once it has used half its CPU backstop (`spent_s`)."""
         executor.drives += 1
         executor.prepared = False  # its context is freed: the next is prepared when asked
         healthy = keep and executor.killed_for is None and executor.process.returncode is None
-        if healthy and executor.drives < self.config.recycle_after and not self._closed:
+        young = executor.drives < self.config.recycle_after and spent_s < _CPU_BACKSTOP_S / 2
+        if healthy and young and not self._closed:
             self._idle.append(executor)
             loop = asyncio.get_running_loop()
             loop.call_later(_PREPARE_LATEST_S, self._prepare_if_idle, executor)

@@ -20,6 +20,7 @@ from qjsflow.bridge.limits import Limits
 from qjsflow.bridge.types import Answer, Completed, Failed, OpEnvelope, StepFailure
 from qjsflow.bridge.wire import request_to_wire
 from qjsflow.sandbox import ExecutorPool, PoolConfig, bytecode
+from qjsflow.sandbox import pool as pool_module
 from qjsflow.sandbox.bytecode import PreludeLoader
 from qjsflow.sandbox.executor import PRELUDE, Drive, Prepared
 from tests.conftest import bundle_of, executor_pids
@@ -229,7 +230,40 @@ async def test_executors_run_with_no_environment_an_empty_folder_and_rlimits(
     assert lines["Max address space"][0] == str(1024**3)
     assert lines["Max file size"][0] == "0"
     assert int(lines["Max open files"][0]) <= 8
-    assert lines["Max cpu time"][0] != "unlimited"
+    # The backstop is the same for every executor, however many drives it serves.
+    assert lines["Max cpu time"][0] == str(pool_module._CPU_BACKSTOP_S)
+
+
+async def test_an_executor_that_used_half_its_cpu_backstop_is_replaced(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Replaced after its drive, so that it never meets the backstop in the middle of one."""
+    code = await bundle_of(WELL_BEHAVED)
+    backstop = pool_module._CPU_BACKSTOP_S
+    pids: list[set[int]] = []
+
+    async def observing(ops: Sequence[OpEnvelope], host: MemoryHost) -> list[Answer]:
+        pids.append(set(executor_pids()))
+        return await host(ops)
+
+    async with ExecutorPool(PoolConfig(size=1)) as pool:
+        first = MemoryHost()
+
+        async def aging(ops: Sequence[OpEnvelope]) -> list[Answer]:
+            # As if the executor had used most of a backstop of 0.1 s (starting takes more).
+            monkeypatch.setattr(pool_module, "_CPU_BACKSTOP_S", 0.1)
+            return await observing(ops, first)
+
+        assert isinstance(await pool.drive(first.request(code), aging), Completed)
+        monkeypatch.setattr(pool_module, "_CPU_BACKSTOP_S", backstop)
+        second = MemoryHost()
+        outcome = await pool.drive(second.request(code), lambda ops: observing(ops, second))
+        assert isinstance(outcome, Completed)
+        assert pool.replaced == 0  # not for a fault: for its age
+    before, after = pids
+    assert before
+    assert after
+    assert not before & after
 
 
 async def test_a_pool_removes_the_folders_of_dead_executors_only() -> None:
