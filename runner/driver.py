@@ -253,11 +253,12 @@ class RunDriver:
             now = self.now_ms()
             finish = partial(_finish, lease=lease, outcome=outcome, host=host, now=now,
                              charges=self._charges(outcome, host, now))  # fmt: skip
-            if self.alone():
-                # The end's commit runs on this thread at once (`JournalStore.commit_here`):
-                # the executor prepares its next context meanwhile, on the other core, while
-                # the commit waits for its fsync. Otherwise the journal's thread must first
-                # wake for it, so the executor prepares once it is done (below).
+            # A lone drive's end commits on this thread at once (`JournalStore.commit_here`):
+            # the executor prepares its next context meanwhile, on the other core, while the
+            # commit waits for its fsync. Otherwise the journal's thread must first wake for
+            # it, so the executor prepares once the end is recorded.
+            prepare_first = self.alone()
+            if prepare_first:
                 self.pool.prepare_idle()
             try:
                 # Queued behind the drive's last writes, in the same commit where it can be.
@@ -266,7 +267,8 @@ class RunDriver:
                 await host.flush()  # raises what failed, or waits for a write made again
                 ended = await self.store.transact(finish, lease)
             await host.flush()
-            self.pool.prepare_idle()  # the drive is recorded: the executor may prepare again
+            if not prepare_first:
+                self.pool.prepare_idle()
             if ended is not None:
                 return ended
         # Still due after this many drives: leave the rest to the next call or a worker.

@@ -149,11 +149,16 @@ async def test_the_driver_lets_executors_prepare_once_the_drive_is_recorded(
             assert all(executor.prepared for executor in idle)
 
 
-async def test_a_lone_drive_lets_its_executor_prepare_while_its_end_commits(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize(("alone", "order"), [
+    (True, ["prepare", "end committed"]),
+    (False, ["end committed", "prepare"]),
+])  # fmt: skip
+async def test_an_executor_prepares_during_a_lone_drives_end_and_after_others(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, alone: bool, order: list[str]
 ) -> None:
-    """The end's commit of a lone drive runs on the event loop's thread at once: the executor
-    prepares meanwhile, not after (with drives in flight, after: the journal's thread)."""
+    """A lone drive's end commits on the event loop's thread at once: the executor prepares
+    meanwhile. With drives in flight the end commits on the journal's thread, which has to
+    wake first: the executor prepares after it."""
     events: list[str] = []
     prepare = pool_module._Executor.prepare
     finish = driver_module._finish
@@ -170,8 +175,9 @@ async def test_a_lone_drive_lets_its_executor_prepare_while_its_end_commits(
     monkeypatch.setattr(pool_module, "_PREPARE_LATEST_S", 60.0)
     monkeypatch.setattr(pool_module._Executor, "prepare", preparing)
     monkeypatch.setattr(driver_module, "_finish", finishing)
+    monkeypatch.setattr(driver_module.RunDriver, "alone", lambda self: alone)
     async with Runner.open(tmp_path / "journal.db") as runner:
         published = await runner.publish("acme", {"workflows/flow.ts": ANSWER})
-        request = StartRunInput("acme", "flow", published.snapshot_id, {}, "lone")
+        request = StartRunInput("acme", "flow", published.snapshot_id, {}, "r")
         assert (await runner.start(request)).status == "completed"
-    assert events == ["prepare", "end committed"]
+    assert events == order
