@@ -3,13 +3,9 @@
 from __future__ import annotations
 
 import asyncio
-import base64
-import builtins
 import dataclasses
 import os
-import re
 import secrets
-import time
 from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -18,7 +14,7 @@ from pathlib import Path
 
 from qjsflow.bridge import InvalidInput, dumps_text
 from qjsflow.bridge.rules import RULES, is_event_type
-from qjsflow.bridge.values import from_python, to_python
+from qjsflow.bridge.values import from_python
 from qjsflow.bundles import build_snapshot, name_workflows
 from qjsflow.bundles.manifest import Capabilities
 from qjsflow.runner.bindings import Bindings
@@ -41,20 +37,23 @@ from qjsflow.runner.errors import (
     InvalidRunId,
     RunClosed,
     RunConflict,
-    RunNotFound,
-    RunTimeout,
-    SnapshotNotFound,
     UnknownWorkflow,
 )
 from qjsflow.runner.fork_check import check_fork
 from qjsflow.runner.inspect import describe_exports
 from qjsflow.runner.migrate import MigrationReport, migrate_runs
+from qjsflow.runner.reads import (
+    RUN_ID,
+    RunReads,
+    caller_key,
+    found_run,
+    snapshot_in,
+)
 from qjsflow.runner.retention import Pruned, prune
 from qjsflow.runner.scopedb import ScopeDatabases
 from qjsflow.runner.scopes import (
     ALL_SCOPES,
     AllScopes,
-    InvalidScope,
     run_key,
     split_run_key,
     validate_scope,
@@ -62,26 +61,17 @@ from qjsflow.runner.scopes import (
 from qjsflow.runner.store import (
     JournalStore,
     JournalTransaction,
-    LogRecord,
     RunRecord,
     SnapshotRecord,
     WorkflowRecord,
-    snapshot_records,
 )
 from qjsflow.runner.tracing import new_traceparent
 from qjsflow.runner.usage import ScopeUsage, refuse_start, scope_usage
 from qjsflow.runner.views import (
     TERMINAL,
-    EventView,
-    PersistedRun,
     RunView,
     StartRunInput,
-    StepView,
-    ToolCallView,
-    event_view,
     run_view,
-    step_view,
-    tool_call_view,
 )
 from qjsflow.runner.worker import IDLE_HORIZON_MS, Worker
 from qjsflow.sandbox import ExecutorPool
@@ -89,10 +79,6 @@ from qjsflow.sandbox import ExecutorPool
 __all__ = ["PublishResult", "PublishedWorkflow", "Runner", "Source"]
 
 Source = str | os.PathLike[str] | Mapping[str, str | bytes]
-_SNAPSHOT_ID = re.compile(r"[0-9a-f]{64}")
-_SNAPSHOT_PREFIX = re.compile(r"[0-9a-f]{8,63}")
-_MAX_PAGE = 10_001  # runs a page may hold (the CLI asks for one more than it shows)
-_RUN_ID = re.compile(r"^[A-Za-z0-9_-]{1,128}$")
 
 
 PublishedWorkflow = WorkflowRecord  # a workflow of a snapshot: its name and its entry file
@@ -110,11 +96,11 @@ class PublishResult:
 _MIGRATE_AT_MOST = 100_000  # runs one `migrate` command checks
 
 
-class Runner:
+class Runner(RunReads):
     """Publishes snapshots and (with later parts of the plan) drives runs against one journal."""
 
     def __init__(self, store: JournalStore, config: RunnerConfig) -> None:
-        self._store = store
+        super().__init__(store)
         store.retry_s = config.journal_retry_s
         self.config = config
         self._pool = ExecutorPool(config.pool)
@@ -189,10 +175,6 @@ class Runner:
         assert record is not None, "a snapshot just stored must be found"
         return _published(record, created=created)
 
-    @property
-    def store(self) -> JournalStore:
-        return self._store
-
     # -- runs --------------------------------------------------------------------------------
 
     async def start(
@@ -232,7 +214,7 @@ class Runner:
         def create(tx: JournalTransaction) -> tuple[RunRecord, RunRecord | None]:
             """The run asked for, and None when it was created or else the run that already
             has this id. Its snapshot is found in the same transaction: one journal hop."""
-            record = record_of(_snapshot(tx, reference=request.snapshot_id, scope=scope))
+            record = record_of(snapshot_in(tx, reference=request.snapshot_id, scope=scope))
             if budgets is not None and tx.get_run(run_id) is None:
                 refuse_start(tx, scope, budgets)
             if tx.insert_run(record):
@@ -267,7 +249,7 @@ class Runner:
         """Make a paused run runnable again, and drive it (after a crash, or once its timer is
         due, this drives any run; `drive=False` leaves it for a worker). A finished run is
         returned as it is."""
-        key = _key(run_id, scope)
+        key = caller_key(run_id, scope)
         if not drive:
             if (await self._run(run_id, scope)).pause_requested:  # else nothing to write
                 await self._store.transact(partial(lift_pause, key=key, now=self._driver.now_ms()))
@@ -278,7 +260,7 @@ class Runner:
     async def pause(self, run_id: str, *, scope: str) -> RunView:
         """Park the run once the steps under way have recorded their results: no worker drives
         it until `resume`; events sent meanwhile are kept, timers keep their due times."""
-        key = _key(run_id, scope)
+        key = caller_key(run_id, scope)
         await self._store.transact(partial(request_pause, key=key, now=self._driver.now_ms()))
         if self._driver.driving(key):  # this process's drive parks it after its steps
             return await self.get(run_id, scope=scope)
@@ -288,7 +270,7 @@ class Runner:
     async def terminate(self, run_id: str, *, scope: str, reason: str | None = None) -> RunView:
         """End the run now (`terminated`), its executor stopped mid-step if need be; a tool
         call in flight may or may not have acted (its audit row keeps no result)."""
-        key = _key(run_id, scope)
+        key = caller_key(run_id, scope)
         if reason is not None:
             reason = _operator_text(reason, "--reason")
         now = self._driver.now_ms()
@@ -309,7 +291,7 @@ class Runner:
         (`KIND:NAME[:COUNT]`): the steps settled before it keep their recorded results (their
         tools are not called again); it and everything after run again. The history keeps the
         earlier attempts."""
-        key = _key(run_id, scope)
+        key = caller_key(run_id, scope)
         start = None if from_step is None else StepRef.parse(from_step)
         now = self._driver.now_ms()
         await self._store.transact(partial(restart_run, key=key, start=start, now=now))
@@ -412,7 +394,7 @@ class Runner:
         inline (or, with `drive=False`, woken for a worker). With an `event_id`, delivering
         the same id again (a caller retrying after a timeout) adds no second event."""
         if event_id is not None and (
-            not isinstance(event_id, str) or not _RUN_ID.fullmatch(event_id)
+            not isinstance(event_id, str) or not RUN_ID.fullmatch(event_id)
         ):
             raise InvalidEvent(
                 f"invalid event id {str(event_id)[:80]!r}: use 1-128 characters of "
@@ -425,11 +407,11 @@ class Runner:
         encoded = from_python(
             payload, max_bytes=self.config.limits.value_bytes, what="the event payload"
         )
-        key = _key(run_id, scope)
+        key = caller_key(run_id, scope)
         now = self._driver.now_ms()
 
         def deliver(tx: JournalTransaction) -> RunRecord:
-            run = _found(tx.get_run(key), run_id)
+            run = found_run(tx.get_run(key), run_id)
             if run.status in TERMINAL or run.cancel_requested:
                 raise RunClosed(run_id, "cancelled" if run.cancel_requested else run.status)
             seq = tx.insert_inbox(key, event_type, encoded, now, event_id)
@@ -452,11 +434,11 @@ class Runner:
     async def cancel(self, run_id: str, *, scope: str) -> RunView:
         """Stop a run at its next suspension point (at once if it is suspended now). Later
         signals are refused."""
-        key = _key(run_id, scope)
+        key = caller_key(run_id, scope)
         now = self._driver.now_ms()
 
         def request_cancel(tx: JournalTransaction) -> None:
-            run = _found(tx.get_run(key), run_id)
+            run = found_run(tx.get_run(key), run_id)
             if run.status not in TERMINAL and not run.cancel_requested:
                 tx.update_run(key, cancel_requested=1, updated_at=now)
                 tx.append_event(key, "cancel_requested", now, None)
@@ -509,60 +491,6 @@ class Runner:
         await worker.serve(until_idle=until_idle, stop=stop)
         return worker.drives
 
-    async def get(self, run_id: str, *, scope: str) -> RunView:
-        return run_view(await self._run(run_id, scope))
-
-    async def wait(
-        self, run_id: str, *, scope: str, timeout_s: float | None = None, poll_s: float = 0.2
-    ) -> RunView:
-        """The run once it has ended (completed, failed or cancelled), read from the journal
-        every `poll_s` while some process drives it; `RunTimeout` past `timeout_s`."""
-        deadline = None if timeout_s is None else time.monotonic() + timeout_s
-        while True:
-            run = await self.get(run_id, scope=scope)
-            if run.status in TERMINAL:
-                return run
-            if deadline is not None and time.monotonic() >= deadline:
-                raise RunTimeout(run_id, run.status, timeout_s or 0.0)
-            await asyncio.sleep(poll_s)
-
-    async def get_persisted(self, run_id: str, *, scope: str) -> PersistedRun:
-        run = await self._run(run_id, scope)
-        bindings = to_python(run.persisted_bindings)
-        return PersistedRun(run_id, run.snapshot_id, run.entry_path, dict(bindings))
-
-    async def list(
-        self,
-        *,
-        scope: str | AllScopes,
-        workflow: str | None = None,
-        status: str | None = None,
-        limit: int = 1000,
-        offset: int = 0,
-        newest_first: bool = False,
-        since: float | None = None,
-        cursor: str | None = None,
-    ) -> list[RunView]:
-        """Runs of one scope, oldest first (or newest first), a page of `limit` from `offset`
-        or after `cursor` (`Runner.cursor_after` of the last run of the page before), created
-        at or after `since` (seconds since the epoch); an operator passes `scope=ALL_SCOPES`
-        to see every scope's (there is no default, so isolation is never off by omission)."""
-        chosen = None if scope is ALL_SCOPES else validate_scope(scope)
-        if not 1 <= limit <= _MAX_PAGE or not 0 <= offset < 2**62:
-            raise InvalidInput(f"limit must be 1 to {_MAX_PAGE} and offset 0 or more")
-        runs = await self._store.list_runs(
-            chosen, workflow, status, limit, offset=offset, newest_first=newest_first,
-            since_ms=None if since is None else int(since * 1000),
-            after=None if cursor is None else _parse_cursor(cursor),
-        )  # fmt: skip
-        return [run_view(run) for run in runs]
-
-    @staticmethod
-    def cursor_after(run: RunView) -> str:
-        """Where the next page starts: after this run."""
-        key = run_key(run.scope, run.run_id)
-        return f"{round(run.created_at * 1000)}.{base64.urlsafe_b64encode(key.encode()).decode()}"
-
     async def usage(self, *, scope: str | AllScopes) -> dict[str, ScopeUsage]:
         """Per scope: its runs by status, and what it used of each measure in the current
         window, with its budgets (runner/budgets.py)."""
@@ -583,49 +511,6 @@ class Runner:
             if chosen is None or name == chosen
         }
 
-    async def snapshots(
-        self, *, scope: str | AllScopes, limit: int = 1000
-    ) -> builtins.list[SnapshotRecord]:
-        """Published snapshots, newest first, with their workflows."""
-        chosen = None if scope is ALL_SCOPES else validate_scope(scope)
-        return await self._store.list_snapshots(chosen, limit=limit)
-
-    async def find_snapshot(self, reference: str, *, scope: str) -> SnapshotRecord:
-        """A snapshot of `scope` by its id, a unique prefix of it (8 or more hex digits), or
-        `latest` (the scope's newest). Another scope's snapshot is not found, like a missing
-        one."""
-        scope = validate_scope(scope)
-        return await self._store.read(partial(_snapshot, reference=reference, scope=scope))
-
-    async def scopes_of(self, run_id: str) -> builtins.list[str]:
-        """For operators: every scope that has a run with this id (run ids are per scope)."""
-        _check_names(run_id, None)
-        return await self._store.scopes_of_run(run_id)
-
-    async def list_steps(self, run_id: str, *, scope: str) -> builtins.list[StepView]:
-        run = await self._run(run_id, scope)
-        return [step_view(step) for step in await self._store.list_steps(run.run_id)]
-
-    async def list_tool_calls(self, run_id: str, *, scope: str) -> builtins.list[ToolCallView]:
-        """The audit trail of `step.tool`: one row per call, in order."""
-        run = await self._run(run_id, scope)
-        return [tool_call_view(call) for call in await self._store.list_tool_calls(run.run_id)]
-
-    async def history(self, run_id: str, *, scope: str) -> builtins.list[EventView]:
-        """Every event of the run, in order: drives and their workers, step attempts, retries
-        with their reason and due time, sleeps, waits, signals."""
-        run = await self._run(run_id, scope)
-        return [event_view(event) for event in await self._store.list_events(run.run_id)]
-
-    async def list_logs(self, run_id: str, *, scope: str) -> builtins.list[LogRecord]:
-        run = await self._run(run_id, scope)
-        logs = await self._store.list_logs(run.run_id)
-        return [dataclasses.replace(log, run_id=run_id) for log in logs]
-
-    async def _run(self, run_id: str, scope: str) -> RunRecord:
-        """The run of this scope, or RunNotFound."""
-        return _found(await self._store.get_run(_key(run_id, scope)), run_id)
-
     async def _drive(
         self, run_id: str, bindings: Bindings | None, *, first: BeforeLease | None = None
     ) -> RunView:
@@ -636,7 +521,7 @@ class Runner:
     def _run_id(run_id: str | None) -> str:
         if run_id is None:
             return secrets.token_hex(16)  # 128 random bits
-        if not isinstance(run_id, str) or not _RUN_ID.fullmatch(run_id):
+        if not isinstance(run_id, str) or not RUN_ID.fullmatch(run_id):
             raise InvalidRunId(run_id)
         return run_id
 
@@ -659,66 +544,11 @@ def _default_scope_root(store: JournalStore) -> Path:
     return store.path.with_name(store.path.name + ".scopes")
 
 
-def _parse_cursor(cursor: str) -> tuple[int, str]:
-    created, _, key = str(cursor).partition(".")
-    try:
-        raw = base64.b64decode(key.encode("ascii"), altchars=b"-_", validate=True)
-        decoded = raw.decode("utf-8")
-        if not created.isdigit() or len(created) > 15 or "/" not in decoded[:300]:
-            raise ValueError(cursor)
-        return int(created), decoded
-    except (ValueError, UnicodeError):
-        raise InvalidInput(
-            f"invalid cursor {str(cursor)[:80]!r}: pass one a listing gave"
-        ) from None
-
-
 def _operator_text(text: str, what: str) -> str:
     """A short free text an operator gives (a reason): stored and shown, so bounded."""
     if not isinstance(text, str) or len(text) > 500:
         raise InvalidInput(f"{what} must be text of at most 500 characters")
     return text
-
-
-def _check_names(run_id: str, scope: str | None) -> None:
-    if scope is not None:
-        validate_scope(scope)
-    if not isinstance(run_id, str) or not _RUN_ID.fullmatch(run_id):
-        raise RunNotFound(str(run_id)[:128])
-
-
-def _key(run_id: str, scope: str) -> str:
-    """The journal key of a caller's run: a scope must always be named."""
-    if scope is None:
-        raise InvalidScope(scope)
-    _check_names(run_id, scope)
-    return run_key(scope, run_id)
-
-
-def _found(run: RunRecord | None, run_id: str) -> RunRecord:
-    if run is None:
-        raise RunNotFound(run_id)
-    return run
-
-
-def _snapshot(tx: JournalTransaction, *, reference: str, scope: str) -> SnapshotRecord:
-    """`Runner.find_snapshot`, within a transaction."""
-    if reference == "latest":
-        rows = tx.snapshot_rows(scope, limit=1)
-    elif _SNAPSHOT_ID.fullmatch(reference):
-        rows = tx.snapshot_rows(scope, snapshot_id=reference)
-    elif _SNAPSHOT_PREFIX.fullmatch(reference):
-        rows = tx.snapshot_rows(scope, id_prefix=reference, limit=2)
-    else:
-        rows = []
-    found = snapshot_records(rows)
-    if len(found) > 1:
-        raise InvalidInput(
-            f"several snapshots in scope {scope!r} start with {reference!r}: give more of the id"
-        )
-    if not found:
-        raise SnapshotNotFound(scope, reference[:80])
-    return found[0]
 
 
 def _check_same(existing: RunRecord, wanted: RunRecord) -> None:
