@@ -9,8 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
+from qjsflow.bridge.failure import StepFailure
 from qjsflow.bridge.limits import Limits
-from qjsflow.bridge.rules import RULES
 
 __all__ = [
     "Answer",
@@ -39,17 +39,10 @@ __all__ = [
     "Suspended",
     "Value",
     "needs_answer",
-    "step_key",
 ]
 
 Encoded = str
 SuspendKind = Literal["sleep", "event", "retry"]
-
-
-def step_key(kind: str, count: int, name: str) -> str:
-    """A step's identity in the journal and on the wire: `kind:count:name`, where `name` holds
-    the enclosing steps' keys for a call made inside a body (the prelude builds the same)."""
-    return f"{kind}:{count}:{name}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,28 +61,6 @@ class RetryPolicy:
         if self.backoff == "linear":
             return self.delay_ms * attempt
         return self.delay_ms * (1 << (attempt - 1))
-
-
-@dataclass(frozen=True, slots=True)
-class StepFailure:
-    """An error thrown by a step body, or the final error a step rejects with."""
-
-    name: str
-    message: str
-    retryable: bool = True
-    retry_after_ms: int | None = None
-    code: str | None = None  # a machine-readable reason, e.g. db.sql's "not_authorized"
-    # Where it was thrown: the engine's frames from the sandbox; in the journal, the author's
-    # `file:line:column` frames (runner/locations.py).
-    stack: str | None = None
-
-    def __post_init__(self) -> None:
-        # Tools and the host make failures from any text: bounded here, as the prelude bounds
-        # the author's, so every stored failure fits the wire on its way back into a replay.
-        object.__setattr__(self, "name", self.name[: RULES.error_name_chars])
-        object.__setattr__(self, "message", self.message[: RULES.error_message_chars])
-        if self.stack is not None:
-            object.__setattr__(self, "stack", self.stack[: RULES.stack_chars])
 
 
 # -- ops (sandbox -> host) ---------------------------------------------------------------------

@@ -15,6 +15,7 @@ from typing import Any, Literal, cast
 
 from qjsflow.bridge.codec import loads
 from qjsflow.bridge.errors import CodecError, QjsflowError
+from qjsflow.bridge.failure import StepFailure, failure_to_wire
 from qjsflow.bridge.limits import Limits
 from qjsflow.bridge.rules import RULES, is_event_type
 from qjsflow.bridge.types import (
@@ -30,7 +31,6 @@ from qjsflow.bridge.types import (
     RetryPolicy,
     StepBegin,
     StepCheck,
-    StepFailure,
     StepNotify,
     StepRecord,
     StepSleep,
@@ -44,7 +44,6 @@ from qjsflow.bridge.types import (
 __all__ = [
     "ProtocolError",
     "answer_to_wire",
-    "failure_to_wire",
     "parse_op",
     "parse_outcome",
     "request_to_wire",
@@ -141,18 +140,6 @@ def _limits_to_wire(limits: Limits) -> dict[str, Any]:
     """A drive's limits as data: the same few `Limits` for every drive, converted once each
     (`asdict` walks every field, ~0.15 ms a drive)."""
     return asdict(limits)
-
-
-def failure_to_wire(failure: StepFailure) -> dict[str, Any]:
-    """A failure as JSON data: the one shape of it, on the wire and in the journal."""
-    return {
-        "name": failure.name,
-        "message": failure.message,
-        "retryable": failure.retryable,
-        "retryAfterMs": failure.retry_after_ms,
-        "code": failure.code,
-        "stack": failure.stack,
-    }
 
 
 # -- op parsers --------------------------------------------------------------------------------

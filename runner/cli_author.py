@@ -9,7 +9,7 @@ import contextlib
 import os
 import signal
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -21,37 +21,11 @@ from qjsflow.runner.config import RunnerConfig
 from qjsflow.runner.runner import Runner
 from qjsflow.runner.testing import Idle, MockTool, WorkflowTest
 
-__all__ = ["add_author_commands", "develop", "run_workflow"]
+__all__ = ["develop", "run_workflow"]
 
 EXIT_FAILED = 1
 _POLL_S = 0.5  # how often `dev` looks at the tree
 _SKIPPED = frozenset({"node_modules", ".git"})
-
-
-def add_author_commands(add: Callable[..., argparse.ArgumentParser]) -> None:
-    run = add("run", help="run a workflow to its end in a temporary journal, with mocks "
-              "(exit 0 completed, 1 failed or stopped, 2 bad input)")  # fmt: skip
-    run.add_argument("dir", help="the folder holding workflows/ and the code it imports")
-    run.add_argument("workflow", help="the workflow's name")
-    run.add_argument("--input", default="null", help="the event payload, as JSON")
-    for option, metavar, text in (
-        ("--event", "TYPE=JSON", "an event given when the run waits for TYPE (repeatable)"),
-        ("--tool", "ADDRESS=JSON|@FILE", "answer this tool with the JSON (or a file's)"),
-        ("--mock-step", "NAME[:COUNT]=JSON", "step.do NAME's result; its body is not run"),
-    ):
-        run.add_argument(option, action="append", default=[], metavar=metavar, help=text)
-    run.add_argument(
-        "--let-waits-time-out", action="store_true",
-        help="a wait nobody gave an event for times out (else the run stops there)",
-    )  # fmt: skip
-    run.add_argument(
-        "--fast-forward", action="store_true",
-        help="sleeps, retry delays and timeouts pass at once (virtual time)",
-    )  # fmt: skip
-    dev = add("dev", help="republish a folder on every change and serve the console on it")
-    dev.add_argument("dir", help="the folder holding workflows/")
-    dev.add_argument("--scope", default="dev", help="the scope it publishes into (dev)")
-    dev.add_argument("--port", type=int, default=8470, help="the console's port (8470)")
 
 
 def _pairs(given: list[str], option: str) -> list[tuple[str, str]]:

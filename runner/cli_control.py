@@ -9,15 +9,18 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from qjsflow.bridge import InvalidInput, QjsflowError
 from qjsflow.runner.cli_output import printable
-from qjsflow.runner.migrate import MigrationReport
-from qjsflow.runner.retention import Pruned
-from qjsflow.runner.runner import Runner
+from qjsflow.runner.reads import RunReads
 from qjsflow.runner.scopes import ALL_SCOPES
 from qjsflow.runner.views import RUN_STATUSES, TERMINAL, RunView
+
+if TYPE_CHECKING:  # the types of what the Runner returns: the module is loaded by then
+    from qjsflow.runner.migrate import MigrationReport
+    from qjsflow.runner.retention import Pruned
+    from qjsflow.runner.runner import Runner
 
 __all__ = [
     "CONTROL_VERBS",
@@ -158,7 +161,7 @@ async def _selected(args: argparse.Namespace, runner: Runner) -> list[RunView]:
         runs += page
         if len(page) < _PAGE:
             return runs
-        cursor = Runner.cursor_after(page[-1])
+        cursor = RunReads.cursor_after(page[-1])
 
 
 async def _act(verb: str, args: argparse.Namespace, runner: Runner, run: str, scope: str) -> Any:

@@ -6,16 +6,18 @@ import dataclasses
 import time
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from qjsflow.bridge.codec import dumps_text
 from qjsflow.bridge.values import JsValue, to_json_form
 from qjsflow.bundles.manifest import Capabilities
 from qjsflow.runner.printable import printable
-from qjsflow.runner.runner import PublishResult
 from qjsflow.runner.store import LogRecord, SnapshotRecord
-from qjsflow.runner.usage import ScopeUsage
 from qjsflow.runner.views import TERMINAL, EventView, RunView, StepView, ToolCallView
+
+if TYPE_CHECKING:  # rendered only by the commands that load the Runner
+    from qjsflow.runner.runner import PublishResult
+    from qjsflow.runner.usage import ScopeUsage
 
 __all__ = [
     "printable",

@@ -25,6 +25,7 @@ from functools import partial
 from typing import Any, Protocol
 
 from qjsflow.bridge import dumps_text
+from qjsflow.bridge.failure import failure_from_json
 from qjsflow.bridge.hints import with_run_hint
 from qjsflow.bridge.types import (
     Completed,
@@ -56,7 +57,7 @@ from qjsflow.runner.metrics import METRICS
 from qjsflow.runner.printable import printable
 from qjsflow.runner.scopedb import ScopeDatabases
 from qjsflow.runner.scopes import split_run_key
-from qjsflow.runner.steps import failure_from_json, set_aside
+from qjsflow.runner.steps import set_aside
 from qjsflow.runner.store import (
     ENDED as TERMINAL,
 )

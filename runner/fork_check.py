@@ -12,6 +12,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from qjsflow.bridge import InvalidInput
+from qjsflow.bridge.failure import failure_from_json
+from qjsflow.bridge.keys import step_key
 from qjsflow.bridge.types import (
     Answer,
     DbSql,
@@ -29,12 +31,10 @@ from qjsflow.bridge.types import (
     StepWaitForEvent,
     Suspend,
     needs_answer,
-    step_key,
 )
 from qjsflow.runner.control import StepRef, kept_steps
 from qjsflow.runner.driver import RunDriver
 from qjsflow.runner.scopes import split_run_key
-from qjsflow.runner.steps import failure_from_json
 from qjsflow.runner.store import BundleRecord, RunRecord, StepRow
 
 __all__ = ["ForkMismatch", "NoAnswers", "check_fork", "replay_without_calls"]

@@ -19,7 +19,9 @@ from dataclasses import dataclass
 from typing import Any, cast
 
 from qjsflow.bridge import dumps_text
+from qjsflow.bridge.failure import StepFailure, failure_to_json
 from qjsflow.bridge.hints import with_run_hint
+from qjsflow.bridge.keys import step_key
 from qjsflow.bridge.limits import Limits
 from qjsflow.bridge.types import (
     Answer,
@@ -30,7 +32,6 @@ from qjsflow.bridge.types import (
     RetryPolicy,
     StepBegin,
     StepCheck,
-    StepFailure,
     StepNotify,
     StepRecord,
     StepSleep,
@@ -39,7 +40,6 @@ from qjsflow.bridge.types import (
     Suspend,
     Value,
     needs_answer,
-    step_key,
 )
 from qjsflow.bridge.values import from_python, to_python
 from qjsflow.runner import steps, tracing
@@ -68,7 +68,7 @@ from qjsflow.runner.locations import Locator
 from qjsflow.runner.metrics import METRICS
 from qjsflow.runner.scopedb import ScopeDatabases, SqlOutcome
 from qjsflow.runner.scopes import split_run_key
-from qjsflow.runner.steps import Answered, failure_to_json
+from qjsflow.runner.steps import Answered
 from qjsflow.runner.store import JournalStore, JournalTransaction, Lease
 
 __all__ = ["PARKED", "DriveHost"]

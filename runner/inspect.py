@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from qjsflow.bridge.failure import StepFailure
 from qjsflow.bridge.limits import Limits
 from qjsflow.bridge.types import (
     Answer,
@@ -15,7 +16,6 @@ from qjsflow.bridge.types import (
     Log,
     OpEnvelope,
     StepBegin,
-    StepFailure,
 )
 from qjsflow.bridge.values import to_python
 from qjsflow.bundles import SourceTreeError, WorkflowBundle

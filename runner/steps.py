@@ -13,21 +13,21 @@ import functools
 from collections.abc import Sequence
 
 from qjsflow.bridge import dumps_text, loads
+from qjsflow.bridge.failure import StepFailure, failure_from_json, failure_to_json
+from qjsflow.bridge.keys import step_key
 from qjsflow.bridge.types import (
     Result,
     RetryPolicy,
     StepBegin,
     StepCheck,
-    StepFailure,
     StepRecord,
     StepSleep,
     StepWaitForEvent,
     Suspend,
     Value,
-    step_key,
 )
 from qjsflow.bridge.values import tagged_date
-from qjsflow.bridge.wire import ProtocolError, failure_to_wire
+from qjsflow.bridge.wire import ProtocolError
 from qjsflow.runner.store import JournalTransaction, SettledStep, StepRow
 
 __all__ = [
@@ -39,8 +39,6 @@ __all__ = [
     "check",
     "event_value",
     "fail_attempt",
-    "failure_from_json",
-    "failure_to_json",
     "policy_to_json",
     "record",
     "settle_call",
@@ -55,18 +53,6 @@ _OUTCOME_UNKNOWN = StepFailure(
     "the worker stopped during this call, before its result was recorded: the tool may or may"
     " not have acted; the call is made again as the next attempt",
 )
-
-
-def failure_to_json(failure: StepFailure) -> str:
-    return dumps_text(failure_to_wire(failure))
-
-
-def failure_from_json(text: str) -> StepFailure:
-    data = loads(text)
-    return StepFailure(
-        data["name"], data["message"], data["retryable"], data.get("retryAfterMs"),
-        data.get("code"), data.get("stack"),
-    )  # fmt: skip
 
 
 @functools.lru_cache(maxsize=64)  # a run's steps mostly share a handful of policies

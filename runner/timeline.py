@@ -3,7 +3,7 @@ executed it and those that replayed it (what `qjsflow timeline` and the demo pri
 
 from __future__ import annotations
 
-from qjsflow.runner.runner import Runner
+from qjsflow.runner.reads import RunReads
 from qjsflow.runner.scopes import run_key
 from qjsflow.runner.store import EventRecord, StepRow
 from qjsflow.runner.views import RunView
@@ -11,10 +11,10 @@ from qjsflow.runner.views import RunView
 __all__ = ["rows_of", "timeline_rows"]
 
 
-async def timeline_rows(runner: Runner, run: RunView) -> list[tuple[str, ...]]:
+async def timeline_rows(reads: RunReads, run: RunView) -> list[tuple[str, ...]]:
     """One row per step: attempts, duration, and in which drives it ran or was replayed."""
     key = run_key(run.scope, run.run_id)
-    return rows_of(await runner.store.list_events(key), await runner.store.list_steps(key))
+    return rows_of(await reads.store.list_events(key), await reads.store.list_steps(key))
 
 
 def rows_of(events: list[EventRecord], steps: list[StepRow]) -> list[tuple[str, ...]]:

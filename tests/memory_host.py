@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from qjsflow.bridge.failure import StepFailure
 from qjsflow.bridge.limits import Limits
 from qjsflow.bridge.types import (
     Answer,
@@ -21,7 +22,6 @@ from qjsflow.bridge.types import (
     Result,
     StepBegin,
     StepCheck,
-    StepFailure,
     StepNotify,
     StepRecord,
     StepSleep,

@@ -400,3 +400,59 @@ def test_start_without_waiting_then_wait_for_the_result(tmp_path: Path) -> None:
         assert cli.ok("result", "n1", "--wait", "--timeout", "60") == 7
     finally:
         worker.wait(timeout=60)
+
+
+# What only publishing, starting, driving and changing runs need: a command that only reads
+# the journal must not pay for importing it (docs/PERFORMANCE.md, `qjsflow status`).
+_NOT_FOR_READING = (
+    "qjsflow.runner.runner", "qjsflow.runner.driver", "qjsflow.runner.host",
+    "qjsflow.runner.cli_host", "qjsflow.sandbox.pool", "qjsflow.bundles.esbuild",
+    "qjsflow.bundles.tree", "qjsflow.bridge.types", "qjsflow.runner.budgets",
+    "qjsflow.runner.environment",
+)  # fmt: skip
+_PROBE = (
+    "import sys; from qjsflow.runner.cli import main; code = main(sys.argv[1:]); "
+    f"print(sorted(m for m in {_NOT_FOR_READING!r} if m in sys.modules), file=sys.stderr); "
+    "sys.exit(code)"
+)
+
+
+def test_reading_commands_load_neither_the_runner_nor_the_publish_path(tmp_path: Path) -> None:
+    cli = Cli(tmp_path)
+    plain = {name: value for name, value in os.environ.items() if not name.startswith("QJSFLOW_")}
+    tree = tmp_path / "tree"
+    (tree / "workflows").mkdir(parents=True)
+    (tree / "workflows" / "fails.ts").write_text(
+        'export default async (_e: unknown, step: any) => { console.log("hi"); '
+        'await step.do("boom", { retries: { limit: 0 } }, async () => { throw new Error("no"); }); };\n'
+    )  # fmt: skip
+    assert cli.run("publish", str(tree), "--scope", "a").returncode == 0
+    assert (
+        cli.ok("start", "fails", "--scope", "a", "--snapshot", "latest", "--run-id", "f1")["status"]
+        == "failed"
+    )
+    reads = [("status", "f1"), ("steps", "f1"), ("logs", "f1"), ("tools", "f1"),
+             ("history", "f1"), ("timeline", "f1"), ("list",), ("snapshots",)]  # fmt: skip
+    for args in reads:
+        for json in ((), ("--json",)):
+            done = subprocess.run(
+                [sys.executable, "-c", _PROBE, "--db", str(cli.db), *json, *args],
+                cwd=PROJECT_ROOT, env=plain, capture_output=True, text=True, timeout=60,
+                check=False,
+            )  # fmt: skip
+            assert done.returncode == 0, (args, done.stderr)
+            assert done.stderr.strip() == "[]", (args, json)
+            assert done.stdout.strip(), args
+    status = subprocess.run(
+        [sys.executable, "-c", _PROBE, "--db", str(cli.db), "status", "f1"],
+        cwd=PROJECT_ROOT, env=plain, capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    shown = dict(line.split(None, 1) for line in status.stdout.splitlines() if " " in line)
+    assert shown["status"] == "failed"
+    assert "no" in shown["error"]
+    # A command that changes runs still gets the whole runner.
+    control = subprocess.run(
+        [sys.executable, "-c", _PROBE, "--db", str(cli.db), "cancel", "f1", "--scope", "a"],
+        cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert "qjsflow.runner.runner" in control.stderr

@@ -16,8 +16,14 @@ from pathlib import Path
 import orjson
 import pytest
 
+from qjsflow.bridge.failure import StepFailure
 from qjsflow.bridge.limits import Limits
-from qjsflow.bridge.types import Answer, Completed, Failed, OpEnvelope, StepFailure
+from qjsflow.bridge.types import (
+    Answer,
+    Completed,
+    Failed,
+    OpEnvelope,
+)
 from qjsflow.bridge.wire import request_to_wire
 from qjsflow.sandbox import ExecutorPool, PoolConfig, bytecode
 from qjsflow.sandbox import pool as pool_module

@@ -18,10 +18,9 @@ from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from qjsflow.bridge import dumps_text, loads
-from qjsflow.bundles import Snapshot
 from qjsflow.bundles.manifest import Capabilities, capabilities_from_json
 from qjsflow.runner.errors import JournalUnavailable, StoredCodeDamaged
 from qjsflow.runner.metrics import METRICS
@@ -44,6 +43,9 @@ from qjsflow.runner.store.tx import (
     run_record,
     write_batch_usage,
 )
+
+if TYPE_CHECKING:  # only publishing builds one: reading the journal loads no esbuild driver
+    from qjsflow.bundles import Snapshot
 
 __all__ = [
     "BundleRecord",

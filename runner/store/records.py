@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from qjsflow.bridge.types import step_key
+from qjsflow.bridge.keys import step_key
 
 __all__ = [
     "ENDED",

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from qjsflow.bridge import QjsflowError, dumps_text
-from qjsflow.bridge.types import step_key
+from qjsflow.bridge.keys import step_key
 from qjsflow.runner.metrics import METRICS
 from qjsflow.runner.store.dialect import SQLITE, Dialect
 from qjsflow.runner.store.records import (

@@ -1,0 +1,262 @@
+"""The `qjsflow` command line's parser: every command, its options and their help.
+
+Building it is the first thing every command does, so it imports only what its choices and
+help text name (no runner, driver or pool).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from qjsflow.bridge import InvalidInput
+from qjsflow.bundles.toolchain import ESBUILD_VERSION
+from qjsflow.runner.cli_control import add_control_commands
+from qjsflow.runner.printable import printable
+from qjsflow.runner.views import RUN_STATUSES
+
+__all__ = [
+    "EXIT_FAILED",
+    "EXIT_OK",
+    "EXIT_USAGE",
+    "GLOBAL_DEFAULTS",
+    "build_parser",
+    "check_lease_ttl",
+]
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+_SCOPE_HELP = "the run's tenant (found if only one has the run id)"
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but usage errors are one line on stderr and exit 2."""
+
+    def error(self, message: str) -> Any:
+        print(f"qjsflow: error: {printable(message)}", file=sys.stderr)
+        raise SystemExit(EXIT_USAGE)
+
+
+# Options every command takes, before or after its name (`qjsflow status RUN --json`). The
+# environment gives defaults: QJSFLOW_DB, QJSFLOW_TOOLS, QJSFLOW_ENV (and QJSFLOW_SCOPE for
+# --scope).
+GLOBAL_DEFAULTS = {"db": "./qjsflow.db", "json": False, "debug": False, "lease_ttl": 30.0,
+                    "env": None, "tools": None, "notify": None, "utc": False}  # fmt: skip
+
+
+def _global_options(*, suppress: bool) -> _Parser:
+    """The global options; under a command their defaults are suppressed, so an option given
+    before the command's name is not overwritten by the command's parser."""
+    options = _Parser(add_help=False)
+    default = (lambda name: argparse.SUPPRESS) if suppress else GLOBAL_DEFAULTS.get
+    options.add_argument(
+        "--db", default=default("db"),
+        help="the journal: a SQLite path or sqlite:///path (./qjsflow.db), or postgresql://… "
+        "(QJSFLOW_DB)",
+    )  # fmt: skip
+    options.add_argument("--json", action="store_true", default=default("json"),
+                         help="print one JSON document on stdout")  # fmt: skip
+    options.add_argument("--debug", action="store_true", default=default("debug"),
+                         help="show tracebacks of failures")  # fmt: skip
+    options.add_argument(
+        "--lease-ttl", type=float, default=default("lease_ttl"), metavar="SECONDS",
+        help="how long a driver's lease on a run lasts without a heartbeat (30)",
+    )  # fmt: skip
+    options.add_argument(
+        "--env", metavar="FILE", default=default("env"),
+        help="what runs find in env, per scope (JSON): vars, secrets (as the names of host "
+        "environment variables holding their values), binding objects, egress; and each "
+        "scope's budgets and capability policy (QJSFLOW_ENV)",
+    )  # fmt: skip
+    options.add_argument(
+        "--tools", metavar="MODULE:ATTRIBUTE", default=default("tools"),
+        help="a mapping of tool address to async function, for step.tool; the module may be "
+        "in the current folder (QJSFLOW_TOOLS)",
+    )  # fmt: skip
+    options.add_argument(
+        "--notify", metavar="MODULE:ATTRIBUTE", default=default("notify"),
+        help="an async function given each step.notify message (QJSFLOW_NOTIFY)",
+    )  # fmt: skip
+    options.add_argument("--utc", action="store_true", default=default("utc"),
+                         help="show times as UTC timestamps, not relative ones")  # fmt: skip
+    return options
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog="qjsflow", description="Durable, sandboxed JS/TS workflows.",
+        parents=[_global_options(suppress=False)],
+    )  # fmt: skip
+    parser.add_argument("--version", action=_Version, nargs=0, help="show the version and exit")
+    commands = parser.add_subparsers(
+        dest="command", required=True, metavar="COMMAND", parser_class=_Parser
+    )
+    common = [_global_options(suppress=True)]
+
+    def add(name: str, **kwargs: Any) -> argparse.ArgumentParser:
+        """A command; it takes the global options after its name as well."""
+        return commands.add_parser(name, parents=common, **kwargs)
+
+    publish = add("publish", help="publish a source folder as a snapshot")
+    publish.add_argument("dir", help="the folder holding workflows/ and the code it imports")
+    publish.add_argument("--scope", help="the tenant the snapshot belongs to (QJSFLOW_SCOPE)")
+    start = add("start", help="start a run pinned to a snapshot")
+    start.add_argument("workflow", help="the workflow's name in the snapshot")
+    start.add_argument("--scope", help="the run's tenant (QJSFLOW_SCOPE)")
+    start.add_argument(
+        "--snapshot",
+        required=True,
+        help="the snapshot: its id, a unique prefix of 8+ hex digits, or `latest`",
+    )
+    start.add_argument("--input", default="null", help="the event payload, as JSON")
+    start.add_argument("--run-id", help="makes start idempotent")
+    start.add_argument(
+        "--no-wait", action="store_true", help="only record the run: a worker drives it"
+    )
+    start.add_argument(
+        "--wait", action="store_true",
+        help="block until the run ends (a worker drives what is left) and print its output",
+    )  # fmt: skip
+    start.add_argument("--timeout", type=float, metavar="SECONDS", help="how long to --wait")
+    result = add("result", help="a run's output once it has ended")
+    result.add_argument("run", help="the run id")
+    result.add_argument("--scope", help=_SCOPE_HELP)
+    result.add_argument(
+        "--wait", action="store_true", help="wait for the run to end (a worker drives it)"
+    )
+    result.add_argument("--timeout", type=float, metavar="SECONDS", help="how long to wait")
+    _add_run_views(add)
+    add_control_commands(add)
+    signal_ = add("signal", help="deliver an event to a run")
+    signal_.add_argument("run", help="the run id")
+    signal_.add_argument("type", help="the event type its waitForEvent waits for")
+    signal_.add_argument("--payload", default="null", help="the event payload, as JSON")
+    signal_.add_argument("--scope", help=_SCOPE_HELP)
+    signal_.add_argument(
+        "--event-id", help="an idempotency key: the same id delivered again adds nothing"
+    )
+    usage = add("usage", help="runs per scope by status, and what each used of its budgets")
+    usage.add_argument("--scope", help="one tenant's (all without it)")
+    snapshots = add("snapshots", help="list published snapshots, newest first")
+    snapshots.add_argument("--scope", help="one tenant's (all without it)")
+    listing = add("list", help="list runs")
+    listing.add_argument("--scope", help="one tenant's runs (all without it)")
+    listing.add_argument("--workflow", help="runs of this workflow")
+    listing.add_argument("--status", choices=RUN_STATUSES, help="one of: %(choices)s")
+    listing.add_argument("--limit", type=int, default=50, help="runs per page (50)")
+    listing.add_argument("--offset", type=int, default=0, help="runs to skip (0)")
+    listing.add_argument("--desc", action="store_true", help="newest first")
+    listing.add_argument("--since", metavar="WHEN", help="created since: 2h, 7d, or an ISO time")
+    listing.add_argument("--cursor", help="start after this (the next_cursor of a page)")
+    _add_worker(add)
+    add("demo", help="the whole story on a fresh database, with a timeline")
+    add("doctor", help="which sandbox layers and tools this machine gives qjsflow")
+    _add_console(add)
+    _add_author_commands(add)
+    add(
+        "setup-tools",
+        help=f"fetch esbuild {ESBUILD_VERSION} (checksum-verified) into the per-user cache",
+    )
+    return parser  # fmt: skip
+
+
+def _add_worker(add: Callable[..., argparse.ArgumentParser]) -> None:
+    worker = add("worker", help="wake due runs and recover crashed ones")
+    worker.add_argument(
+        "--until-idle",
+        action="store_true",
+        help="exit once nothing is running and no timer is due within 1 s",
+    )
+    worker.add_argument("--concurrency", type=int, default=8, help="drives at once (8)")
+    worker.add_argument("-v", "--verbose", action="store_true",
+                        help="print one line per drive on stderr")  # fmt: skip
+    worker.add_argument(
+        "--log-format", choices=("text", "json"), default="text",
+        help="log lines as text or one JSON object each (json logs at info)",
+    )  # fmt: skip
+    worker.add_argument("--metrics-port", type=int, metavar="PORT",
+                        help="serve Prometheus metrics at /metrics on this port")  # fmt: skip
+    worker.add_argument("--health-port", type=int, metavar="PORT",
+                        help="serve /healthz and /readyz on this port")  # fmt: skip
+    worker.add_argument("--listen-host", default="127.0.0.1",
+                        help="where the metrics and health ports listen (127.0.0.1)")  # fmt: skip
+
+
+def _add_console(add: Callable[..., argparse.ArgumentParser]) -> None:
+    console = add("console", help="serve the web console over this journal")
+    console.add_argument("--host", default="127.0.0.1", help="where to listen (127.0.0.1)")
+    console.add_argument("--port", type=int, default=8470, help="the port (8470)")
+    console.add_argument(
+        "--token-file", metavar="FILE",
+        help="tokens, one per line: `TOKEN` (an operator) or `TOKEN scope=NAME` (one tenant); "
+        "required to listen beyond loopback",
+    )  # fmt: skip
+
+
+def _add_run_views(add: Callable[..., argparse.ArgumentParser]) -> None:
+    """The commands that show one run."""
+    for name, text in (
+        ("status", "show a run"),
+        ("steps", "list a run's steps"),
+        ("logs", "show a run's console lines"),
+        ("tools", "show a run's tool calls (the audit)"),
+        ("history", "show every event of a run, in order"),
+        ("timeline", "show a run's steps with the drives that executed and replayed them"),
+    ):
+        command = add(name, help=text)
+        command.add_argument("run", help="the run id")
+        command.add_argument("--scope", help=_SCOPE_HELP)
+        if name == "logs":
+            command.add_argument("--follow", "-f", action="store_true",
+                                 help="keep printing new lines until the run ends")  # fmt: skip
+
+
+class _Version(argparse.Action):
+    """`--version`, read from the installed metadata only when asked (reading it for every
+    command would slow them all)."""
+
+    def __call__(self, parser: argparse.ArgumentParser, *args: Any, **kwargs: Any) -> None:
+        print(f"qjsflow {_version()}")
+        parser.exit()
+
+
+def _version() -> str:
+    import importlib.metadata  # noqa: PLC0415  (only --version reads it)
+
+    try:
+        return importlib.metadata.version("qjsflow")
+    except importlib.metadata.PackageNotFoundError:
+        return "0+unknown"
+
+
+def _add_author_commands(add: Callable[..., argparse.ArgumentParser]) -> None:
+    run = add("run", help="run a workflow to its end in a temporary journal, with mocks "
+              "(exit 0 completed, 1 failed or stopped, 2 bad input)")  # fmt: skip
+    run.add_argument("dir", help="the folder holding workflows/ and the code it imports")
+    run.add_argument("workflow", help="the workflow's name")
+    run.add_argument("--input", default="null", help="the event payload, as JSON")
+    for option, metavar, text in (
+        ("--event", "TYPE=JSON", "an event given when the run waits for TYPE (repeatable)"),
+        ("--tool", "ADDRESS=JSON|@FILE", "answer this tool with the JSON (or a file's)"),
+        ("--mock-step", "NAME[:COUNT]=JSON", "step.do NAME's result; its body is not run"),
+    ):
+        run.add_argument(option, action="append", default=[], metavar=metavar, help=text)
+    run.add_argument(
+        "--let-waits-time-out", action="store_true",
+        help="a wait nobody gave an event for times out (else the run stops there)",
+    )  # fmt: skip
+    run.add_argument(
+        "--fast-forward", action="store_true",
+        help="sleeps, retry delays and timeouts pass at once (virtual time)",
+    )  # fmt: skip
+    dev = add("dev", help="republish a folder on every change and serve the console on it")
+    dev.add_argument("dir", help="the folder holding workflows/")
+    dev.add_argument("--scope", default="dev", help="the scope it publishes into (dev)")
+    dev.add_argument("--port", type=int, default=8470, help="the console's port (8470)")
+
+
+def check_lease_ttl(args: argparse.Namespace) -> None:
+    if not math.isfinite(args.lease_ttl) or args.lease_ttl <= 0:
+        raise InvalidInput("--lease-ttl must be a finite number of seconds, more than 0")
