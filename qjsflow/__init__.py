@@ -5,8 +5,9 @@ The public API in one place; the parts live in `qjsflow.runner` (the journal, ru
 `qjsflow.bundles` (publishing with esbuild).
 """
 
-from importlib import import_module
 from typing import TYPE_CHECKING, Any
+
+from qjsflow.lazy_exports import lazy_exports
 
 if TYPE_CHECKING:
     from qjsflow.bridge import InvalidInput, QjsflowError
@@ -31,12 +32,17 @@ if TYPE_CHECKING:
 
 # Imported when first used: `python -m qjsflow.sandbox.executor` (each executor process) must
 # not load the runner, asyncio and the journal's drivers just because it lives in qjsflow.
-_HOMES = {
-    "InvalidInput": "qjsflow.bridge",
-    "QjsflowError": "qjsflow.bridge",
-    "Limits": "qjsflow.bridge.limits",
-    "JsValue": "qjsflow.bridge.values",
-}
+_FROM_RUNNER = (
+    "ALL_SCOPES", "Bindings", "FatalToolError", "Notification", "PublishResult", "RunNotFound",
+    "RunView", "Runner", "RunnerConfig", "StartRunInput", "StepView", "ToolCall", "ToolCallView",
+    "current_tool_call",
+)  # fmt: skip
+_exports = lazy_exports(__name__, {
+    "qjsflow.bridge": ("InvalidInput", "QjsflowError"),
+    "qjsflow.bridge.limits": ("Limits",),
+    "qjsflow.bridge.values": ("JsValue",),
+    "qjsflow.runner": _FROM_RUNNER,
+})  # fmt: skip
 
 
 def __getattr__(name: str) -> Any:
@@ -49,11 +55,7 @@ def __getattr__(name: str) -> Any:
             value = "0+unknown"
         globals()[name] = value
         return value
-    if name not in __all__:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(import_module(_HOMES.get(name, "qjsflow.runner")), name)
-    globals()[name] = value
-    return value
+    return _exports(name)
 
 
 __all__ = [

@@ -7,18 +7,13 @@ qjsflow.sandbox.executor`) loads neither the pool nor asyncio.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from qjsflow.lazy_exports import lazy_exports
 
 if TYPE_CHECKING:
     from qjsflow.sandbox.pool import ExecutorPool, Host, PoolConfig, remove_stale_workdirs
 
 __all__ = ["ExecutorPool", "Host", "PoolConfig", "remove_stale_workdirs"]
 
-
-def __getattr__(name: str) -> Any:
-    if name not in __all__:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module("qjsflow.sandbox.pool"), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_exports(__name__, {"qjsflow.sandbox.pool": tuple(__all__)})

@@ -95,10 +95,31 @@ def test_sql_lives_only_in_the_store_and_the_scope_database_server() -> None:
         assert any(SQL.search(path.read_text()) for path in owner.rglob("*.py"))
 
 
-def test_the_facade_names_exist() -> None:
-    module = importlib.import_module("qjsflow")
+@pytest.mark.parametrize(
+    "package", ["qjsflow", "qjsflow.runner", "qjsflow.bundles", "qjsflow.sandbox"]
+)
+def test_the_facade_names_exist(package: str) -> None:
+    """Each package imports its names when first asked (qjsflow/lazy_exports.py): every name it
+    lists resolves, and a name it does not list is an AttributeError."""
+    module = importlib.import_module(package)
     for name in module.__all__:
-        assert hasattr(module, name), f"qjsflow.__all__ names missing {name}"
+        assert hasattr(module, name), f"{package}.__all__ names missing {name}"
+    assert not hasattr(module, "NoSuchName")
+
+
+def test_a_package_loads_nothing_it_is_not_asked_for() -> None:
+    """Importing a part of the runner (the journal store) runs the package's `__init__` first:
+    it must not load the Runner, its driver or the publish path."""
+    probe = (
+        "import sys, qjsflow.runner.store; "
+        "print(sorted(m for m in ('qjsflow.runner.runner', 'qjsflow.runner.driver', "
+        "'qjsflow.runner.config', 'qjsflow.bundles.esbuild', 'qjsflow.sandbox.pool') "
+        "if m in sys.modules))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-I", "-c", probe], capture_output=True, text=True, check=True, timeout=60
+    )
+    assert done.stdout.strip() == "[]"
 
 
 def test_an_executor_process_loads_neither_the_runner_nor_asyncio() -> None:
