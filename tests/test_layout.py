@@ -95,6 +95,15 @@ def test_sql_lives_only_in_the_store_and_the_scope_database_server() -> None:
         assert any(SQL.search(path.read_text()) for path in owner.rglob("*.py"))
 
 
+def _loaded(imports: str, watched: tuple[str, ...]) -> list[str]:
+    """Which of `watched` a fresh interpreter has loaded after `import <imports>`."""
+    probe = f"import sys, {imports}; print(sorted(m for m in {watched!r} if m in sys.modules))"
+    done = subprocess.run(
+        [sys.executable, "-I", "-c", probe], capture_output=True, text=True, check=True, timeout=60
+    )
+    return list(ast.literal_eval(done.stdout.strip()))
+
+
 @pytest.mark.parametrize(
     "package", ["qjsflow", "qjsflow.runner", "qjsflow.bundles", "qjsflow.sandbox"]
 )
@@ -110,30 +119,16 @@ def test_the_facade_names_exist(package: str) -> None:
 def test_a_package_loads_nothing_it_is_not_asked_for() -> None:
     """Importing a part of the runner (the journal store) runs the package's `__init__` first:
     it must not load the Runner, its driver or the publish path."""
-    probe = (
-        "import sys, qjsflow.runner.store; "
-        "print(sorted(m for m in ('qjsflow.runner.runner', 'qjsflow.runner.driver', "
-        "'qjsflow.runner.config', 'qjsflow.bundles.esbuild', 'qjsflow.sandbox.pool') "
-        "if m in sys.modules))"
-    )
-    done = subprocess.run(
-        [sys.executable, "-I", "-c", probe], capture_output=True, text=True, check=True, timeout=60
-    )
-    assert done.stdout.strip() == "[]"
+    heavy = ("qjsflow.runner.runner", "qjsflow.runner.driver", "qjsflow.runner.config",
+             "qjsflow.bundles.esbuild", "qjsflow.sandbox.pool")  # fmt: skip
+    assert _loaded("qjsflow.runner.store", heavy) == []
 
 
 def test_an_executor_process_loads_neither_the_runner_nor_asyncio() -> None:
     """Every executor spawn imports its module: the facade and the sandbox package import
     their names lazily, so a spawn does not pay for the runner, asyncio or the journal."""
-    probe = (
-        "import sys, qjsflow.sandbox.executor; "
-        "print(sorted(m for m in ('asyncio', 'sqlite3', 'qjsflow.runner', "
-        "'qjsflow.sandbox.pool') if m in sys.modules))"
-    )
-    done = subprocess.run(
-        [sys.executable, "-I", "-c", probe], capture_output=True, text=True, check=True, timeout=60
-    )
-    assert done.stdout.strip() == "[]"
+    heavy = ("asyncio", "sqlite3", "qjsflow.runner", "qjsflow.sandbox.pool")
+    assert _loaded("qjsflow.sandbox.executor", heavy) == []
 
 
 def _declared_requirements() -> list[Requirement]:
@@ -159,11 +154,4 @@ def test_the_core_imports_none_of_the_extras() -> None:
     """`pip install qjsflow` without extras must run: the runner, the CLI and the publish path
     import psycopg, OpenTelemetry, Prometheus and the console's web stack only when used."""
     extras = ("psycopg", "opentelemetry", "prometheus_client", "starlette", "jinja2", "uvicorn")
-    probe = (
-        "import sys, qjsflow, qjsflow.runner.cli, qjsflow.runner, qjsflow.bundles; "
-        f"print(sorted(m for m in {extras!r} if m in sys.modules))"
-    )
-    done = subprocess.run(
-        [sys.executable, "-I", "-c", probe], capture_output=True, text=True, check=True, timeout=60
-    )
-    assert done.stdout.strip() == "[]"
+    assert _loaded("qjsflow, qjsflow.runner.cli, qjsflow.runner, qjsflow.bundles", extras) == []
