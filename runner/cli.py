@@ -47,6 +47,7 @@ from qjsflow.runner.cli_parser import (
     GLOBAL_DEFAULTS,
     build_parser,
     check_lease_ttl,
+    confinement_of,
 )
 from qjsflow.runner.errors import RunNotFound
 from qjsflow.runner.reads import RunReads
@@ -80,12 +81,13 @@ def _check_options(args: argparse.Namespace) -> None:
     """A reading command uses none of the host's options, but checks them as every command
     does: bad input is refused (exit 2) whichever command carries it. Only when some is given
     does it load what checking them takes."""
-    if args.env or args.tools or args.notify or "QJSFLOW_CONFINEMENT" in os.environ:
+    if args.env or args.tools or args.notify:
         from qjsflow.runner import cli_host  # noqa: PLC0415  (loads what the options name)
 
         cli_host.config_of(args)
     else:
         check_lease_ttl(args)
+        confinement_of(os.environ)
 
 
 def _journal_must_exist(args: argparse.Namespace) -> None:

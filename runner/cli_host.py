@@ -21,13 +21,12 @@ from qjsflow.bundles import ESBUILD_VERSION, BuildLimits, find_toolchain, setup_
 from qjsflow.runner.bindings import Bindings, Notification, ToolFn
 from qjsflow.runner.cli_author import develop, run_workflow
 from qjsflow.runner.cli_output import render_json
-from qjsflow.runner.cli_parser import check_lease_ttl
+from qjsflow.runner.cli_parser import check_lease_ttl, confinement_of
 from qjsflow.runner.config import RunnerConfig
 from qjsflow.runner.demo import run_demo
 from qjsflow.runner.environment import ScopeSettings, load_scope_settings
 from qjsflow.runner.runner import Runner
 from qjsflow.sandbox import PoolConfig
-from qjsflow.sandbox.confine import CONFINEMENT_MODES
 
 __all__ = ["config_of", "load_tools", "run_command", "with_runner"]
 
@@ -69,9 +68,7 @@ def config_of(args: argparse.Namespace) -> RunnerConfig:
     if args.notify:
         bindings = dataclasses.replace(bindings, notify=_load_notify(args.notify))
     settings = load_scope_settings(args.env) if args.env else ScopeSettings({}, {}, {})
-    confinement = os.environ.get("QJSFLOW_CONFINEMENT", "best-effort")
-    if confinement not in CONFINEMENT_MODES:
-        raise InvalidInput(f"QJSFLOW_CONFINEMENT must be one of: {', '.join(CONFINEMENT_MODES)}")
+    confinement = confinement_of(os.environ)
     return RunnerConfig(
         lease_ttl_s=args.lease_ttl, bindings=bindings, environments=settings.environments,
         scope_budgets=settings.budgets, scope_policies=settings.policies,

@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import math
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from qjsflow.bridge import InvalidInput
@@ -17,6 +17,7 @@ from qjsflow.bundles.toolchain import ESBUILD_VERSION
 from qjsflow.runner.cli_control import add_control_commands
 from qjsflow.runner.printable import printable
 from qjsflow.runner.views import RUN_STATUSES
+from qjsflow.sandbox.confine import CONFINEMENT_MODES
 
 __all__ = [
     "EXIT_FAILED",
@@ -25,6 +26,7 @@ __all__ = [
     "GLOBAL_DEFAULTS",
     "build_parser",
     "check_lease_ttl",
+    "confinement_of",
 ]
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
@@ -260,3 +262,11 @@ def _add_author_commands(add: Callable[..., argparse.ArgumentParser]) -> None:
 def check_lease_ttl(args: argparse.Namespace) -> None:
     if not math.isfinite(args.lease_ttl) or args.lease_ttl <= 0:
         raise InvalidInput("--lease-ttl must be a finite number of seconds, more than 0")
+
+
+def confinement_of(environment: Mapping[str, str]) -> str:
+    """The executors' confinement mode, from QJSFLOW_CONFINEMENT (best-effort by default)."""
+    confinement = environment.get("QJSFLOW_CONFINEMENT", "best-effort")
+    if confinement not in CONFINEMENT_MODES:
+        raise InvalidInput(f"QJSFLOW_CONFINEMENT must be one of: {', '.join(CONFINEMENT_MODES)}")
+    return confinement

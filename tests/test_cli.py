@@ -450,6 +450,16 @@ def test_reading_commands_load_neither_the_runner_nor_the_publish_path(tmp_path:
     shown = dict(line.split(None, 1) for line in status.stdout.splitlines() if " " in line)
     assert shown["status"] == "failed"
     assert "no" in shown["error"]
+    # The host's options a read does not use are still checked, without loading the runner.
+    for mode, code in (("require", 0), ("bogus", 2)):
+        checked = subprocess.run(
+            [sys.executable, "-c", _PROBE, "--db", str(cli.db), "status", "f1"],
+            cwd=PROJECT_ROOT, env={**plain, "QJSFLOW_CONFINEMENT": mode}, capture_output=True,
+            text=True, timeout=60, check=False,
+        )  # fmt: skip
+        assert checked.returncode == code, checked.stderr
+        assert checked.stderr.splitlines()[-1] == "[]"
+    assert "QJSFLOW_CONFINEMENT must be one of" in checked.stderr
     # A command that changes runs still gets the whole runner.
     control = subprocess.run(
         [sys.executable, "-c", _PROBE, "--db", str(cli.db), "cancel", "f1", "--scope", "a"],
