@@ -115,7 +115,7 @@ class RunReads:
         cursor: str | None = None,
     ) -> list[RunView]:
         """Runs of one scope, oldest first (or newest first), a page of `limit` from `offset`
-        or after `cursor` (`Runner.cursor_after` of the last run of the page before), created
+        or after `cursor` (`cursor_after` of the last run of the page before), created
         at or after `since` (seconds since the epoch); an operator passes `scope=ALL_SCOPES`
         to see every scope's (there is no default, so isolation is never off by omission)."""
         chosen = None if scope is ALL_SCOPES else validate_scope(scope)
