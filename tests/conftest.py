@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 from collections.abc import AsyncIterator, Iterator
@@ -99,6 +100,18 @@ async def start_source(
     published = await runner.publish(scope, {"workflows/flow.ts": source})
     request = StartRunInput(scope, "flow", published.snapshot_id, payload, run_id)
     return await runner.start(request, bindings)
+
+
+async def past_short_sleeps(runner: Runner, run: RunView) -> RunView:
+    """The run driven on past its short sleeps, as a worker would wake it. `start` returns a
+    run sleeping on a wake not yet due (a sleep of even one millisecond can still be ahead
+    when the drive ends), so a test that needs the replay after a sleep waits for it here."""
+    for _ in range(100):
+        if run.status != "sleeping":
+            return run
+        await asyncio.sleep(0.005)
+        run = await runner.resume(run.run_id, scope=run.scope)
+    return run
 
 
 def executor_pids() -> list[int]:

@@ -21,7 +21,7 @@ from qjsflow.runner import Bindings, Runner, RunnerConfig, StartRunInput
 from qjsflow.runner.egress import EgressPolicy
 from qjsflow.runner.environment import ScopeEnvironment, load_environments
 from qjsflow.sandbox import pool as pool_module
-from tests.conftest import PROJECT_ROOT, start_source
+from tests.conftest import PROJECT_ROOT, past_short_sleeps, start_source
 from tests.journal_reads import query
 
 SYNC = """
@@ -356,11 +356,11 @@ async def test_random_uuids_replay_as_they_were(runner: Runner) -> None:
     export default async (event, step) => {
       const id = crypto.randomUUID();
       console.log(id);
-      await step.sleep("pause", 1);
+      await step.sleep("pause", 20);
       return id;
     };
     """
-    run = await start_source(runner, source)
+    run = await past_short_sleeps(runner, await start_source(runner, source))
     [line] = await runner.list_logs(run.run_id, scope="acme")
     assert run.status == "completed"
     assert run.output == line.text  # replayed after the sleep, the same id

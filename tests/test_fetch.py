@@ -17,6 +17,7 @@ from qjsflow.runner import Runner, RunnerConfig, StartRunInput
 from qjsflow.runner.egress import EgressPolicy
 from qjsflow.runner.environment import ScopeEnvironment
 from qjsflow.testing import WorkflowTest
+from tests.conftest import past_short_sleeps
 from tests.journal_reads import query
 
 SECRET = f"tok-{uuid.uuid4().hex}"
@@ -95,7 +96,8 @@ async def _run(runner: Runner, body: str) -> Any:
         f"  async run(event, step) {{ const env = this.env; {body} }}\n}}\n"
     )
     published = await runner.publish("acme", {"workflows/flow.ts": source})
-    return await runner.start(StartRunInput("acme", "Flow", published.snapshot_id))
+    run = await runner.start(StartRunInput("acme", "Flow", published.snapshot_id))
+    return await past_short_sleeps(runner, run)
 
 
 async def test_fetch_inside_a_step_is_done_once_with_the_secret_put_in(
@@ -112,7 +114,7 @@ async def test_fetch_inside_a_step_is_done_once_with_the_secret_put_in(
           return { status: response.status, ok: response.ok, json: await response.json(),
                    type: response.headers.get("content-type") };
         });
-        await step.sleep("pause", 1);  // due at once: the next drive replays the step
+        await step.sleep("pause", 20);  // past it, a next drive replays the step
         return data;
         """,
     )
