@@ -50,7 +50,7 @@ from qjsflow.runner.cli_parser import (
     confinement_of,
 )
 from qjsflow.runner.errors import RunNotFound
-from qjsflow.runner.reads import RunReads
+from qjsflow.runner.reads import RunReads, reading
 from qjsflow.runner.scopes import ALL_SCOPES
 from qjsflow.runner.store import SnapshotRecord
 from qjsflow.runner.store.backends import is_postgres_url
@@ -110,7 +110,7 @@ async def _with_reads(args: argparse.Namespace, action: _Read) -> Any:
     """`action` on the journal's reads alone: the commands that only look at runs."""
     _check_options(args)
     _journal_must_exist(args)
-    async with RunReads.open_existing(args.db) as reads:
+    async with reading(args.db) as reads:
         return await action(args, reads)
 
 

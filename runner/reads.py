@@ -47,8 +47,8 @@ __all__ = [
     "RUN_ID",
     "RunReads",
     "caller_key",
-    "check_run_names",
     "found_run",
+    "reading",
     "snapshot_in",
 ]
 
@@ -64,17 +64,6 @@ class RunReads:
 
     def __init__(self, store: JournalStore) -> None:
         self._store = store
-
-    @classmethod
-    @asynccontextmanager
-    async def open_existing(cls, db_path: str | os.PathLike[str]) -> AsyncIterator[RunReads]:
-        """`async with RunReads.open_existing(path) as reads:` — the journal must exist, and
-        opening it writes nothing."""
-        store = await JournalStore.open(os.fspath(db_path), create=False)
-        try:
-            yield cls(store)
-        finally:
-            await store.aclose()
 
     @property
     def store(self) -> JournalStore:
@@ -150,7 +139,7 @@ class RunReads:
 
     async def scopes_of(self, run_id: str) -> builtins.list[str]:
         """For operators: every scope that has a run with this id (run ids are per scope)."""
-        check_run_names(run_id, None)
+        _check_run_names(run_id, None)
         return await self._store.scopes_of_run(run_id)
 
     async def list_steps(self, run_id: str, *, scope: str) -> builtins.list[StepView]:
@@ -178,6 +167,18 @@ class RunReads:
         return found_run(await self._store.get_run(caller_key(run_id, scope)), run_id)
 
 
+@asynccontextmanager
+async def reading(db_path: str | os.PathLike[str]) -> AsyncIterator[RunReads]:
+    """`async with reading(path) as reads:` the reads of an existing journal; opening it
+    writes nothing. (A function, not a classmethod: `Runner`, a `RunReads`, is opened with
+    its configuration by `Runner.open`.)"""
+    store = await JournalStore.open(os.fspath(db_path), create=False)
+    try:
+        yield RunReads(store)
+    finally:
+        await store.aclose()
+
+
 def _parse_cursor(cursor: str) -> tuple[int, str]:
     created, _, key = str(cursor).partition(".")
     try:
@@ -192,7 +193,7 @@ def _parse_cursor(cursor: str) -> tuple[int, str]:
         ) from None
 
 
-def check_run_names(run_id: str, scope: str | None) -> None:
+def _check_run_names(run_id: str, scope: str | None) -> None:
     if scope is not None:
         validate_scope(scope)
     if not isinstance(run_id, str) or not RUN_ID.fullmatch(run_id):
@@ -203,7 +204,7 @@ def caller_key(run_id: str, scope: str) -> str:
     """The journal key of a caller's run: a scope must always be named."""
     if scope is None:
         raise InvalidScope(scope)
-    check_run_names(run_id, scope)
+    _check_run_names(run_id, scope)
     return run_key(scope, run_id)
 
 
