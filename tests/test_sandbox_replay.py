@@ -8,6 +8,7 @@ import pytest
 from qjsflow.bridge.types import (
     Completed,
     Failed,
+    JournalEntry,
     Log,
     StepBegin,
     StepCheck,
@@ -384,6 +385,65 @@ async def test_each_turn_of_a_drive_is_one_call_into_the_prelude(pool: ExecutorP
     assert outcome["outcome"]["replayed"] == 50
     assert answered == ["step.waitForEvent"]
     assert len(calls) <= 50 + 8, calls
+
+
+def _counted_drive(code: str, host: MemoryHost) -> tuple[Drive, list[str]]:
+    """A drive run in this process, its calls into the prelude counted."""
+    drive = Drive(request_to_wire(host.request(code)), code, -1, Prepared(PreludeLoader(PRELUDE)))
+    calls: list[str] = []
+    original = drive._call
+
+    def counted(command: str, argument: str = "", what: str = "") -> str:
+        calls.append(command)
+        return original(command, argument, what)
+
+    drive._call = counted  # type: ignore[method-assign]
+    return drive, calls
+
+
+async def test_new_pure_steps_one_after_another_settle_within_one_turn() -> None:
+    """A pure step settles as its result is recorded (nothing before it waits for the host):
+    the body goes on in the same run of jobs, so fifty steps in a row cost the executor one
+    turn, not one call into the prelude a step."""
+    host = MemoryHost()
+    code = await bundle_of(
+        FIFTY_THEN_WAIT.replace('await step.waitForEvent("go", { type: "go" });', "")
+    )
+    drive, calls = _counted_drive(code, host)
+    outcome = orjson.loads(drive.run())
+    assert outcome["outcome"] == {"status": "completed", "output": "1225", "replayed": 0}
+    records = [op for op in outcome["ops"] if op["op"]["op"] == "step.record"]
+    assert [r["op"]["step"] for r in records] == [f"s{i}" for i in range(50)]
+    assert calls.count("next") == 1, calls
+
+
+PURE_BESIDE_REPLAYED = """
+export default async (event, step) => {
+  const seen = [];
+  await Promise.all([
+    step.do("old", async () => "old").then(() => seen.push("old")),
+    step.do("new", async () => "new").then(() => seen.push("new")),
+  ]);
+  return seen;
+};
+"""
+
+
+async def test_a_new_pure_step_settles_after_the_replayed_steps_waiting_for_their_turn(
+    pool: ExecutorPool,
+) -> None:
+    """Replayed steps come first in the journal, so they settle first: a new pure step beside
+    one waits for it (settling at once would let the run see them the other way round, and a
+    later replay, in journal order, see them as this drive did not)."""
+    host = MemoryHost(entries=[JournalEntry("do:1:old", '"old"', None, 999_500)])
+    code = await bundle_of(PURE_BESIDE_REPLAYED)
+    outcome = await pool.drive(host.request(code), host)
+    assert isinstance(outcome, Completed), outcome
+    assert orjson.loads(outcome.output) == ["old", "new"]
+    assert host.keys() == ["do:1:old", "do:1:new"]
+    replayed = await pool.drive(host.request(code), host)
+    assert isinstance(replayed, Completed)
+    assert orjson.loads(replayed.output) == ["old", "new"]
 
 
 TRACES = """

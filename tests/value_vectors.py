@@ -100,6 +100,11 @@ VECTORS: tuple[Vector, ...] = (
         "object with its own $t", '({$t: "x"})', '{"$t":"object","v":{"$t":"x"}}',
         {"$t": "x"}, {"$t": "object", "v": {"$t": "x"}},
     ),
+    Vector(  # names the prototype has: own properties, not the prototype or its methods
+        "object with __proto__ and toString", """JSON.parse('{"__proto__": 1, "toString": 2}')""",
+        '{"__proto__":1,"toString":2}', {"__proto__": 1, "toString": 2},
+        {"__proto__": 1, "toString": 2},
+    ),
     Vector("nested", '({a: [1, {b: null}], "\\u00e9": true})', '{"a":[1,{"b":null}],"\\u00e9":true}',
            {"a": [1, {"b": None}], "é": True}, {"a": [1, {"b": None}], "é": True}),
 )  # fmt: skip

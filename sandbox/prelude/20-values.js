@@ -117,13 +117,16 @@ function encode(value, where, secrets) {
     if (v instanceof RealError) {
       return { $t: "Error", name: safeString(v, "name", "Error"), message: safeString(v, "message", "") };
     }
+    return encPlain(v, depth);
+  }
+  // An object's own enumerable properties, onto an object with no prototype (where even
+  // "__proto__" is a plain property).
+  function encPlain(v, depth) {
     const out = createObject(null);
     const names = objectKeys(v);
     for (let i = 0; i < names.length; i++) {
       if (!call(isWellFormed, names[i])) refuse("has a property name with a lone surrogate");
-      defineProperty(out, names[i], {
-        value: enc(v[names[i]], depth + 1), enumerable: true, writable: true, configurable: true,
-      });
+      out[names[i]] = enc(v[names[i]], depth + 1);
     }
     return hasOwn(out, "$t") ? { $t: "object", v: out } : out;
   }

@@ -44,21 +44,43 @@ const HELD_CHARS = 262144;
 // Only when all of them can be, so that nothing that waits for the host comes before a result
 // settled here, and the journal's order is the order the run saw.
 function take() {
-  let own = outbox.length > 0;
-  for (let i = 0; own && i < outbox.length; i++) {
-    const message = outbox[i];
-    if (message[OPENING] === undefined && pending[message.id] !== undefined) own = false;
-    if (typeof message.op.value === "string") heldChars += message.op.value.length;
+  if (settleable()) {
+    settleOutbox();
+    return "+";
   }
-  if (heldChars > HELD_CHARS) own = false;
+  const taken = outbox;
+  outbox = [];
+  for (let i = 0; i < taken.length; i++) append(held, taken[i]);
+  return release([]); // sent as they are: the host answers them
+}
+// Whether every op waiting can be settled here: none awaits the host's answer, the results
+// held stay within HELD_CHARS, and some op is waiting.
+function settleable() {
+  if (outbox.length === 0) return false;
+  let chars = heldChars;
+  for (let i = 0; i < outbox.length; i++) {
+    const message = outbox[i];
+    if (message[OPENING] === undefined && pending[message.id] !== undefined) return false;
+    if (typeof message.op.value === "string") chars += message.op.value.length;
+  }
+  return chars <= HELD_CHARS;
+}
+function settleOutbox() {
   const taken = outbox;
   outbox = [];
   for (let i = 0; i < taken.length; i++) {
-    append(held, taken[i]);
-    if (own && taken[i][OPENING] !== undefined) settleHere(taken[i]);
+    const message = taken[i];
+    if (typeof message.op.value === "string") heldChars += message.op.value.length;
+    append(held, message);
+    if (message[OPENING] !== undefined) settleHere(message);
   }
-  if (own) return "+";
-  return release([]); // sent as they are: the host answers them
+}
+// A pure result settles as it is recorded, when `take` would settle it at the turn's end
+// anyway and no replayed step waits for its turn (those come first in the journal, so they
+// settle first): its continuation runs in the same drain of jobs rather than a turn later,
+// and a turn costs a call from the executor. Replays settle it in the same order.
+function settleEarly() {
+  if (hits.length === 0 && settleable()) settleOutbox();
 }
 function settleHere(message) {
   const waiting = pending[message.id];

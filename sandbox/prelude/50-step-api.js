@@ -82,6 +82,7 @@ function runAttempt(name, fullName, count, attempt, config, fn, key, resolve, re
     // Begun in this drive without asking, and pure: the sandbox may settle it (OPENING).
     if (began.opening !== undefined && hasOwn(fields, "value") && !own.effectful) {
       message[OPENING] = began.opening;
+      settleEarly();
     }
   };
   if (attempt > 1) forgetFailedCalls(key);
