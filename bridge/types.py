@@ -231,6 +231,8 @@ class DriveRequest:
     cpu_used_s: float = 0.0  # the run's cumulative compute before this drive
     logs_seen: int = 0  # console lines of this run already stored
     unsettled: tuple[str, ...] = ()  # keys of step rows that exist but are not settled
+    # Recorded waits the journal would answer only with a suspension: (key, event type).
+    waiting: tuple[tuple[str, str], ...] = ()
     export: str = "default"  # which export of the bundle is the workflow
     # Publishing asks what a bundle exports (docs/ARCHITECTURE.md, Publishing): the module is
     # evaluated, no body runs, and the outcome's output describes each export.

@@ -131,6 +131,7 @@ def request_to_wire(request: DriveRequest) -> dict[str, Any]:
         "cpuUsedS": request.cpu_used_s,
         "logsSeen": request.logs_seen,
         "unsettled": list(request.unsettled),
+        "waiting": [list(wait) for wait in request.waiting],
         "strict": request.strict,
     }
 

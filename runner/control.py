@@ -96,15 +96,17 @@ def request_pause(tx: JournalTransaction, key: str, now: int) -> RunRecord:
     return run
 
 
-def lift_pause(tx: JournalTransaction, key: str, now: int) -> None:
+def lift_pause(tx: JournalTransaction, key: str, now: int) -> bool:
     """Make a paused run runnable again: a drive replays it to wherever it waits. A run that
-    was not paused is left as it is (resume still drives it, as after a crash)."""
+    was not paused is left as it is (resume still drives it, as after a crash). True when a
+    pause was lifted."""
     run = _found(tx, key)
     if not run.pause_requested or run.status in ENDED:
-        return
+        return False
     status = "running" if run.status == "paused" else run.status
     tx.update_run(key, pause_requested=0, status=status, updated_at=now)
     tx.append_event(key, "run_resumed", now, None)
+    return True
 
 
 def terminate_run(tx: JournalTransaction, key: str, now: int, reason: str | None) -> None:

@@ -57,7 +57,7 @@ from qjsflow.runner.metrics import METRICS
 from qjsflow.runner.printable import printable
 from qjsflow.runner.scopedb import ScopeDatabases
 from qjsflow.runner.scopes import split_run_key
-from qjsflow.runner.steps import set_aside
+from qjsflow.runner.steps import set_aside, still_waiting
 from qjsflow.runner.store import (
     ENDED as TERMINAL,
 )
@@ -79,9 +79,10 @@ SIGNAL_TIMER = "signal"  # a timer key that wakes a waiting run when an event ar
 
 
 class BeforeLease(Protocol):
-    """Work written in the transaction that takes a run's lease, before it is taken."""
+    """Work written in the transaction that takes a run's lease, before it is taken; True
+    when it wrote something (the drive's end then makes it durable, whatever the drive did)."""
 
-    def __call__(self, tx: JournalTransaction, *, now: int) -> None: ...
+    def __call__(self, tx: JournalTransaction, *, now: int) -> bool: ...
 
 
 _MAX_DRIVES_PER_CALL = 10_000
@@ -132,14 +133,14 @@ class RunDriver:
             )  # fmt: skip
             final: RunRecord | None = None
             if taken is not None:
-                lease, begun = taken
+                lease, begun, wrote = taken
                 if lease.taken_from is not None:
                     _log.warning("run %s: taken over from %s, whose lease lapsed", run_id,
                                  lease.taken_from[:100])  # fmt: skip
                 if isinstance(begun, RunRecord):
                     return begun  # over, cancelled or paused: released with its beginning
                 try:
-                    final = await self._drive_leased(lease, bindings, begun)
+                    final = await self._drive_leased(lease, bindings, begun, wrote)
                 except LeaseLost:
                     pass  # another driver has the run now; it writes the rest
                 finally:
@@ -168,14 +169,16 @@ class RunDriver:
             lost.set()
             task.cancel()
 
-    async def _drive_leased(self, lease: Lease, bindings: Bindings, begun: _Begun) -> RunRecord:
+    async def _drive_leased(
+        self, lease: Lease, bindings: Bindings, begun: _Begun, wrote: bool
+    ) -> RunRecord:
         lost = asyncio.Event()
         task = asyncio.current_task()
         heartbeat = asyncio.get_running_loop().create_task(self._heartbeat(lease, lost, task))
         if task is not None:
             self._active[lease.run_id] = (lost, task)
         try:
-            return await self._drive_loop(lease, bindings, begun)
+            return await self._drive_loop(lease, bindings, begun, wrote)
         except asyncio.CancelledError:
             if not lost.is_set():
                 raise
@@ -206,12 +209,15 @@ class RunDriver:
                     drive.cancel()  # stops the executor; nothing more is written
                 return
 
-    async def _drive_loop(self, lease: Lease, bindings: Bindings, first: _Begun) -> RunRecord:
+    async def _drive_loop(
+        self, lease: Lease, bindings: Bindings, first: _Begun, wrote: bool
+    ) -> RunRecord:
         """Drive until the run suspends on something not yet due or ends; the last transaction
         also releases the lease and returns the run as it was left. `first` is the drive's
-        beginning, made with the lease."""
+        beginning, made with the lease (`wrote`: and with a change the caller asked for)."""
         crashes = 0
         begun: _Begun | RunRecord = first
+        unsynced = wrote  # the caller's change, until a commit is fsynced
         for drives in range(_MAX_DRIVES_PER_CALL):
             if drives:
                 now = self.now_ms()
@@ -261,12 +267,14 @@ class RunDriver:
             prepare_first = self.alone()
             if prepare_first:
                 self.pool.prepare_idle()
+            durable = unsynced or not _left_as_found(outcome, host)
             try:
                 # Queued behind the drive's last writes, in the same commit where it can be.
-                ended = await self.store.transact(finish, lease)
+                ended = await self.store.transact(finish, lease, durable=durable)
             except _NotAllWritten:
                 await host.flush()  # raises what failed, or waits for a write made again
-                ended = await self.store.transact(finish, lease)
+                ended = await self.store.transact(finish, lease, durable=durable)
+            unsynced = unsynced and not durable
             await host.flush()
             if not prepare_first:
                 self.pool.prepare_idle()
@@ -279,7 +287,7 @@ class RunDriver:
         self,
         run: RunRecord,
         journal: tuple[JournalEntry, ...],
-        unsettled: tuple[str, ...],
+        unsettled: _Open,
         lease: Lease,
         bindings: Bindings,
         *,
@@ -309,7 +317,8 @@ class RunDriver:
             limits=self.config.limits,
             cpu_used_s=run.cpu_used_s,
             logs_seen=run.logs_count,
-            unsettled=unsettled,
+            unsettled=unsettled.keys,
+            waiting=unsettled.waiting,
             export=bundle.export,
         )
         try:
@@ -375,9 +384,17 @@ class RunDriver:
         return bundle
 
 
-# The run, its journal, its unsettled step keys, and what its scope had used of its budgets
-# when the drive began (empty for a scope without budgets).
-_Begun = tuple[RunRecord, tuple[JournalEntry, ...], tuple[str, ...], dict[str, float]]
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Open:
+    """A run's steps that have a row but have not settled, as a drive begins."""
+
+    keys: tuple[str, ...]
+    waiting: tuple[tuple[str, str], ...]  # waits with nothing to take: (key, event type)
+
+
+# The run, its journal, its unsettled steps, and what its scope had used of its budgets when
+# the drive began (empty for a scope without budgets).
+_Begun = tuple[RunRecord, tuple[JournalEntry, ...], _Open, dict[str, float]]
 
 
 def _take_and_begin(
@@ -389,15 +406,15 @@ def _take_and_begin(
     ttl_ms: int,
     budgets: Mapping[str, Budgets],
     first: BeforeLease | None = None,
-) -> tuple[Lease, _Begun | RunRecord] | None:
-    """The run's lease, if no live driver holds it, and the drive's beginning under it."""
-    if first is not None:
-        first(tx, now=now)
+) -> tuple[Lease, _Begun | RunRecord, bool] | None:
+    """The run's lease, if no live driver holds it, the drive's beginning under it, and
+    whether `first` wrote anything."""
+    wrote = first is not None and first(tx, now=now)
     lease = tx.acquire_lease(run_id, worker_id, now, ttl_ms)
     if lease is None:
         return None
     tx.adopt(lease)  # the beginning's events carry the new epoch
-    return lease, _begin_drive(tx, lease, now, budgets)
+    return lease, _begin_drive(tx, lease, now, budgets), wrote
 
 
 def _begin_drive(
@@ -438,7 +455,12 @@ def _begin_drive(
         )
         for row in tx.load_journal(run.run_id)
     )
-    return run, journal, tuple(tx.unsettled_keys(run.run_id)), used
+    open_rows = tx.unsettled_steps(run.run_id)
+    # A scope with budgets has every wait asked of the host, which parks the run when one is
+    # spent (runner/budgets.py); otherwise a wait with nothing to take is answered in the drive.
+    budgeted = scope_budgets is not None and scope_budgets.any
+    waiting = () if budgeted else still_waiting(tx, open_rows, now)
+    return run, journal, _Open(tuple(row.key for row in open_rows), waiting), used
 
 
 def _ledger(
@@ -599,6 +621,15 @@ def _finish(
                 return None
             return _release(tx, lease)
     raise AssertionError("unreachable")
+
+
+def _left_as_found(outcome: DriveOutcome, host: DriveHost) -> bool:
+    """Whether a drive sent nothing and suspended again, on waits the journal answered only
+    with a suspension as the drive began (`steps.still_waiting`): its end need not be fsynced.
+    A power loss that undoes it leaves the run as the drive found it, or leased until the
+    lease lapses; either way the next drive replays it to the same place. Anything the
+    sandbox sent (a result, a line, a call) makes the end durable."""
+    return isinstance(outcome, Suspended) and host.ops_seen == 0 and not host.diverged
 
 
 class _NotAllWritten(Exception):

@@ -154,6 +154,7 @@ class DriveHost:
         self._queued_behind = 0  # such batches queued, and written (counted on the journal's
         self._written_behind = 0  # thread when one commits its work: see `all_written`)
         self.pause_seen = False  # a pause was asked: every answer waits for the journal
+        self.ops_seen = 0  # ops the sandbox sent this drive (none: it wrote nothing)
         # The sandbox settled a pure step itself and went on, and the journal did not take
         # the result as it assumed (a limit, a pause, a budget, its timeout): nothing the
         # sandbox sends after it is serviced, and the run is driven again from the journal.
@@ -203,6 +204,7 @@ class DriveHost:
     async def __call__(self, ops: Sequence[OpEnvelope]) -> list[Answer]:
         """Answers in op order. Ops that only touch the journal are serviced together in one
         transaction; tools, notifications and SQL each need their own, around their call."""
+        self.ops_seen += len(ops)
         answers: list[Answer] = []
         group: list[OpEnvelope] = []
         for envelope in ops:

@@ -229,10 +229,11 @@ class Runner(RunReads):
                 return run_view(existing)
             return run_view(wanted)
 
-        def create_to_drive(tx: JournalTransaction, *, now: int) -> None:
+        def create_to_drive(tx: JournalTransaction, *, now: int) -> bool:
             wanted, existing = create(tx)
             if existing is not None:  # nothing is written: the run is returned as it is
                 raise _Existing(existing, wanted)
+            return True
 
         # Created in the transaction that takes its lease and begins its first drive (not
         # fsynced by itself: the drive's first effect or its end makes it durable, and the

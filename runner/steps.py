@@ -44,6 +44,7 @@ __all__ = [
     "settle_call",
     "settled",
     "sleep",
+    "still_waiting",
     "wait_for_event",
 ]
 
@@ -360,14 +361,13 @@ def wait_for_event(
     answer = settled(row)
     if answer is not None:
         return answer
-    detail = loads(row.detail or "{}")
-    deadline = int(detail["deadline"])
+    event_type, deadline = _wait_of(row)
     # Only an event received by the deadline may serve this wait; the oldest first.
-    delivered = tx.oldest_unconsumed(run_id, detail["type"], deadline)
+    delivered = tx.oldest_unconsumed(run_id, event_type, deadline)
     if delivered is not None:
         tx.consume(delivered.seq, row.key)
         tx.delete_timer(run_id, row.key)
-        value = event_value(detail["type"], delivered.payload, delivered.received_at)
+        value = event_value(event_type, delivered.payload, delivered.received_at)
         if room_bytes is not None and len(value) > room_bytes:
             failure = StepFailure(
                 "LimitError",
@@ -389,7 +389,7 @@ def wait_for_event(
         failure = StepFailure(
             "WaitForEventTimeoutError",
             f"step.waitForEvent({op.step!r}) timed out after {op.timeout_ms} ms waiting for an "
-            f"event of type {detail['type']!r}",
+            f"event of type {event_type!r}",
             retryable=False,
         )
         tx.delete_timer(run_id, row.key)
@@ -399,7 +399,31 @@ def wait_for_event(
         )  # fmt: skip
         return failure, now
     tx.set_timer(run_id, row.key, "wait_timeout", deadline)
-    return Suspend("event", event=detail["type"]), None
+    return Suspend("event", event=event_type), None
+
+
+def _wait_of(row: StepRow) -> tuple[str, int]:
+    """A recorded wait's event type and deadline: what it was first called with."""
+    detail = loads(row.detail or "{}")
+    return str(detail["type"]), int(detail["deadline"])
+
+
+def still_waiting(
+    tx: JournalTransaction, rows: Sequence[StepRow], now: int
+) -> tuple[tuple[str, str], ...]:
+    """The recorded waits among `rows` that `wait_for_event` would answer only with a
+    suspension now, as (key, event type): their deadline has not come and no event of their
+    type received by it waits in the inbox. A drive's replay suspends on these without asking
+    the host; an event that arrives after this look is seen when the drive ends (its end looks
+    at the inbox again and drives the run once more)."""
+    waiting = []
+    for row in rows:
+        if row.kind != "waitForEvent" or row.status != "waiting":
+            continue
+        event_type, deadline = _wait_of(row)
+        if now < deadline and tx.oldest_unconsumed(row.run_id, event_type, deadline) is None:
+            waiting.append((row.key, event_type))
+    return tuple(waiting)
 
 
 def event_value(event_type: str, payload: str, received_at: int) -> str:

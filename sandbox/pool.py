@@ -134,6 +134,12 @@ class _Executor:
         # starts, after a drive once told to (`ExecutorPool.prepare_idle`), else as the next
         # drive arrives. Only an idle executor is told: mid-drive, a frame is an answer.
         self.prepared = True
+        # Its /proc stat file, open for its life: read at offset 0 it is made anew (one call,
+        # not three), and it never names another process that reuses the pid.
+        try:
+            self._stat: int | None = os.open(f"/proc/{process.pid}/stat", os.O_RDONLY)
+        except OSError:
+            self._stat = None
 
     @classmethod
     async def spawn(cls, config: PoolConfig, cpu_limit_s: int) -> _Executor:
@@ -175,12 +181,10 @@ class _Executor:
         return executor
 
     def cpu_seconds(self) -> float:
-        try:  # read twice a drive: the descriptor calls cost a fifth of a buffered open's
-            handle = os.open(f"/proc/{self.process.pid}/stat", os.O_RDONLY)
-            try:
-                fields = os.read(handle, 4096).rsplit(b")", 1)[1].split()
-            finally:
-                os.close(handle)
+        if self._stat is None:
+            return 0.0
+        try:  # read twice a drive, and by the watchdog
+            fields = os.pread(self._stat, 4096, 0).rsplit(b")", 1)[1].split()
         except OSError:
             return 0.0
         return (int(fields[11]) + int(fields[12])) / _CLOCK_TICKS
@@ -216,6 +220,9 @@ class _Executor:
         with contextlib.suppress(ProcessLookupError):
             self.process.kill()
         await self.process.wait()
+        if self._stat is not None:
+            os.close(self._stat)
+            self._stat = None
         shutil.rmtree(self.workdir, ignore_errors=True)
 
 

@@ -4,6 +4,7 @@ event loop keeps ticking and the pool keeps serving well-behaved drives."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import os
 import shutil
@@ -210,6 +211,31 @@ async def test_executors_are_recycled_after_n_drives() -> None:
 
             assert isinstance(await pool.drive(host.request(code), observing), Completed)
     assert len(seen) == 2
+
+
+async def test_an_executors_cpu_clock_is_read_through_one_descriptor_closed_with_it() -> None:
+    """The pool reads each executor's compute from its /proc stat file, kept open for the
+    executor's life (so a pid reused later can never be read in its place): recycling
+    executors and closing the pool leave no such descriptor behind."""
+    code = await bundle_of(WELL_BEHAVED)
+    assert _stat_files_open() == 0
+    seen = []
+    async with ExecutorPool(PoolConfig(size=1, recycle_after=2)) as pool:
+        for _ in range(5):
+            host = MemoryHost()
+            outcome = await pool.drive(host.request(code), host)
+            assert isinstance(outcome, Completed)
+            seen.append(_stat_files_open())
+    assert seen == [1, 0, 1, 0, 1]  # the live executor's; none once it was recycled
+    assert _stat_files_open() == 0
+
+
+def _stat_files_open() -> int:
+    count = 0
+    for fd in os.listdir("/proc/self/fd"):
+        with contextlib.suppress(OSError):  # the listing's own, closed by now
+            count += os.readlink(f"/proc/self/fd/{fd}").endswith("/stat")
+    return count
 
 
 async def test_executors_run_with_no_environment_an_empty_folder_and_rlimits(

@@ -640,12 +640,13 @@ class JournalTransaction:
         )
         return int(row[0])
 
-    def unsettled_keys(self, run_id: str) -> list[str]:
+    def unsettled_steps(self, run_id: str) -> list[StepRow]:
+        """The run's step rows that exist but have not settled (retrying, waiting, in flight)."""
         rows = self._db.execute(
-            "SELECT kind, name, count FROM steps WHERE run_id = ? AND settled_seq IS NULL",
+            f"SELECT {STEP_COLUMNS} FROM steps WHERE run_id = ? AND settled_seq IS NULL",
             (run_id,),
         ).fetchall()
-        return [step_key(kind, count, name) for kind, name, count in rows]
+        return [StepRow(*row) for row in rows]
 
     # -- events, timers, inbox ---------------------------------------------------------------
 

@@ -9,7 +9,11 @@ let inspecting = false;
 let strict = false; // a migration's check: every journal entry must be reached
 let journal = new RealMap(); // key -> {value, error, at, seq}
 const unsettled = new RealSet(); // keys of steps with a row that is not settled
+const stillWaiting = new RealMap(); // key -> event type: recorded waits with nothing to take
 const openCalls = new RealSet(); // step and db.sql calls whose promise has not settled
+// A step.do's promise -> its call, until a callback is attached to the promise (an await,
+// Promise.all): only then may the sandbox settle the step as its result is recorded.
+const unawaited = new RealWeakMap();
 let consumed = 0;
 let outbox = [];
 // id -> {onResult, scope} of the op sent with that id, while its answer is awaited. Ids count

@@ -37,6 +37,7 @@ function send(op, onResult) {
 const OPENING = RealSymbol("opening"); // on a record the sandbox may settle: its step.begin
 const UNSENT = RealSymbol("unsent"); // on a step.begin: not sent yet
 const INSIDE = RealSymbol("inside"); // on a step.begin: goes inside its record
+const CALL = RealSymbol("call"); // on a record the sandbox may settle: its step call
 let held = [];
 let heldChars = 0; // of the results held: past HELD_CHARS they go out, as the memory is the run's
 const HELD_CHARS = 262144;
@@ -44,7 +45,7 @@ const HELD_CHARS = 262144;
 // Only when all of them can be, so that nothing that waits for the host comes before a result
 // settled here, and the journal's order is the order the run saw.
 function take() {
-  if (settleable()) {
+  if (settleable(false)) {
     settleOutbox();
     return "+";
   }
@@ -54,13 +55,15 @@ function take() {
   return release([]); // sent as they are: the host answers them
 }
 // Whether every op waiting can be settled here: none awaits the host's answer, the results
-// held stay within HELD_CHARS, and some op is waiting.
-function settleable() {
+// held stay within HELD_CHARS, and some op is waiting. `early`: and every step settled is
+// awaited already.
+function settleable(early) {
   if (outbox.length === 0) return false;
   let chars = heldChars;
   for (let i = 0; i < outbox.length; i++) {
     const message = outbox[i];
     if (message[OPENING] === undefined && pending[message.id] !== undefined) return false;
+    if (early && message[OPENING] !== undefined && !message[CALL].awaited) return false;
     if (typeof message.op.value === "string") chars += message.op.value.length;
   }
   return chars <= HELD_CHARS;
@@ -76,11 +79,13 @@ function settleOutbox() {
   }
 }
 // A pure result settles as it is recorded, when `take` would settle it at the turn's end
-// anyway and no replayed step waits for its turn (those come first in the journal, so they
-// settle first): its continuation runs in the same drain of jobs rather than a turn later,
-// and a turn costs a call from the executor. Replays settle it in the same order.
+// anyway, no replayed step waits for its turn (those come first in the journal, so they
+// settle first), and its call is awaited: its continuation runs in the same drain of jobs
+// rather than a turn later, and a turn costs a call from the executor. Replays settle it in
+// the same order. A call nobody awaits yet settles at the turn's end, as before: a body that
+// ends before then has left it pending, and fails naming it.
 function settleEarly() {
-  if (hits.length === 0 && settleable()) settleOutbox();
+  if (hits.length === 0 && settleable(true)) settleOutbox();
 }
 function settleHere(message) {
   const waiting = pending[message.id];
@@ -233,11 +238,11 @@ function request(kind, name, op, onAnswer, begin) {
   const fullName = currentScope.prefix + escapeName(name);
   const key = kind + ":" + count + ":" + fullName;
   const scope = currentScope;
-  const call = { kind, name };
+  const call = { kind, name, awaited: false };
   const digest = digestOf(op);
   if (digest !== undefined) op.digest = digest;
   openCalls.add(call);
-  return new P((settleValue, settleError) => {
+  const promise = new P((settleValue, settleError) => {
     const resolve = (value) => {
       openCalls.delete(call);
       settleValue(value);
@@ -262,7 +267,15 @@ function request(kind, name, op, onAnswer, begin) {
     }
     if (strict) append(newCalls, { key, stack: new RealError(key).stack });
     if (begin !== undefined && !unsettled.has(key)) {
-      begin(key, count, fullName, resolve, reject);
+      begin(key, count, fullName, resolve, reject, call);
+      return;
+    }
+    const waitingFor = stillWaiting.get(key);
+    if (waitingFor !== undefined) {
+      // A recorded wait the journal would answer only with a suspension (the host looked as
+      // the drive began, and looks again as it ends): the run suspends on it, unasked.
+      stillWaiting.delete(key);
+      append(markers, { suspend: "event", event: waitingFor });
       return;
     }
     op.count = count;
@@ -273,6 +286,8 @@ function request(kind, name, op, onAnswer, begin) {
     }
     send(op, (result, at) => onAnswer(result, at, key, count, resolve, reject, fullName));
   });
+  if (begin !== undefined) unawaited.set(promise, call);
+  return promise;
 }
 function settleHit(hit) {
   currentScope = hit.scope;

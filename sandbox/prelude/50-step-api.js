@@ -17,11 +17,11 @@ function stepDo(name, configOrFn, maybeFn) {
       { op: "step.check", step: fullName, count, kind: "do", config: policy },
       (result, at) => onCheck(result, at, key, count, resolve, rejectStep, fullName),
     );
-    const begin = (key, count, fullName, resolve, rejectStep) => {
+    const begin = (key, count, fullName, resolve, rejectStep, stepCall) => {
       const opening = send({ op: "step.begin", step: fullName, count, kind: "do", config: policy }, null);
       opening[UNSENT] = true;
       const retry = again(key, count, fullName, resolve, rejectStep);
-      runAttempt(name, fullName, count, 1, merged, fn, key, resolve, rejectStep, { opening }, retry);
+      runAttempt(name, fullName, count, 1, merged, fn, key, resolve, rejectStep, { opening, stepCall }, retry);
     };
     const onCheck = (result, at, key, count, resolve, rejectStep, fullName) => {
       if (hasOwn(result, "value") && result.value !== null && result.value.hit === false) {
@@ -41,7 +41,8 @@ function stepDo(name, configOrFn, maybeFn) {
   }
 }
 // `began`: how the attempt started: `{ now }`, the host's time, when the host was asked, or
-// `{ opening }`, the step.begin message, when the sandbox began it without asking.
+// `{ opening, stepCall }`, the step.begin message and the call, when the sandbox began it
+// without asking.
 function runAttempt(name, fullName, count, attempt, config, fn, key, resolve, rejectStep, began, retry) {
   const startedAt = began.now;
   const ctx = freeze({ step: freeze({ name, count }), attempt, config: deepFreeze(config) });
@@ -82,6 +83,7 @@ function runAttempt(name, fullName, count, attempt, config, fn, key, resolve, re
     // Begun in this drive without asking, and pure: the sandbox may settle it (OPENING).
     if (began.opening !== undefined && hasOwn(fields, "value") && !own.effectful) {
       message[OPENING] = began.opening;
+      message[CALL] = began.stepCall;
       settleEarly();
     }
   };

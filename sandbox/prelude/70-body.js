@@ -83,6 +83,7 @@ function boot(request) {
     });
   }
   for (let i = 0; i < request.unsettled.length; i++) unsettled.add(request.unsettled[i]);
+  for (let i = 0; i < request.waiting.length; i++) stillWaiting.set(request.waiting[i][0], request.waiting[i][1]);
   logsSeen = request.logsSeen;
   reach(request.createdAtMs, "start");
   const env = guardedEnv(decode(request.env));
