@@ -3,6 +3,8 @@ span per drive, and under each the step attempts, tool calls and statements it m
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -121,3 +123,27 @@ def test_step_spans_are_made_only_under_a_drive_span_that_records() -> None:
     assert not tracing.recording(None)
     with TracerProvider().get_tracer("t").start_as_current_span("drive") as span:
         assert tracing.recording(trace.set_span_in_context(span))
+
+
+_NO_PROVIDER = """
+from opentelemetry import trace
+from opentelemetry.sdk.trace import TracerProvider
+from qjsflow.runner import tracing
+
+parent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+with tracing.drive_span(parent, {"qjsflow.run_id": "r"}) as span:
+    print(span is None, tracing.current() is None, tracing.tracing())
+trace.set_tracer_provider(TracerProvider())
+with tracing.drive_span(parent, {"qjsflow.run_id": "r"}) as span:
+    print(span.is_recording(), tracing.current() is not None, tracing.tracing())
+"""
+
+
+def test_no_span_is_made_until_a_tracer_provider_is_set() -> None:
+    """With the API alone every span records nothing, so a drive makes none (they cost it
+    ~0.05 ms); once an operator sets a provider, drives are traced (a fresh interpreter: a
+    process has one provider, which this module's other tests set)."""
+    shown = subprocess.run(
+        [sys.executable, "-c", _NO_PROVIDER], capture_output=True, text=True, check=True
+    ).stdout.split("\n")
+    assert shown[:2] == ["True True False", "True True True"]
