@@ -15,7 +15,7 @@ from qjsflow.runner.budgets import Budgets
 from qjsflow.runner.host import DriveHost
 from qjsflow.runner.store import JournalStore
 from qjsflow.sandbox import ExecutorPool
-from tests.conftest import start_source
+from tests.conftest import FakeClock, start_source
 
 WAITER = """
 export default async (event, step) => {
@@ -55,8 +55,9 @@ def ends(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
 
 
 async def test_a_resumed_wait_with_nothing_to_take_suspends_without_asking_the_host(
-    runner: Runner, frames: list[list[OpEnvelope]]
+    clocked_runner: Runner, frames: list[list[OpEnvelope]]
 ) -> None:
+    runner = clocked_runner
     run = await start_source(runner, WAITER, run_id="w")
     assert (run.status, run.waiting_for) == ("waiting", "go")
     asked = len(frames)
@@ -68,10 +69,11 @@ async def test_a_resumed_wait_with_nothing_to_take_suspends_without_asking_the_h
 
 
 async def test_an_event_that_arrives_after_the_drive_looked_still_wakes_the_run(
-    runner: Runner, monkeypatch: pytest.MonkeyPatch
+    clocked_runner: Runner, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The drive's beginning saw no event, so the sandbox suspends on the wait unasked; the
     event delivered meanwhile is seen as the drive ends, and the run is driven again."""
+    runner = clocked_runner
     await start_source(runner, WAITER, run_id="late")
     original = ExecutorPool.drive
     delivered: list[str] = []
@@ -90,13 +92,21 @@ async def test_an_event_that_arrives_after_the_drive_looked_still_wakes_the_run(
 
 
 async def test_a_wait_with_an_event_or_past_its_deadline_is_asked_of_the_host(
-    runner: Runner, frames: list[list[OpEnvelope]]
+    clocked_runner: Runner, clock: FakeClock, frames: list[list[OpEnvelope]]
 ) -> None:
+    runner = clocked_runner
     await start_source(runner, WAITER, run_id="ready")
     await runner.signal("ready", "go", "first", scope="acme", drive=False)
     asked = len(frames)
     done = await runner.resume("ready", scope="acme")
     assert (done.status, done.output) == ("completed", "first")
+    assert len(frames) > asked
+    await start_source(runner, WAITER, run_id="late")
+    clock.advance(3600)  # the wait's deadline: the host times it out
+    asked = len(frames)
+    timed_out = await runner.resume("late", scope="acme")
+    assert timed_out.status == "failed"
+    assert "timed out after 3600000 ms" in (timed_out.error or "")
     assert len(frames) > asked
 
 
@@ -115,8 +125,9 @@ async def test_a_scope_with_budgets_asks_the_host_for_every_wait(
 
 
 async def test_only_a_drive_that_finds_its_run_as_it_was_ends_without_an_fsync(
-    runner: Runner, ends: list[bool]
+    clocked_runner: Runner, ends: list[bool]
 ) -> None:
+    runner = clocked_runner
     run = await start_source(runner, WAITER, run_id="w")
     assert ends == [True]  # the run was created: its first drive's end is durable
     await runner.resume("w", scope="acme")
