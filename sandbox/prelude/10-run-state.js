@@ -14,6 +14,7 @@ const openCalls = new RealSet(); // step and db.sql calls whose promise has not 
 // A step.do's promise -> its call, until a callback is attached to the promise (an await,
 // Promise.all): only then may the sandbox settle the step as its result is recorded.
 const unawaited = new RealWeakMap();
+let unawaitedCount = 0; // its entries: replays begin no step, and skip looking in it
 let consumed = 0;
 let outbox = [];
 // id -> {onResult, scope} of the op sent with that id, while its answer is awaited. Ids count

@@ -242,6 +242,7 @@ function request(kind, name, op, onAnswer, begin) {
   const digest = digestOf(op);
   if (digest !== undefined) op.digest = digest;
   openCalls.add(call);
+  let begun = false;
   const promise = new P((settleValue, settleError) => {
     const resolve = (value) => {
       openCalls.delete(call);
@@ -267,6 +268,7 @@ function request(kind, name, op, onAnswer, begin) {
     }
     if (strict) append(newCalls, { key, stack: new RealError(key).stack });
     if (begin !== undefined && !unsettled.has(key)) {
+      begun = true;
       begin(key, count, fullName, resolve, reject, call);
       return;
     }
@@ -286,7 +288,10 @@ function request(kind, name, op, onAnswer, begin) {
     }
     send(op, (result, at) => onAnswer(result, at, key, count, resolve, reject, fullName));
   });
-  if (begin !== undefined) unawaited.set(promise, call);
+  if (begun) {
+    unawaited.set(promise, call);
+    unawaitedCount += 1;
+  }
   return promise;
 }
 function settleHit(hit) {

@@ -95,10 +95,13 @@ function follow(roots, plan) {
 // compiled await uses, see bundles/driver.mjs) runs in the scope that registered it, so code
 // in a step body stays in that body after awaiting anything at all.
 function then(onFulfilled, onRejected) {
-  const awaiting = unawaited.get(this);
-  if (awaiting !== undefined) {
-    awaiting.awaited = true;
-    unawaited.delete(this);
+  if (unawaitedCount > 0) {
+    const awaiting = unawaited.get(this);
+    if (awaiting !== undefined) {
+      awaiting.awaited = true;
+      unawaited.delete(this);
+      unawaitedCount -= 1;
+    }
   }
   const scope = currentScope;
   return call(promiseThen, this, inScope(scope, onFulfilled), inScope(scope, onRejected));
