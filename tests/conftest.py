@@ -5,11 +5,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator, Sequence
 from pathlib import Path
 
 import pytest
 
+from qjsflow.bridge.types import Answer, OpEnvelope
 from qjsflow.bundles import build_snapshot
 from qjsflow.runner import Bindings, Runner, RunnerConfig, RunView, StartRunInput
 from qjsflow.sandbox import ExecutorPool, PoolConfig
@@ -23,6 +24,22 @@ FIXTURES = PROJECT_ROOT / "fixtures"
 async def runner(tmp_path: Path) -> AsyncIterator[Runner]:
     async with Runner.open(tmp_path / "journal.db") as opened:
         yield opened
+
+
+@pytest.fixture
+def frames(monkeypatch: pytest.MonkeyPatch) -> list[list[OpEnvelope]]:
+    """Every frame of ops the product's host (`DriveHost`) was given, in order."""
+    from qjsflow.runner.host import DriveHost  # noqa: PLC0415  (only the tests that count)
+
+    seen: list[list[OpEnvelope]] = []
+    original = DriveHost.__call__
+
+    async def counting(self: DriveHost, ops: Sequence[OpEnvelope]) -> list[Answer]:
+        seen.append(list(ops))
+        return await original(self, ops)
+
+    monkeypatch.setattr(DriveHost, "__call__", counting)
+    return seen
 
 
 _BUNDLES: dict[str, str] = {}

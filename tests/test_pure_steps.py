@@ -34,20 +34,6 @@ export default async (event, step) => {
 """
 
 
-@pytest.fixture
-def frames(monkeypatch: pytest.MonkeyPatch) -> list[list[OpEnvelope]]:
-    """Every frame of ops the product's host was given."""
-    seen: list[list[OpEnvelope]] = []
-    original = DriveHost.__call__
-
-    async def counting(self: DriveHost, ops: Sequence[OpEnvelope]) -> list[Answer]:
-        seen.append(list(ops))
-        return await original(self, ops)
-
-    monkeypatch.setattr(DriveHost, "__call__", counting)
-    return seen
-
-
 async def test_pure_steps_reach_the_host_together_in_one_frame(
     runner: Runner, frames: list[list[OpEnvelope]]
 ) -> None:

@@ -3,16 +3,14 @@ run as it was ends without an fsync (docs/ARCHITECTURE.md, "Waits the drive answ
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from qjsflow.bridge.types import Answer, DriveOutcome, DriveRequest, OpEnvelope
+from qjsflow.bridge.types import DriveOutcome, DriveRequest, OpEnvelope
 from qjsflow.runner import Runner, RunnerConfig
 from qjsflow.runner.budgets import Budgets
-from qjsflow.runner.host import DriveHost
 from qjsflow.runner.store import JournalStore
 from qjsflow.sandbox import ExecutorPool
 from tests.conftest import FakeClock, start_source
@@ -23,20 +21,6 @@ export default async (event, step) => {
   return got.payload;
 };
 """
-
-
-@pytest.fixture
-def frames(monkeypatch: pytest.MonkeyPatch) -> list[list[OpEnvelope]]:
-    """Every frame of ops the product's host was given."""
-    seen: list[list[OpEnvelope]] = []
-    original = DriveHost.__call__
-
-    async def counting(self: DriveHost, ops: Sequence[OpEnvelope]) -> list[Answer]:
-        seen.append(list(ops))
-        return await original(self, ops)
-
-    monkeypatch.setattr(DriveHost, "__call__", counting)
-    return seen
 
 
 @pytest.fixture
