@@ -417,6 +417,29 @@ async def test_new_pure_steps_one_after_another_settle_within_one_turn() -> None
     assert calls.count("next") == 1, calls
 
 
+FAN_OUT_THEN_SLEEP = """
+export default async (event, step) => {
+  const all = [];
+  for (let i = 0; i < 8000; i++) all.push(step.do("s", async () => i));
+  all.push(step.sleep("nap", "1 hour"));
+  await Promise.all(all);
+};
+"""
+
+
+async def test_pure_steps_ahead_of_a_call_for_the_host_settle_in_linear_time(
+    pool: ExecutorPool,
+) -> None:
+    """Each pure result, as it is recorded, asks whether the outbox can be settled here; with
+    a call for the host at its end it cannot, and the question must not walk the whole outbox
+    each time: eight thousand steps ahead of a sleep suspend well within the drive's compute
+    limit (walking it for each result took ~5 s for half as many)."""
+    host = MemoryHost()
+    outcome = await pool.drive(host.request(await bundle_of(FAN_OUT_THEN_SLEEP)), host)
+    assert isinstance(outcome, Suspended), outcome
+    assert len(host.entries) == 8000
+
+
 PURE_BESIDE_REPLAYED = """
 export default async (event, step) => {
   const seen = [];

@@ -49,33 +49,47 @@ function take() {
     settleOutbox();
     return "+";
   }
-  const taken = outbox;
-  outbox = [];
+  const taken = takeOutbox();
   for (let i = 0; i < taken.length; i++) append(held, taken[i]);
   return release([]); // sent as they are: the host answers them
 }
-// Whether every op waiting can be settled here: none awaits the host's answer, the results
-// held stay within HELD_CHARS, and some op is waiting. `early`: and every step settled is
-// awaited already.
-function settleable(early) {
-  if (outbox.length === 0) return false;
-  let chars = heldChars;
-  for (let i = 0; i < outbox.length; i++) {
-    const message = outbox[i];
-    if (message[OPENING] === undefined && pending[message.id] !== undefined) return false;
-    if (early && message[OPENING] !== undefined && !message[CALL].awaited) return false;
-    if (typeof message.op.value === "string") chars += message.op.value.length;
-  }
-  return chars <= HELD_CHARS;
-}
-function settleOutbox() {
+// How far `settleable` has looked into the outbox: its first `scanned` ops can be settled
+// here (their results `scannedChars` long), or one of them awaits the host (`blocked`), which
+// nothing in this outbox gets past. Each op is looked at once however often it is asked (as
+// each pure result is recorded): a fan-out of n steps stays linear.
+let scanned = 0;
+let scannedChars = 0;
+let blocked = false;
+function takeOutbox() {
   const taken = outbox;
   outbox = [];
+  scanned = 0;
+  scannedChars = 0;
+  blocked = false;
+  return taken;
+}
+// Whether every op waiting can be settled here: none awaits the host's answer, the results
+// held stay within HELD_CHARS, and some op is waiting. `early`: and every step settled is
+// awaited already (one that is not yet may be later: the look stops there, to go on then).
+function settleable(early) {
+  if (outbox.length === 0 || blocked) return false;
+  for (; scanned < outbox.length; scanned++) {
+    const message = outbox[scanned];
+    if (message[OPENING] === undefined && pending[message.id] !== undefined) {
+      blocked = true;
+      return false;
+    }
+    if (early && message[OPENING] !== undefined && !message[CALL].awaited) return false;
+    if (typeof message.op.value === "string") scannedChars += message.op.value.length;
+  }
+  return heldChars + scannedChars <= HELD_CHARS;
+}
+function settleOutbox() {
+  heldChars += scannedChars;
+  const taken = takeOutbox();
   for (let i = 0; i < taken.length; i++) {
-    const message = taken[i];
-    if (typeof message.op.value === "string") heldChars += message.op.value.length;
-    append(held, message);
-    if (message[OPENING] !== undefined) settleHere(message);
+    append(held, taken[i]);
+    if (taken[i][OPENING] !== undefined) settleHere(taken[i]);
   }
 }
 // A pure result settles as it is recorded, when `take` would settle it at the turn's end
@@ -117,8 +131,8 @@ function release(more) {
 // awaited must not run after the body has finished.
 function takeLast() {
   const logs = [];
-  for (let i = 0; i < outbox.length; i++) if (outbox[i].op.op === "log") append(logs, outbox[i]);
-  outbox = [];
+  const taken = takeOutbox();
+  for (let i = 0; i < taken.length; i++) if (taken[i].op.op === "log") append(logs, taken[i]);
   return release(logs);
 }
 
@@ -276,7 +290,6 @@ function request(kind, name, op, onAnswer, begin) {
     if (waitingFor !== undefined) {
       // A recorded wait the journal would answer only with a suspension (the host looked as
       // the drive began, and looks again as it ends): the run suspends on it, unasked.
-      stillWaiting.delete(key);
       append(markers, { suspend: "event", event: waitingFor });
       return;
     }
