@@ -274,7 +274,7 @@ class RunDriver:
             except _NotAllWritten:
                 await host.flush()  # raises what failed, or waits for a write made again
                 ended = await self.store.transact(finish, lease, durable=durable)
-            unsynced = unsynced and not durable
+            unsynced = False  # this end was fsynced if the caller's change was not yet
             await host.flush()
             if not prepare_first:
                 self.pool.prepare_idle()

@@ -363,22 +363,14 @@ async def test_each_turn_of_a_drive_is_one_call_into_the_prelude(pool: ExecutorP
     first = await pool.drive(host.request(code), host)
     assert isinstance(first, Suspended)
     assert len(host.entries) == 50
-    loader = PreludeLoader(PRELUDE)
-    drive = Drive(request_to_wire(host.request(code)), code, -1, Prepared(loader))
-    calls: list[str] = []
+    drive, calls = _counted_drive(code, host)
     answered: list[str] = []
-    original = drive._call
-
-    def counted(command: str, argument: str = "", what: str = "") -> str:
-        calls.append(command)
-        return original(command, argument, what)
 
     def exchange(ops: str) -> list[object]:  # the wait, answered as the host would
         [wait] = orjson.loads(ops)
         answered.append(wait["op"]["op"])
         return [{"id": wait["id"], "result": {"suspend": "event", "event": "go"}, "at": None}]
 
-    drive._call = counted  # type: ignore[method-assign]
     drive._exchange = exchange  # type: ignore[method-assign]
     outcome = orjson.loads(drive.run())
     assert outcome["outcome"]["status"] == "suspended"
