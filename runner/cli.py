@@ -18,7 +18,7 @@ import time
 import traceback
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from qjsflow.bridge import CodecError, InvalidInput, QjsflowError
 from qjsflow.bridge.codec import loads
@@ -328,21 +328,33 @@ def _show(args: argparse.Namespace, colour: bool) -> str:
                                 "next_cursor": cursor})  # fmt: skip
         shown = render_runs(runs, colour)
         return shown + (f"\n… more: --cursor {cursor}" if more else "")
-    view: RunView = asyncio.run(
-        _with_reads(args, _on_run("get"))
+    shown_run: tuple[RunView, list[StepView]] = asyncio.run(
+        _with_reads(args, _and_retrying_steps(_on_run("get")))
         if command == "status"
-        else _with_runner(args, _RUN_COMMANDS[command])
+        else _with_runner(args, _and_retrying_steps(_RUN_COMMANDS[command]))
     )
+    view, retrying = shown_run
     if args.json:
         return render_json(view)
-    retries: list[tuple[str, str]] = []
-    if view.status == "sleeping":  # say which step waits to be retried, why and when
+    return render_run(view, colour, render_retries(retrying))
 
-        async def steps_of(_: argparse.Namespace, reads: RunReads) -> list[StepView]:
-            return await reads.list_steps(view.run_id, scope=view.scope)
 
-        retries = render_retries(asyncio.run(_with_reads(args, steps_of)))
-    return render_run(view, colour, retries)
+_Reads = TypeVar("_Reads", bound=RunReads)
+
+
+def _and_retrying_steps(
+    action: Callable[[argparse.Namespace, _Reads], Awaitable[RunView]],
+) -> Callable[[argparse.Namespace, _Reads], Awaitable[tuple[RunView, list[StepView]]]]:
+    """`action`'s run, and, for a sleeping run shown to a person, its steps (to say which waits
+    to be retried, why and when): read while the journal is open, not by opening it again."""
+
+    async def both(args: argparse.Namespace, reads: _Reads) -> tuple[RunView, list[StepView]]:
+        view = await action(args, reads)
+        if view.status != "sleeping" or args.json:
+            return view, []
+        return view, await reads.list_steps(view.run_id, scope=view.scope)
+
+    return both
 
 
 async def _follow_logs(args: argparse.Namespace, reads: RunReads) -> str:

@@ -14,6 +14,8 @@ from typing import Any
 import orjson
 import pytest
 
+from qjsflow.runner.cli import main as cli_main
+from qjsflow.runner.store import JournalStore
 from tests.conftest import PROJECT_ROOT
 from tests.leases import seconds_until_lease_lapses
 from tests.postgres import PostgresServer
@@ -355,7 +357,9 @@ def test_list_pages_and_says_when_more_exist(tmp_path: Path) -> None:
     assert (refused.returncode, "--limit must be 1 to 10000" in refused.stderr) == (2, True)
 
 
-def test_status_says_which_step_retries_when_and_why(tmp_path: Path) -> None:
+def test_status_says_which_step_retries_when_and_why(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     cli = Cli(tmp_path)
     tree = tmp_path / "tree"
     (tree / "workflows").mkdir(parents=True)
@@ -375,6 +379,18 @@ def test_status_says_which_step_retries_when_and_why(tmp_path: Path) -> None:
     steps = cli.run("steps", "f1", json=False).stdout
     assert "STARTED" in steps
     assert "Error: CRM busy (at workflows/flaky.ts:2:" in steps
+    # The run and its retrying steps are read in one opening of the journal.
+    opened: list[str] = []
+    original = JournalStore.open
+
+    async def counting(location: Any, *args: Any, **kwargs: Any) -> JournalStore:
+        opened.append(str(location))
+        return await original(location, *args, **kwargs)
+
+    monkeypatch.setattr(JournalStore, "open", counting)
+    assert cli_main(["--db", str(cli.db), "status", "f1"]) == 0
+    assert "retry     step 'sync' attempt 2 in " in capsys.readouterr().out
+    assert opened == [str(cli.db)]
 
 
 def test_start_without_waiting_then_wait_for_the_result(tmp_path: Path) -> None:
