@@ -31,7 +31,12 @@ import quickjs
 from qjsflow.bridge.codec import dumps, dumps_text, loads
 from qjsflow.bridge.errors import CodecError
 from qjsflow.bridge.rules import RULES
-from qjsflow.sandbox.bytecode import BundleCode, PreludeLoader, collect_cycles_from
+from qjsflow.sandbox.bytecode import (
+    PREPARING_HEAP,
+    BundleCode,
+    PreludeLoader,
+    collect_cycles_from,
+)
 from qjsflow.sandbox.confine import confine
 from qjsflow.sandbox.frames import frame, read_frame_fd
 
@@ -68,6 +73,7 @@ _LAST_LOOK_JOBS = 16
 def _with_prelude(prelude: PreludeLoader) -> tuple[quickjs.Context, Any]:
     context = quickjs.Context()
     context.set_time_limit(_PREPARE_TIME_LIMIT_S)
+    collect_cycles_from(prelude.library, context, PREPARING_HEAP)
     return context, prelude.evaluate(context)
 
 

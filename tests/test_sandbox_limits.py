@@ -344,12 +344,31 @@ async def test_garbage_in_cycles_is_collected_well_within_the_memory_limit(
     assert outcome.output == str(400 * 2000)
 
 
-def test_a_drives_context_first_collects_cycles_at_an_eighth_of_its_limit() -> None:
+def _gc_threshold(loader: PreludeLoader, prepared: Prepared) -> int:
+    pointer = bytecode._context_pointer(loader.library, prepared.context)
+    threshold: int = loader.library.JS_GetGCThreshold(loader.library.JS_GetRuntime(pointer))
+    return threshold
+
+
+@pytest.mark.parametrize("memory_mib", [64, 16])
+def test_a_drives_context_first_collects_cycles_at_an_eighth_of_its_limit(
+    memory_mib: int,
+) -> None:
+    """An eighth of the drive's limit, also when that is below what preparing allowed."""
     loader = PreludeLoader(PRELUDE)
     assert loader.library is not None
     host = MemoryHost()
-    request = request_to_wire(host.request("", limits=Limits(memory_bytes=64 * 2**20)))
-    drive = Drive(request, "", -1, Prepared(loader))
-    pointer = bytecode._context_pointer(loader.library, drive.context)
-    runtime = loader.library.JS_GetRuntime(pointer)
-    assert loader.library.JS_GetGCThreshold(runtime) == 8 * 2**20
+    request = request_to_wire(host.request("", limits=Limits(memory_bytes=memory_mib * 2**20)))
+    prepared = Prepared(loader)
+    Drive(request, "", -1, prepared)
+    assert _gc_threshold(loader, prepared) == memory_mib * 2**20 // 8
+
+
+def test_preparing_a_context_looks_for_no_garbage_in_cycles() -> None:
+    """Preparing makes none worth a look; the engine, looking, would have set its next
+    threshold from the heap it found (so the one set before preparing would be gone)."""
+    loader = PreludeLoader(PRELUDE)
+    assert loader.library is not None
+    first = Prepared(loader)
+    for prepared in (first, Prepared(loader, first.plan)):  # a walk, then a plan followed
+        assert _gc_threshold(loader, prepared) == bytecode.PREPARING_HEAP
