@@ -16,6 +16,9 @@ class Dialect:
     # Claims skip a run another claimer has locked (FOR UPDATE SKIP LOCKED) instead of
     # waiting; SQLite needs none: BEGIN IMMEDIATE already serializes writers.
     skip_locked_claims: bool
+    # Whether a write transaction holds the whole database (SQLite's BEGIN IMMEDIATE): a row
+    # it has read cannot change under it. Otherwise only a row it has locked cannot.
+    serialized: bool = False
     # The clock that judges leases: None for the caller's (SQLite: one machine, one clock);
     # SQL for the database's own (PostgreSQL: workers on many machines whose clocks differ).
     lease_clock: str | None = None
@@ -30,6 +33,7 @@ SQLITE = Dialect(
     begin="BEGIN IMMEDIATE",
     lock_run="",
     skip_locked_claims=False,
+    serialized=True,
     list_tables="SELECT name FROM sqlite_schema WHERE type = 'table' AND name NOT LIKE 'sqlite_%'",
     has_version_table=(
         "SELECT 1 FROM sqlite_schema WHERE type = 'table' AND name = 'schema_migrations'"

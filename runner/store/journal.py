@@ -109,6 +109,9 @@ def _run_batch(connection: Any, batch: list[_Job], backend: Backend) -> list[tup
     outcomes: list[tuple[bool, Any]] = []
     alone = len(batch) == 1  # no savepoint needed: the transaction is the job's
     usage: list[UsageCharge] = []  # what the jobs that succeed charge, written last
+    # The fence the job before checked, and the pause it read with it, while no job has
+    # written a run's row since: a drive's writes queued one after another check it once.
+    held: tuple[Lease, bool] | None = None
     backend.begin(connection, full=any(job.durable for job in batch))
     try:
         for job in batch:
@@ -117,12 +120,17 @@ def _run_batch(connection: Any, batch: list[_Job], backend: Backend) -> list[tup
             try:
                 tx = JournalTransaction(connection, job.fence, backend.dialect)
                 tx.usage = []
-                if job.fence is not None:
+                if job.fence is not None and held is not None and held[0] == job.fence:
+                    tx.fence_held(job.fence, held[1])
+                elif job.fence is not None:
                     tx.check_fence(job.fence)
+                held = None
                 outcomes.append((True, job.work(tx)))
                 usage += tx.usage
                 if not alone:
                     connection.execute("RELEASE job")
+                if job.fence is not None and not tx.runs_written:
+                    held = (job.fence, tx.pause_requested)
             except Exception as error:
                 if not alone:
                     connection.execute("ROLLBACK TO job")
@@ -288,7 +296,9 @@ class JournalStore:
         for both, written once in `JournalTransaction` (`work` runs on the journal's thread)."""
         dialect = self._backend.dialect
         return await self._retrying(
-            lambda: self._backend.run(lambda c: work(JournalTransaction(c, None, dialect)))
+            lambda: self._backend.run(
+                lambda c: work(JournalTransaction(c, None, dialect, reading=True))
+            )
         )
 
     # -- leases --------------------------------------------------------------------------------

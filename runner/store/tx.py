@@ -10,7 +10,7 @@ hop however many statements it holds. Every method assumes the caller holds the 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from qjsflow.bridge import QjsflowError, dumps_text
@@ -113,6 +113,33 @@ def run_record(row: Iterable[Any]) -> RunRecord:
     return RunRecord(*values)
 
 
+# A run's columns by what a read gives back for them whatever was written (a REAL column
+# given 0 reads 0.0): a run kept by a transaction is the one a read would return.
+_REAL_COLUMNS = ("cpu_used_s", "sql_used_s")
+_INTEGER_COLUMNS = ("created_at", "updated_at", "wake_at", "logs_count", "executor_deaths",
+                    "generation")  # fmt: skip
+_FLAG_COLUMNS = ("cancel_requested", "pause_requested")
+
+
+def _as_read(run: RunRecord, **fields: Any) -> RunRecord:
+    """`run` with `fields` written, as a read of its row would return it."""
+    merged = replace(run, **fields) if fields else run
+    typed: dict[str, Any] = {}
+    for name in _REAL_COLUMNS:
+        value = getattr(merged, name)
+        if type(value) is not float:
+            typed[name] = float(value)
+    for name in _INTEGER_COLUMNS:
+        value = getattr(merged, name)
+        if value is not None and type(value) is not int:
+            typed[name] = int(value)
+    for name in _FLAG_COLUMNS:
+        value = getattr(merged, name)
+        if type(value) is not bool:
+            typed[name] = bool(value)
+    return replace(merged, **typed) if typed else merged
+
+
 def _ended_where(
     before: int, statuses: Iterable[str], scope: str | None
 ) -> tuple[str, tuple[Any, ...]]:
@@ -144,11 +171,23 @@ class JournalTransaction:
         connection: Any,
         fence: Lease | None = None,
         dialect: Dialect = SQLITE,
+        *,
+        reading: bool = False,
     ) -> None:
         self._db = connection  # a DB-API connection taking `?` placeholders
+        # Reads outside a transaction (`JournalStore.read`): each statement sees the journal
+        # as it is then, so nothing read is kept.
+        self._reading = reading
         self._epoch = None if fence is None else fence.epoch
         self._dialect = dialect
         self.pause_requested = False  # set by `check_fence`
+        # Runs this transaction has read or written, kept while no other transaction can
+        # change their rows (`get_run`), and the rows it holds a lock on.
+        self._runs: dict[str, RunRecord] = {}
+        self._locked: set[str] = set()
+        # Whether it wrote a run's row (its lease, epoch or anything else): a fence checked
+        # before, and what that read, may no longer hold.
+        self.runs_written = False
         # Usage charged by a job of a group commit, written at the batch's end (`write_usage`)
         # when the batch collects it; None: written at once.
         self.usage: list[UsageCharge] | None = None
@@ -170,7 +209,14 @@ class JournalTransaction:
         )
         if row is None or row[0] != lease.epoch or row[1] != lease.worker_id:
             raise LeaseLost(lease)
+        self._locked.add(lease.run_id)
         self.pause_requested = bool(row[2])
+
+    def fence_held(self, lease: Lease, pause_requested: bool) -> None:
+        """`check_fence`, known to hold: the job before this one, in the same transaction,
+        checked it and wrote nothing to any run's row since (see `_run_batch`)."""
+        self._locked.add(lease.run_id)
+        self.pause_requested = pause_requested
 
     def _one(self, sql: str, args: tuple[Any, ...]) -> Any:
         return self._db.execute(sql, args).fetchone()
@@ -193,13 +239,18 @@ class JournalTransaction:
         else:  # SQLite: BEGIN IMMEDIATE has serialized the writers already
             where = free
         held = self._one("SELECT worker_id FROM runs WHERE run_id = ?", (run_id,))
+        # The run comes back with its lease, read under the lock the update took: the drive's
+        # beginning reads it from here.
         row = self._one(
             f"UPDATE runs SET worker_id = ?, lease_expires_at = {clock} + ?, epoch = epoch + 1"
-            f" WHERE {where} RETURNING epoch",
+            f" WHERE {where} RETURNING epoch, {RUN_COLUMNS}",
             (worker_id, *at, ttl_ms, run_id, *(() if force else at)),
         )
         if row is None:
             return None
+        self.runs_written = True
+        self._locked.add(run_id)
+        self._runs[run_id] = _as_read(run_record(row[1:]))  # RETURNING gives 2.0 as 2
         if held is not None and held[0] is not None:  # its driver never released it
             METRICS.lease_takeovers.inc()
             taken = {"from": held[0], "to": worker_id, "forced": force}
@@ -209,6 +260,7 @@ class JournalTransaction:
 
     def renew_lease(self, lease: Lease, now: int, ttl_ms: int) -> bool:
         clock, at = self._lease_now(now)
+        self.runs_written = True
         row = self._one(
             f"UPDATE runs SET lease_expires_at = {clock} + ? WHERE run_id = ? AND epoch = ?"
             " AND worker_id = ? RETURNING 1",
@@ -217,6 +269,7 @@ class JournalTransaction:
         return row is not None
 
     def release_lease(self, lease: Lease) -> None:
+        self.runs_written = True
         self._db.execute(
             "UPDATE runs SET worker_id = NULL, lease_expires_at = NULL"
             " WHERE run_id = ? AND epoch = ? AND worker_id = ?",
@@ -252,8 +305,19 @@ class JournalTransaction:
     # -- runs --------------------------------------------------------------------------------
 
     def get_run(self, run_id: str) -> RunRecord | None:
+        """The run as its row is now. Read once while no other transaction can change the
+        row (the database is this transaction's, or the row is locked), then kept up to date
+        by this transaction's own writes: a drive's beginning and end read it several times."""
+        known = self._runs.get(run_id)
+        if known is not None:
+            return known
         row = self._one(f"SELECT {RUN_COLUMNS} FROM runs WHERE run_id = ?", (run_id,))
-        return None if row is None else run_record(row)
+        if row is None:
+            return None
+        run = run_record(row)
+        if not self._reading and (self._dialect.serialized or run_id in self._locked):
+            self._runs[run_id] = run
+        return run
 
     def count_live_runs(self, scope: str) -> int:
         """Runs of a scope that have not ended."""
@@ -346,7 +410,12 @@ class JournalTransaction:
             " ON CONFLICT DO NOTHING RETURNING 1",
             values,
         )
-        return row is not None
+        if row is None:
+            return False
+        self.runs_written = True
+        self._locked.add(run.run_id)
+        self._runs[run.run_id] = _as_read(run)
+        return True
 
     def update_run(self, run_id: str, **fields: Any) -> None:
         unknown = set(fields) - _RUN_UPDATABLE
@@ -356,6 +425,11 @@ class JournalTransaction:
         self._db.execute(
             f"UPDATE runs SET {assignments} WHERE run_id = ?", (*fields.values(), run_id)
         )
+        self.runs_written = True
+        self._locked.add(run_id)  # the update locked its row
+        known = self._runs.get(run_id)
+        if known is not None:
+            self._runs[run_id] = _as_read(known, **fields)
 
     # -- steps -------------------------------------------------------------------------------
 
@@ -486,6 +560,7 @@ class JournalTransaction:
     def fence_out(self, run_id: str) -> None:
         """Void the run's lease: a driver holding it can write nothing more (its epoch is
         stale); its heartbeat notices and stops its executor."""
+        self.runs_written = True
         self._db.execute(
             "UPDATE runs SET worker_id = NULL, lease_expires_at = NULL, epoch = epoch + 1"
             " WHERE run_id = ?",
@@ -513,6 +588,9 @@ class JournalTransaction:
     def delete_runs(self, run_ids: list[str]) -> None:
         """Runs and everything recorded of them."""
         self._free_journal_bytes(run_ids)
+        self.runs_written = True
+        for run_id in run_ids:
+            self._runs.pop(run_id, None)
         marks = ", ".join("?" for _ in run_ids)
         for table in (*RUN_TABLES, "runs"):
             self._db.execute(f"DELETE FROM {table} WHERE run_id IN ({marks})", run_ids)

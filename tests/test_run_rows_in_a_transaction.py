@@ -1,0 +1,184 @@
+"""A transaction reads a run's row once and keeps it up to date with its own writes — only
+while no other transaction can change that row — and a drive's writes queued one after
+another check its fence once."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import sqlite3
+from typing import Any
+
+import psycopg
+
+from qjsflow.runner import Runner, StartRunInput
+from qjsflow.runner.scopes import run_key
+from qjsflow.runner.store import JournalTransaction, LeaseLost, RunRecord
+from qjsflow.runner.store.connection import connect_sqlite
+from qjsflow.runner.store.dialect import SQLITE
+from qjsflow.runner.store.journal import _Job, _run_batch
+from qjsflow.runner.store.migrations import migrate
+from tests.conftest import start_source
+from tests.postgres import PostgresServer
+from tests.test_commit_here import TEN, statements
+
+SLEEPER = 'export default async (e, step) => { await step.sleep("nap", "1 minute"); return 1; };'
+RUN_READ = "SELECT run_id, scope, workflow"
+FENCE_READ = "SELECT epoch, worker_id, pause_requested"
+
+
+def typed(run: RunRecord) -> list[tuple[type, Any]]:
+    """Each field with its type: 0 and 0.0 are equal, but print differently."""
+    return [(type(value), value) for value in dataclasses.astuple(run)]
+
+
+async def test_a_run_kept_by_a_transaction_is_what_a_read_returns(clocked_runner: Runner) -> None:
+    """Written with the types a caller may pass (an int for a REAL column, a whole float
+    for an INTEGER one, 1 for a flag), kept as a read after the commit returns it."""
+    run = await start_source(clocked_runner, SLEEPER)
+    key = run_key("acme", run.run_id)
+
+    def write(tx: JournalTransaction) -> tuple[RunRecord | None, RunRecord | None]:
+        before = tx.get_run(key)
+        tx.update_run(key, cpu_used_s=2, sql_used_s=1, wake_at=7.0, logs_count=3.0,
+                      cancel_requested=1, pause_requested=0, executor_deaths=1,
+                      status="sleeping", error="e", error_stack=None)  # fmt: skip
+        return before, tx.get_run(key)
+
+    before, kept = await clocked_runner.store.transact(write)
+    fresh = await clocked_runner.store.get_run(key)
+    assert before is not None
+    assert kept is not None
+    assert fresh is not None
+    assert before.cpu_used_s != 2.0  # the write changed these
+    assert not before.cancel_requested
+    assert typed(kept) == typed(fresh)
+
+    def lease(tx: JournalTransaction) -> RunRecord | None:
+        assert tx.acquire_lease(key, "w", 1, 30_000) is not None
+        return tx.get_run(key)
+
+    leased = await clocked_runner.store.transact(lease)
+    assert leased is not None
+    assert typed(leased) == typed(fresh)
+
+
+async def test_a_drive_reads_its_run_once_and_checks_its_fence_once(tmp_path: Any) -> None:
+    """A started run's beginning takes its row from the insert and the lease's update; its
+    end reads it once; the end, queued behind the drive's results in one commit, trusts the
+    fence those checked."""
+    async with Runner.open(tmp_path / "journal.db") as runner:
+        snapshot = (await runner.publish("acme", {"workflows/flow.ts": TEN})).snapshot_id
+        await runner.start(StartRunInput("acme", "flow", snapshot, {}, "first"))
+        with statements(runner) as seen:
+            run = await runner.start(StartRunInput("acme", "flow", snapshot, {}, "lone"))
+        assert run.output == 45
+        sql = [text for _, text in seen]
+        assert sum(text.startswith(RUN_READ) for text in sql) == 1, sql
+        assert sum(text.startswith(FENCE_READ) for text in sql) == 1, sql
+        assert sum(text.startswith("BEGIN") for text in sql) == 2, sql  # results and end: one
+
+
+def _another_writer(connection: Any) -> None:
+    """Another connection marks the run as cancel-requested and commits."""
+    connection.execute("UPDATE runs SET cancel_requested = 1")
+    connection.commit()
+
+
+async def test_a_row_another_transaction_may_change_is_read_again(
+    postgres: PostgresServer,
+) -> None:
+    """PostgreSQL: a row read without a lock can change under the transaction (read
+    committed), so a second read reads it again and sees the other's commit."""
+    postgres_url = postgres.new_database()
+    async with Runner.open(postgres_url) as runner:
+        run = await start_source(runner, SLEEPER)
+        key = run_key("acme", run.run_id)
+
+        def reads(tx: JournalTransaction) -> tuple[bool, bool]:
+            first = tx.get_run(key)
+            with psycopg.connect(postgres_url) as other:
+                _another_writer(other)
+            second = tx.get_run(key)
+            assert first is not None
+            assert second is not None
+            return first.cancel_requested, second.cancel_requested
+
+        assert await runner.store.transact(reads) == (False, True)
+
+
+async def test_reads_outside_a_transaction_keep_nothing(tmp_path: Any) -> None:
+    """SQLite: outside a write transaction each statement sees the journal as it is then."""
+    path = tmp_path / "journal.db"
+    async with Runner.open(path) as runner:
+        run = await start_source(runner, SLEEPER)
+        key = run_key("acme", run.run_id)
+
+        def reads(tx: JournalTransaction) -> tuple[bool, bool]:
+            first = tx.get_run(key)
+            other = sqlite3.connect(path)
+            try:
+                _another_writer(other)
+            finally:
+                other.close()
+            second = tx.get_run(key)
+            assert first is not None
+            assert second is not None
+            return first.cancel_requested, second.cancel_requested
+
+        assert await runner.store.read(reads) == (False, True)
+
+
+def test_a_fence_is_trusted_only_while_no_job_wrote_a_run(tmp_path: Any) -> None:
+    """Jobs of one drive queued one after another check its fence once; after a job that
+    wrote a run's row (released the lease, asked a pause) the next checks it again."""
+    path = tmp_path / "j.db"
+    raw = connect_sqlite(path)
+    migrate(raw, location="j.db", dialect=SQLITE)
+    JournalTransaction(raw).insert_snapshot("acme", "s", 0.0, (0, 0, "[]", None), [])
+    run = RunRecord("acme/r", "acme", "flow", "s", "e.ts", "sleeping", "null", "{}", None, None,
+                    0, 0, None, None, 0.0, 0, False)  # fmt: skip
+    JournalTransaction(raw).insert_run(run)
+    lease = JournalTransaction(raw).acquire_lease(run.run_id, "w", 0, 60_000)
+    assert lease is not None
+    fence_reads: list[str] = []
+
+    class Logged:
+        in_transaction = property(lambda self: raw.in_transaction)
+
+        def execute(self, sql: str, args: object = ()) -> object:
+            if sql.startswith(FENCE_READ):
+                fence_reads.append(sql)
+            return raw.execute(sql, args)  # type: ignore[arg-type]
+
+        def executemany(self, sql: str, rows: object) -> object:
+            return raw.executemany(sql, rows)  # type: ignore[arg-type]
+
+    class Backend:
+        dialect = SQLITE
+
+        def begin(self, connection: Any, full: bool) -> None:
+            connection.execute("BEGIN IMMEDIATE")
+
+    def batch(*works: Any) -> list[tuple[bool, Any]]:
+        loop = asyncio.new_event_loop()
+        try:
+            jobs = [_Job(work, lease, False, loop.create_future()) for work in works]
+            return _run_batch(Logged(), jobs, Backend())  # type: ignore[arg-type]
+        finally:
+            loop.close()
+
+    def event(tx: JournalTransaction) -> bool:
+        tx.append_event(run.run_id, "e", 1, None)
+        return tx.pause_requested
+
+    assert batch(event, event, event) == [(True, False)] * 3
+    assert len(fence_reads) == 1
+    fence_reads.clear()
+    asked = batch(lambda tx: tx.update_run(run.run_id, pause_requested=1), event)
+    assert asked == [(True, None), (True, True)]  # the pause read again with the fence
+    assert len(fence_reads) == 2
+    released = batch(lambda tx: tx.release_lease(lease), event)
+    assert released[0] == (True, None)
+    assert not released[1][0]
+    assert isinstance(released[1][1], LeaseLost)
