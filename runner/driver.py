@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import enum
 import logging
 import os
 import secrets
@@ -72,17 +73,28 @@ from qjsflow.runner.store import (
 )
 from qjsflow.sandbox import ExecutorPool
 
-__all__ = ["SIGNAL_TIMER", "BeforeLease", "RunDriver", "park_paused"]
+__all__ = ["SIGNAL_TIMER", "Before", "BeforeLease", "RunDriver", "park_paused"]
 
 _log = logging.getLogger("qjsflow.driver")
 SIGNAL_TIMER = "signal"  # a timer key that wakes a waiting run when an event arrives
 
 
-class BeforeLease(Protocol):
-    """Work written in the transaction that takes a run's lease, before it is taken; True
-    when it wrote something (the drive's end then makes it durable, whatever the drive did)."""
+class Before(enum.Enum):
+    """What the work written before a run's lease is taken (`BeforeLease`) did."""
 
-    def __call__(self, tx: JournalTransaction, *, now: int) -> bool: ...
+    NOTHING = "nothing"
+    # Wrote a change its caller asked for (a pause lifted): the drive's end makes it durable,
+    # whatever the drive did.
+    CHANGED = "changed"
+    # Created the run: changed, and nothing is recorded of it yet (no step, timer or event),
+    # so the drive's beginning has nothing to read or clear.
+    CREATED = "created"
+
+
+class BeforeLease(Protocol):
+    """Work written in the transaction that takes a run's lease, before it is taken."""
+
+    def __call__(self, tx: JournalTransaction, *, now: int) -> Before: ...
 
 
 _MAX_DRIVES_PER_CALL = 10_000
@@ -409,20 +421,27 @@ def _take_and_begin(
 ) -> tuple[Lease, _Begun | RunRecord, bool] | None:
     """The run's lease, if no live driver holds it, the drive's beginning under it, and
     whether `first` wrote anything."""
-    wrote = first is not None and first(tx, now=now)
+    before = Before.NOTHING if first is None else first(tx, now=now)
     lease = tx.acquire_lease(run_id, worker_id, now, ttl_ms)
     if lease is None:
         return None
     tx.adopt(lease)  # the beginning's events carry the new epoch
-    return lease, _begin_drive(tx, lease, now, budgets), wrote
+    begun = _begin_drive(tx, lease, now, budgets, created=before is Before.CREATED)
+    return lease, begun, before is not Before.NOTHING
 
 
 def _begin_drive(
-    tx: JournalTransaction, lease: Lease, now: int, budgets: Mapping[str, Budgets]
+    tx: JournalTransaction,
+    lease: Lease,
+    now: int,
+    budgets: Mapping[str, Budgets],
+    *,
+    created: bool = False,
 ) -> _Begun | RunRecord:
     """Mark the run running and load its journal: one transaction, one query for the journal.
     A run that is over (or cancelled now), paused, or whose scope has spent a budget is
-    released and returned instead."""
+    released and returned instead. A run `created` in this transaction has no journal, timer
+    or open step yet: none is looked for."""
     run = tx.get_run(lease.run_id)
     assert run is not None
     if run.status in TERMINAL or run.cancel_requested:
@@ -440,11 +459,13 @@ def _begin_drive(
         if spent is not None:
             park_throttled(tx, run, now, spent)
             return _release(tx, lease)
-    # the wake-ups this drive serves
-    tx.delete_timers(run.run_id, (SIGNAL_TIMER, EXECUTOR_TIMER, THROTTLE_TIMER))
+    if not created:  # the wake-ups this drive serves
+        tx.delete_timers(run.run_id, (SIGNAL_TIMER, EXECUTOR_TIMER, THROTTLE_TIMER))
     tx.update_run(run.run_id, status="running", error=None, updated_at=now)
     driven = {"worker": lease.worker_id, "snapshot": run.snapshot_id}
     tx.append_event(run.run_id, "drive_started", now, dumps_text(driven))
+    if created:
+        return run, (), _Open((), ()), used
     journal = tuple(
         JournalEntry(
             row.key,

@@ -77,6 +77,29 @@ async def test_a_drive_reads_its_run_once_and_checks_its_fence_once(tmp_path: An
         assert sum(text.startswith(RUN_READ) for text in sql) == 1, sql
         assert sum(text.startswith(FENCE_READ) for text in sql) == 1, sql
         assert sum(text.startswith("BEGIN") for text in sql) == 2, sql  # results and end: one
+        # Created in the beginning's transaction, the run has no steps or timers to look at,
+        # and is written "running" already.
+        beginning = sql[: sql.index("COMMIT")]
+        for needless in ("SELECT kind, name", "SELECT run_id, kind", "DELETE FROM timers",
+                         "UPDATE runs SET status"):  # fmt: skip
+            assert not any(text.startswith(needless) for text in beginning), beginning
+
+
+async def test_a_write_of_what_a_run_holds_already_is_not_made(tmp_path: Any) -> None:
+    async with Runner.open(tmp_path / "journal.db") as runner:
+        run = await start_source(runner, SLEEPER)
+        key = run_key("acme", run.run_id)
+
+        def write(tx: JournalTransaction) -> None:
+            held = tx.get_run(key)
+            assert held is not None
+            tx.update_run(key, status=held.status, logs_count=float(held.logs_count))
+            tx.update_run(key, status="waiting")
+
+        with statements(runner) as seen:
+            await runner.store.transact(write)
+        updates = [text for _, text in seen if text.startswith("UPDATE runs")]
+        assert updates == [f"UPDATE runs SET status = 'waiting' WHERE run_id = '{key}'"]
 
 
 def _another_writer(connection: Any) -> None:

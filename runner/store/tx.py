@@ -421,13 +421,15 @@ class JournalTransaction:
         unknown = set(fields) - _RUN_UPDATABLE
         if unknown:
             raise ValueError(f"runs has no updatable columns {sorted(unknown)}")
+        known = self._runs.get(run_id)
+        if known is not None and all(getattr(known, name) == v for name, v in fields.items()):
+            return  # the row (kept, so locked) holds these values already
         assignments = ", ".join(f"{name} = ?" for name in fields)
         self._db.execute(
             f"UPDATE runs SET {assignments} WHERE run_id = ?", (*fields.values(), run_id)
         )
         self.runs_written = True
         self._locked.add(run_id)  # the update locked its row
-        known = self._runs.get(run_id)
         if known is not None:
             self._runs[run_id] = _as_read(known, **fields)
 
