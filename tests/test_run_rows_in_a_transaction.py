@@ -77,11 +77,11 @@ async def test_a_drive_reads_its_run_once_and_checks_its_fence_once(tmp_path: An
         assert sum(text.startswith(RUN_READ) for text in sql) == 1, sql
         assert sum(text.startswith(FENCE_READ) for text in sql) == 1, sql
         assert sum(text.startswith("BEGIN") for text in sql) == 2, sql  # results and end: one
-        # Created in the beginning's transaction, the run has no steps or timers to look at,
-        # and is written "running" already.
+        # Created in the beginning's transaction, the run has no steps, timers or lease
+        # holder to look at, and is written "running" already.
         beginning = sql[: sql.index("COMMIT")]
         for needless in ("SELECT kind, name", "SELECT run_id, kind", "DELETE FROM timers",
-                         "UPDATE runs SET status"):  # fmt: skip
+                         "UPDATE runs SET status", "SELECT worker_id"):  # fmt: skip
             assert not any(text.startswith(needless) for text in beginning), beginning
 
 

@@ -185,6 +185,7 @@ class JournalTransaction:
         # change their rows (`get_run`), and the rows it holds a lock on.
         self._runs: dict[str, RunRecord] = {}
         self._locked: set[str] = set()
+        self._created: set[str] = set()  # runs this transaction inserted
         # Whether it wrote a run's row (its lease, epoch or anything else): a fence checked
         # before, and what that read, may no longer hold.
         self.runs_written = False
@@ -238,7 +239,11 @@ class JournalTransaction:
             where = f"run_id = (SELECT run_id FROM runs WHERE {free} FOR UPDATE SKIP LOCKED)"
         else:  # SQLite: BEGIN IMMEDIATE has serialized the writers already
             where = free
-        held = self._one("SELECT worker_id FROM runs WHERE run_id = ?", (run_id,))
+        # Who holds it now (a lapsed lease is taken over); none for a run this transaction
+        # created.
+        held = None if run_id in self._created else self._one(
+            "SELECT worker_id FROM runs WHERE run_id = ?", (run_id,)
+        )  # fmt: skip
         # The run comes back with its lease, read under the lock the update took: the drive's
         # beginning reads it from here.
         row = self._one(
@@ -414,6 +419,7 @@ class JournalTransaction:
             return False
         self.runs_written = True
         self._locked.add(run.run_id)
+        self._created.add(run.run_id)
         self._runs[run.run_id] = _as_read(run)
         return True
 
