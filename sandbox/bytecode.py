@@ -88,9 +88,11 @@ def _context_pointer(library: Any, context: quickjs.Context) -> int | None:
 def collect_cycles_from(library: Any, context: quickjs.Context, size: int) -> None:
     """Let `context`'s heap reach `size` bytes before the engine next looks for garbage in
     cycles (it looks each time its heap has grown by half since the last look; a fresh context
-    starts at ~0.6 MB, so a drive that builds up thousands of steps looked ten times, a third of
-    its time). Set, not raised: a drive's context comes from a preparation that let its heap
-    grow further (`PREPARING_HEAP`), and its own memory limit decides."""
+    starts at ~0.6 MB, so a drive that builds up thousands of steps, all of them live, looked
+    ten times, a third of its time). A drive sets half its memory limit: garbage in cycles is
+    still collected long before the limit, and after the first look the engine sets its next
+    threshold from what is live. Set, not raised: a drive's context comes from a preparation
+    that let its heap grow further (`PREPARING_HEAP`), and its own memory limit decides."""
     pointer = None if library is None else _context_pointer(library, context)
     if pointer is not None:
         library.JS_SetGCThreshold(library.JS_GetRuntime(pointer), size)

@@ -128,7 +128,7 @@ class Drive:
         self.context = prepared.context
         self.dispatch = prepared.dispatch
         self.context.set_memory_limit(limits["memory_bytes"])
-        collect_cycles_from(prepared.library, self.context, limits["memory_bytes"] // 8)
+        collect_cycles_from(prepared.library, self.context, limits["memory_bytes"] // 2)
         self.context.set_max_stack_size(limits["stack_bytes"])
 
     def run(self) -> bytes:
