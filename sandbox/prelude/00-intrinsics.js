@@ -78,7 +78,10 @@ const EVAL = G.eval;
 
 // ---- small helpers that never touch author-modifiable state -------------------------------
 
-const call = (fn, self, ...args) => apply(fn, self, args);
+// `call(fn, self, a, b)` is `fn.call(self, a, b)` through the intrinsic, bound once: no array
+// of arguments made for every call, as a rest parameter would (a step makes dozens of calls).
+const fnCall = Function.prototype.call;
+const call = fnCall.bind(fnCall);
 const append = (list, item) => {
   list[list.length] = item;
 };

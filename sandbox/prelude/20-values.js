@@ -22,117 +22,120 @@ function secretHandle(name) {
   return handle;
 }
 
+// The encoder's functions take the encoding's state (not closures over it, made anew for
+// every value encoded: a step's result is encoded once, and each closure was an allocation).
 function encode(value, where, secrets) {
-  const ancestors = [];
-  const budget = limits.value_bytes;
-  function refuse(problem) {
-    throw new LimitError(where + " " + problem);
-  }
-  function enc(v, depth) {
-    if (depth > limits.value_depth) refuse(`is nested deeper than ${limits.value_depth} levels`);
-    switch (typeof v) {
-      case "undefined":
-        return { $t: "undefined" };
-      case "boolean":
-        return v;
-      case "string":
-        // Lone surrogates are not valid in strict JSON parsers: carry the code units instead.
-        return call(isWellFormed, v) ? v : { $t: "utf16", v: toHex16(v) };
-      case "number":
-        if (v !== v) return { $t: "NaN" };
-        if (v === Infinity) return { $t: "Infinity" };
-        if (v === -Infinity) return { $t: "-Infinity" };
-        if (v === 0 && 1 / v < 0) return { $t: "-0" };
-        return v;
-      case "bigint":
-        return v < 0n
-          ? { $t: "bigint", v: "-" + call(bigToString, -v, 16) }
-          : { $t: "bigint", v: call(bigToString, v, 16) };
-      case "function":
-      case "symbol":
-        return refuse(`holds ${describeKind(v)}, which cannot be stored`);
-    }
-    if (v === null) return null;
-    const secret = secretNames.get(v);
-    if (secret !== undefined) {
-      if (secrets !== "pass to the host") {
-        refuse(`holds the secret ${secret}, which can only be passed to a tool`);
-      }
-      return { $t: "secret", v: secret };
-    }
-    for (let i = 0; i < ancestors.length; i++) {
-      if (ancestors[i] === v) refuse("holds a cycle, which cannot be stored");
-    }
-    append(ancestors, v);
-    try {
-      return encObject(v, depth);
-    } finally {
-      ancestors.length -= 1;
-    }
-  }
-  function encObject(v, depth) {
-    if (isArray(v)) {
-      const length = v.length;
-      if (length > budget) refuse(`is larger than the limit of ${budget} bytes`);
-      const out = [];
-      for (let i = 0; i < length; i++) append(out, enc(v[i], depth + 1));
-      return out;
-    }
-    const time = brand(dateGetTime, v);
-    if (time !== NOT) return { $t: "Date", v: time === time ? time : null };
-    if (brand(mapSize, v) !== NOT) {
-      const out = [];
-      const it = call(mapEntries, v);
-      for (let step = iteratorNext(it); !step.done; step = iteratorNext(it)) {
-        append(out, [enc(step.value[0], depth + 2), enc(step.value[1], depth + 2)]);
-      }
-      return { $t: "Map", v: out };
-    }
-    if (brand(setSize, v) !== NOT) {
-      const out = [];
-      const it = call(setValues, v);
-      for (let step = iteratorNext(it); !step.done; step = iteratorNext(it)) {
-        append(out, enc(step.value, depth + 1));
-      }
-      return { $t: "Set", v: out };
-    }
-    const tag = isView(v) ? brand(typedArrayTag, v) : NOT;
-    if (tag !== NOT) {
-      if (tag === undefined) refuse("holds a DataView, which cannot be stored");
-      const length = call(typedArrayByteLength, v);
-      if (2 * length > budget) refuse(`is larger than the limit of ${budget} bytes`);
-      const bytes = new RealUint8Array(call(typedArrayBuffer, v), call(typedArrayOffset, v), length);
-      return { $t: tag, v: toHex(bytes) };
-    }
-    const bufferLength = brand(arrayBufferByteLength, v);
-    if (bufferLength !== NOT) {
-      if (2 * bufferLength > budget) refuse(`is larger than the limit of ${budget} bytes`);
-      return { $t: "ArrayBuffer", v: toHex(new RealUint8Array(v)) };
-    }
-    const source = brand(regexpSource, v);
-    if (source !== NOT) return { $t: "RegExp", v: source, flags: call(regexpFlags, v) };
-    if (brand(promiseIs, v) !== NOT) {
-      refuse("holds a Promise; await it before returning");
-    }
-    if (v instanceof RealError) {
-      return { $t: "Error", name: safeString(v, "name", "Error"), message: safeString(v, "message", "") };
-    }
-    return encPlain(v, depth);
-  }
-  // An object's own enumerable properties, onto an object with no prototype (where even
-  // "__proto__" is a plain property).
-  function encPlain(v, depth) {
-    const out = createObject(null);
-    const names = objectKeys(v);
-    for (let i = 0; i < names.length; i++) {
-      if (!call(isWellFormed, names[i])) refuse("has a property name with a lone surrogate");
-      out[names[i]] = enc(v[names[i]], depth + 1);
-    }
-    return hasOwn(out, "$t") ? { $t: "object", v: out } : out;
-  }
-  const text = asciiJSON(enc(value, 1));
-  if (text.length > budget) refuse(`is larger than the limit of ${budget} bytes`);
+  const state = { ancestors: [], where, secrets, budget: limits.value_bytes };
+  const text = asciiJSON(encodeIn(state, value, 1));
+  if (text.length > state.budget) refuseIn(state, `is larger than the limit of ${state.budget} bytes`);
   return text;
+}
+function refuseIn(state, problem) {
+  throw new LimitError(state.where + " " + problem);
+}
+function encodeIn(state, v, depth) {
+  if (depth > limits.value_depth) refuseIn(state, `is nested deeper than ${limits.value_depth} levels`);
+  switch (typeof v) {
+    case "undefined":
+      return { $t: "undefined" };
+    case "boolean":
+      return v;
+    case "string":
+      // Lone surrogates are not valid in strict JSON parsers: carry the code units instead.
+      return call(isWellFormed, v) ? v : { $t: "utf16", v: toHex16(v) };
+    case "number":
+      if (v !== v) return { $t: "NaN" };
+      if (v === Infinity) return { $t: "Infinity" };
+      if (v === -Infinity) return { $t: "-Infinity" };
+      if (v === 0 && 1 / v < 0) return { $t: "-0" };
+      return v;
+    case "bigint":
+      return v < 0n
+        ? { $t: "bigint", v: "-" + call(bigToString, -v, 16) }
+        : { $t: "bigint", v: call(bigToString, v, 16) };
+    case "function":
+    case "symbol":
+      return refuseIn(state, `holds ${describeKind(v)}, which cannot be stored`);
+  }
+  if (v === null) return null;
+  const secret = secretNames.get(v);
+  if (secret !== undefined) {
+    if (state.secrets !== "pass to the host") {
+      refuseIn(state, `holds the secret ${secret}, which can only be passed to a tool`);
+    }
+    return { $t: "secret", v: secret };
+  }
+  const ancestors = state.ancestors;
+  for (let i = 0; i < ancestors.length; i++) {
+    if (ancestors[i] === v) refuseIn(state, "holds a cycle, which cannot be stored");
+  }
+  append(ancestors, v);
+  try {
+    return encodeObject(state, v, depth);
+  } finally {
+    ancestors.length -= 1;
+  }
+}
+function encodeObject(state, v, depth) {
+  const budget = state.budget;
+  if (isArray(v)) {
+    const length = v.length;
+    if (length > budget) refuseIn(state, `is larger than the limit of ${budget} bytes`);
+    const out = [];
+    for (let i = 0; i < length; i++) append(out, encodeIn(state, v[i], depth + 1));
+    return out;
+  }
+  const time = brand(dateGetTime, v);
+  if (time !== NOT) return { $t: "Date", v: time === time ? time : null };
+  if (brand(mapSize, v) !== NOT) {
+    const out = [];
+    const it = call(mapEntries, v);
+    for (let step = iteratorNext(it); !step.done; step = iteratorNext(it)) {
+      append(out, [encodeIn(state, step.value[0], depth + 2), encodeIn(state, step.value[1], depth + 2)]);
+    }
+    return { $t: "Map", v: out };
+  }
+  if (brand(setSize, v) !== NOT) {
+    const out = [];
+    const it = call(setValues, v);
+    for (let step = iteratorNext(it); !step.done; step = iteratorNext(it)) {
+      append(out, encodeIn(state, step.value, depth + 1));
+    }
+    return { $t: "Set", v: out };
+  }
+  const tag = isView(v) ? brand(typedArrayTag, v) : NOT;
+  if (tag !== NOT) {
+    if (tag === undefined) refuseIn(state, "holds a DataView, which cannot be stored");
+    const length = call(typedArrayByteLength, v);
+    if (2 * length > budget) refuseIn(state, `is larger than the limit of ${budget} bytes`);
+    const bytes = new RealUint8Array(call(typedArrayBuffer, v), call(typedArrayOffset, v), length);
+    return { $t: tag, v: toHex(bytes) };
+  }
+  const bufferLength = brand(arrayBufferByteLength, v);
+  if (bufferLength !== NOT) {
+    if (2 * bufferLength > budget) refuseIn(state, `is larger than the limit of ${budget} bytes`);
+    return { $t: "ArrayBuffer", v: toHex(new RealUint8Array(v)) };
+  }
+  const source = brand(regexpSource, v);
+  if (source !== NOT) return { $t: "RegExp", v: source, flags: call(regexpFlags, v) };
+  if (brand(promiseIs, v) !== NOT) {
+    refuseIn(state, "holds a Promise; await it before returning");
+  }
+  if (v instanceof RealError) {
+    return { $t: "Error", name: safeString(v, "name", "Error"), message: safeString(v, "message", "") };
+  }
+  return encodePlain(state, v, depth);
+}
+// An object's own enumerable properties, onto an object with no prototype (where even
+// "__proto__" is a plain property).
+function encodePlain(state, v, depth) {
+  const out = createObject(null);
+  const names = objectKeys(v);
+  for (let i = 0; i < names.length; i++) {
+    if (!call(isWellFormed, names[i])) refuseIn(state, "has a property name with a lone surrogate");
+    out[names[i]] = encodeIn(state, v[names[i]], depth + 1);
+  }
+  return hasOwn(out, "$t") ? { $t: "object", v: out } : out;
 }
 
 const NOT = {};

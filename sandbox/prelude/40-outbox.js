@@ -151,12 +151,14 @@ const MAX_NESTING = 8;
 let stepsTaken = 0; // every step call of this execution, replayed or new
 function occurrence(kind, name) {
   const counter = kind + ":" + name;
-  const count = (currentScope.counters.get(counter) || 0) + 1;
+  // An attempt's counters are made with its first call (most step bodies make none).
+  const counters = currentScope.counters || (currentScope.counters = new RealMap());
+  const count = (counters.get(counter) || 0) + 1;
   stepsTaken += 1;
   if (stepsTaken > limits.steps_per_run) {
     throw new LimitError(`steps per run limit of ${limits.steps_per_run} exceeded`);
   }
-  currentScope.counters.set(counter, count);
+  counters.set(counter, count);
   return count;
 }
 // An attempt of a step body: its own names, clock and random stream, seeded from the run,
@@ -167,7 +169,7 @@ function attemptScope(key, attempt, startedAt) {
   }
   const clock = typeof startedAt === "number" && startedAt > currentScope.clock ? startedAt : currentScope.clock;
   return {
-    id: key + "#" + attempt, prefix: key + "/", counters: new RealMap(), depth: currentScope.depth + 1,
+    id: key + "#" + attempt, prefix: key + "/", counters: null, depth: currentScope.depth + 1,
     clock, logs: 0, parent: currentScope, effectful: false,
     rng: runId + "\u0000" + key + "\u0000" + attempt + "\u0000" + clock,
   };

@@ -5,9 +5,14 @@
 function stepDo(name, configOrFn, maybeFn) {
   try {
     checkName(name, "step.do name");
-    const [config, fn] = typeof configOrFn === "function" ? [undefined, configOrFn] : [configOrFn, maybeFn];
+    // (No destructuring on this path: each would make an array and its iterator a step.)
+    const direct = typeof configOrFn === "function";
+    const config = direct ? undefined : configOrFn;
+    const fn = direct ? configOrFn : maybeFn;
     if (typeof fn !== "function") throw new RealTypeError(`step.do("${name}") needs a function`);
-    const [merged, policy] = stepConfig(config, `step.do("${name}") config`);
+    const checked = stepConfig(config, config === undefined ? "" : `step.do("${name}") config`);
+    const merged = checked[0];
+    const policy = checked[1];
     const op = { op: "step.check", step: name, kind: "do", config: policy };
     // A step the journal has never seen starts at once, announcing itself with a step.begin
     // that the host writes ahead of anything the body sends; a step with a row (retrying,
@@ -20,14 +25,12 @@ function stepDo(name, configOrFn, maybeFn) {
     const begin = (key, count, fullName, resolve, rejectStep, stepCall) => {
       const opening = send({ op: "step.begin", step: fullName, count, kind: "do", config: policy }, null);
       opening[UNSENT] = true;
-      const retry = again(key, count, fullName, resolve, rejectStep);
-      runAttempt(name, fullName, count, 1, merged, fn, key, resolve, rejectStep, { opening, stepCall }, retry);
+      runAttempt(name, fullName, count, 1, merged, fn, key, resolve, rejectStep, { opening, stepCall }, again);
     };
     const onCheck = (result, at, key, count, resolve, rejectStep, fullName) => {
       if (hasOwn(result, "value") && result.value !== null && result.value.hit === false) {
         const { attempt, now } = result.value;
-        const retry = again(key, count, fullName, resolve, rejectStep);
-        runAttempt(name, fullName, count, attempt, merged, fn, key, resolve, rejectStep, { now }, retry);
+        runAttempt(name, fullName, count, attempt, merged, fn, key, resolve, rejectStep, { now }, again);
       } else if (hasOwn(result, "value") && result.value !== null && result.value.hit === true) {
         reach(at, key);
         resolve(decode(result.value.value));
@@ -43,7 +46,9 @@ function stepDo(name, configOrFn, maybeFn) {
 // `began`: how the attempt started: `{ now }`, the host's time, when the host was asked, or
 // `{ opening, stepCall }`, the step.begin message and the call, when the sandbox began it
 // without asking.
-function runAttempt(name, fullName, count, attempt, config, fn, key, resolve, rejectStep, began, retry) {
+// `again` makes the call that asks for the next attempt after a short retry delay (made only
+// then: most attempts never retry).
+function runAttempt(name, fullName, count, attempt, config, fn, key, resolve, rejectStep, began, again) {
   const startedAt = began.now;
   const ctx = freeze({ step: freeze({ name, count }), attempt, config: deepFreeze(config) });
   const where = `step "${name}" (#${count})`;
@@ -68,7 +73,7 @@ function runAttempt(name, fullName, count, attempt, config, fn, key, resolve, re
         addTimer(() => {
           const at = call(arrayIndexOf, markers, marker);
           if (at >= 0) markers.splice(at, 1);
-          retry();
+          again(key, count, fullName, resolve, rejectStep)();
         }, result.value.retryIn + 2, [], false, true); // +2: past the due time, at ms precision
       } else if (hasOwn(result, "value")) {
         reach(at, key);
