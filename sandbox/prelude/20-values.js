@@ -179,15 +179,20 @@ function fromHex(text) {
   return bytes;
 }
 
+// Revived in place: the arrays and objects JSON.parse made are this decoding's alone, plain
+// and writable, with every key an own data property (even "__proto__"), so each tagged value
+// is put where it was instead of every container being copied.
 function decode(text) {
   return revive(parseJSON(text));
 }
 function revive(v) {
   if (v === null || typeof v !== "object") return v;
   if (isArray(v)) {
-    const out = [];
-    for (let i = 0; i < v.length; i++) append(out, revive(v[i]));
-    return out;
+    for (let i = 0; i < v.length; i++) {
+      const item = v[i];
+      if (item !== null && typeof item === "object") v[i] = revive(item);
+    }
+    return v;
   }
   if (!hasOwn(v, "$t")) return plainObject(v);
   switch (v.$t) {
@@ -228,12 +233,10 @@ function revive(v) {
   throw new DriveError("the journal holds a value with an unknown tag: " + v.$t);
 }
 function plainObject(v) {
-  const out = {};
   const names = objectKeys(v);
   for (let i = 0; i < names.length; i++) {
-    defineProperty(out, names[i], {
-      value: revive(v[names[i]]), enumerable: true, writable: true, configurable: true,
-    });
+    const item = v[names[i]];
+    if (item !== null && typeof item === "object") v[names[i]] = revive(item);
   }
-  return out;
+  return v;
 }
