@@ -23,7 +23,7 @@ if TYPE_CHECKING:
         select_entries,
         snapshot_id_of,
     )
-    from qjsflow.bundles.toolchain import ESBUILD_VERSION, find_toolchain, setup_tools
+    from qjsflow.bundles.toolchain import find_toolchain, setup_tools
     from qjsflow.bundles.tree import (
         IGNORE_FILE,
         SourceFile,
@@ -33,6 +33,7 @@ if TYPE_CHECKING:
         scan_tree,
         tree_from_mapping,
     )
+    from qjsflow.bundles.versions import ESBUILD_VERSION
 
 _HOMES = {
     "qjsflow.bundles.errors": ("BundleError", "PublishError", "SourceTreeError"),
@@ -41,11 +42,12 @@ _HOMES = {
         "Snapshot", "WorkflowBundle", "build_snapshot", "name_workflows", "select_entries",
         "snapshot_id_of",
     ),
-    "qjsflow.bundles.toolchain": ("ESBUILD_VERSION", "find_toolchain", "setup_tools"),
+    "qjsflow.bundles.toolchain": ("find_toolchain", "setup_tools"),
     "qjsflow.bundles.tree": (
         "IGNORE_FILE", "SourceFile", "SourceTree", "TreeLimits", "TreeListing", "scan_tree",
         "tree_from_mapping",
     ),
+    "qjsflow.bundles.versions": ("ESBUILD_VERSION",),
 }  # fmt: skip
 
 __getattr__ = lazy_exports(__name__, _HOMES)

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from qjsflow.bridge import ToolchainError, loads
+from qjsflow.bundles.versions import ESBUILD_VERSION, TYPESCRIPT_VERSION
 
 __all__ = [
     "ESBUILD_VERSION",
@@ -37,8 +38,6 @@ __all__ = [
     "user_cache_dir",
 ]
 
-ESBUILD_VERSION = "0.28.2"
-TYPESCRIPT_VERSION = "5.9.3"  # for the tests only: publishing never type-checks
 # npm packages the tests install into workflow trees (publishing real packages), pinned.
 TEST_PACKAGES = {"zod": "3.25.76", "hono": "4.6.8"}
 # npm's integrity digests of the pinned tarballs (`npm view <package>@<version> dist.integrity`).

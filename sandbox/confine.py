@@ -23,6 +23,8 @@ import resource
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from qjsflow.sandbox.confinement_modes import CONFINEMENT_MODES
+
 __all__ = [
     "ALLOWED",
     "CONFINEMENT_MODES",
@@ -31,7 +33,6 @@ __all__ = [
     "confine_paths",
 ]
 
-CONFINEMENT_MODES = ("require", "best-effort", "off")
 
 # name -> why a drive needs it. `read` and `write` are further limited to their descriptors.
 ALLOWED: dict[str, str] = {

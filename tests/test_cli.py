@@ -424,7 +424,7 @@ _NOT_FOR_READING = (
     "qjsflow.runner.runner", "qjsflow.runner.driver", "qjsflow.runner.host",
     "qjsflow.runner.cli_host", "qjsflow.sandbox.pool", "qjsflow.bundles.esbuild",
     "qjsflow.bundles.tree", "qjsflow.bridge.types", "qjsflow.runner.budgets",
-    "qjsflow.runner.environment",
+    "qjsflow.runner.environment", "qjsflow.bundles.toolchain", "qjsflow.sandbox.confine",
 )  # fmt: skip
 _PROBE = (
     "import sys; from qjsflow.runner.cli import main; code = main(sys.argv[1:]); "
