@@ -113,31 +113,30 @@ def run_record(row: Iterable[Any]) -> RunRecord:
     return RunRecord(*values)
 
 
-# A run's columns by what a read gives back for them whatever was written (a REAL column
-# given 0 reads 0.0): a run kept by a transaction is the one a read would return.
-_REAL_COLUMNS = ("cpu_used_s", "sql_used_s")
-_INTEGER_COLUMNS = ("created_at", "updated_at", "wake_at", "logs_count", "executor_deaths",
-                    "generation")  # fmt: skip
-_FLAG_COLUMNS = ("cancel_requested", "pause_requested")
+# A run's columns whose type a read decides whatever was written (a REAL column given 0 reads
+# 0.0, a flag given 1 reads True): a run kept by a transaction is the one a read returns.
+_READ_TYPES: dict[str, type] = {
+    "cpu_used_s": float, "sql_used_s": float, "created_at": int, "updated_at": int,
+    "wake_at": int, "logs_count": int, "executor_deaths": int, "generation": int,
+    "cancel_requested": bool, "pause_requested": bool,
+}  # fmt: skip
+
+
+def _read_back(name: str, value: Any) -> Any:
+    kind = _READ_TYPES.get(name)
+    return value if kind is None or value is None or type(value) is kind else kind(value)
 
 
 def _as_read(run: RunRecord, **fields: Any) -> RunRecord:
-    """`run` with `fields` written, as a read of its row would return it."""
-    merged = replace(run, **fields) if fields else run
-    typed: dict[str, Any] = {}
-    for name in _REAL_COLUMNS:
-        value = getattr(merged, name)
-        if type(value) is not float:
-            typed[name] = float(value)
-    for name in _INTEGER_COLUMNS:
-        value = getattr(merged, name)
-        if value is not None and type(value) is not int:
-            typed[name] = int(value)
-    for name in _FLAG_COLUMNS:
-        value = getattr(merged, name)
-        if type(value) is not bool:
-            typed[name] = bool(value)
-    return replace(merged, **typed) if typed else merged
+    """`run` with `fields` written (none: `run` itself, written whole), as a read returns it."""
+    if not fields:
+        fields = {
+            name: read
+            for name in _READ_TYPES
+            if (read := _read_back(name, getattr(run, name))) is not getattr(run, name)
+        }
+        return replace(run, **fields) if fields else run
+    return replace(run, **{name: _read_back(name, value) for name, value in fields.items()})
 
 
 def _ended_where(
