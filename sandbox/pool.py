@@ -136,10 +136,7 @@ class _Executor:
         self.prepared = True
         # Its /proc stat file, open for its life: read at offset 0 it is made anew (one call,
         # not three), and it never names another process that reuses the pid.
-        try:
-            self._stat: int | None = os.open(f"/proc/{process.pid}/stat", os.O_RDONLY)
-        except OSError:
-            self._stat = None
+        self._stat: int | None = None
 
     @classmethod
     async def spawn(cls, config: PoolConfig, cpu_limit_s: int) -> _Executor:
@@ -181,9 +178,13 @@ class _Executor:
         return executor
 
     def cpu_seconds(self) -> float:
-        if self._stat is None:
-            return 0.0
         try:  # read twice a drive, and by the watchdog
+            if self._stat is None:
+                # Opened at the first read (at the next, if opening failed: out of descriptors,
+                # say), and only while the process is not reaped: its pid is still its own.
+                if self.process.returncode is not None:
+                    return 0.0
+                self._stat = os.open(f"/proc/{self.process.pid}/stat", os.O_RDONLY)
             fields = os.pread(self._stat, 4096, 0).rsplit(b")", 1)[1].split()
         except OSError:
             return 0.0

@@ -14,6 +14,7 @@ import tempfile
 import time
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
+from typing import Any
 
 import orjson
 import pytest
@@ -229,6 +230,32 @@ async def test_an_executors_cpu_clock_is_read_through_one_descriptor_closed_with
             seen.append(_stat_files_open())
     assert seen == [1, 0, 1, 0, 1]  # the live executor's; none once it was recycled
     assert _stat_files_open() == 0
+
+
+async def test_an_executors_cpu_clock_opened_in_vain_is_opened_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A descriptor that could not be opened (the host out of them, say) must not blind the
+    watchdog for the executor's life: the next read opens it."""
+    real_open = os.open
+    refused: list[str] = []
+
+    def out_of_descriptors(path: str, flags: int, *rest: Any, **named: Any) -> int:
+        if path.endswith("/stat") and not refused:  # the first try, wherever it is made
+            refused.append(path)
+            raise OSError(24, "Too many open files")
+        return real_open(path, flags, *rest, **named)
+
+    monkeypatch.setattr(os, "open", out_of_descriptors)
+    executor = await pool_module._Executor.spawn(PoolConfig(), 60)
+    try:
+        executor.cpu_seconds()
+        assert refused
+        assert executor.cpu_seconds() > 0  # starting it (an interpreter, QuickJS) took compute
+    finally:
+        monkeypatch.undo()
+        await executor.reap()
+    assert executor.cpu_seconds() == 0.0  # reaped: its pid may be another's now
 
 
 def _stat_files_open() -> int:
