@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import sqlite3
+import threading
 from collections.abc import AsyncIterator, Iterator, Sequence
 from pathlib import Path
 
@@ -42,6 +44,20 @@ def frames(monkeypatch: pytest.MonkeyPatch) -> list[list[OpEnvelope]]:
     return seen
 
 
+@contextlib.contextmanager
+def statements(runner: Runner) -> Iterator[list[tuple[bool, str]]]:
+    """A SQLite journal's statements while the block runs: whether each ran on this (the
+    event loop's) thread, and its text."""
+    seen: list[tuple[bool, str]] = []
+    here = threading.get_ident()
+    connection: sqlite3.Connection = runner.store._backend._db  # type: ignore[attr-defined]
+    connection.set_trace_callback(lambda sql: seen.append((threading.get_ident() == here, sql)))
+    try:
+        yield seen
+    finally:
+        connection.set_trace_callback(None)
+
+
 _BUNDLES: dict[str, str] = {}
 
 
@@ -52,6 +68,17 @@ async def bundle_of(source: str, name: str = "w.ts") -> str:
         snapshot = await build_snapshot({f"workflows/{name}": source})
         _BUNDLES[key] = snapshot.bundles[0].code
     return _BUNDLES[key]
+
+
+def fan_out_source(steps: int, *, then_sleep: bool = False) -> str:
+    """A workflow with `steps` pure step.do calls in flight at once (one Promise.all), and
+    with `then_sleep` a sleep among them: a call for the host behind them all."""
+    sleep = '  all.push(step.sleep("nap", "1 hour"));\n' if then_sleep else ""
+    return (
+        "export default async (event, step) => {\n  const all = [];\n"
+        f'  for (let i = 0; i < {steps}; i++) all.push(step.do("s", async () => i));\n'
+        f"{sleep}  return (await Promise.all(all)).length;\n}};\n"
+    )
 
 
 @pytest.fixture

@@ -7,14 +7,12 @@ from __future__ import annotations
 import asyncio
 import itertools
 import sqlite3
-import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 from qjsflow.runner import Runner, StartRunInput
 from qjsflow.runner.store.connection import JobThread
+from tests.conftest import statements
 
 TEN = """
 export default async (event, step) => {
@@ -23,20 +21,6 @@ export default async (event, step) => {
   return total;
 };
 """
-
-
-@contextmanager
-def statements(runner: Runner) -> Iterator[list[tuple[bool, str]]]:
-    """The journal's statements while the block runs: whether each ran on this (the event
-    loop's) thread, and its text."""
-    seen: list[tuple[bool, str]] = []
-    here = threading.get_ident()
-    connection: sqlite3.Connection = runner.store._backend._db  # type: ignore[attr-defined]
-    connection.set_trace_callback(lambda sql: seen.append((threading.get_ident() == here, sql)))
-    try:
-        yield seen
-    finally:
-        connection.set_trace_callback(None)
 
 
 async def _published(runner: Runner) -> str:

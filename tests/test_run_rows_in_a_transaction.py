@@ -18,9 +18,9 @@ from qjsflow.runner.store.connection import connect_sqlite
 from qjsflow.runner.store.dialect import SQLITE
 from qjsflow.runner.store.journal import _Job, _run_batch
 from qjsflow.runner.store.migrations import migrate
-from tests.conftest import start_source
+from tests.conftest import start_source, statements
 from tests.postgres import PostgresServer
-from tests.test_commit_here import TEN, statements
+from tests.test_commit_here import TEN
 
 SLEEPER = 'export default async (e, step) => { await step.sleep("nap", "1 minute"); return 1; };'
 RUN_READ = "SELECT run_id, scope, workflow"

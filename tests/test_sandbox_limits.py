@@ -24,6 +24,7 @@ from qjsflow.bridge.limits import Limits
 from qjsflow.bridge.types import (
     Answer,
     Completed,
+    DriveRequest,
     Failed,
     OpEnvelope,
 )
@@ -32,7 +33,7 @@ from qjsflow.sandbox import ExecutorPool, PoolConfig, bytecode
 from qjsflow.sandbox import pool as pool_module
 from qjsflow.sandbox.bytecode import PreludeLoader
 from qjsflow.sandbox.executor import PRELUDE, Drive, Prepared
-from tests.conftest import bundle_of, executor_pids
+from tests.conftest import bundle_of, executor_pids, fan_out_source
 from tests.memory_host import MemoryHost
 
 BUDGET_S = 0.5
@@ -385,10 +386,8 @@ def test_a_drives_context_first_collects_cycles_at_half_its_limit(
     """Half the drive's limit, also when that is below what preparing allowed."""
     loader = PreludeLoader(PRELUDE)
     assert loader.library is not None
-    host = MemoryHost()
-    request = request_to_wire(host.request("", limits=Limits(memory_bytes=memory_mib * 2**20)))
-    prepared = Prepared(loader)
-    Drive(request, "", -1, prepared)
+    limits = Limits(memory_bytes=memory_mib * 2**20)
+    _, prepared = _drive_here(loader, MemoryHost().request("", limits=limits))
     assert _gc_threshold(loader, prepared) == memory_mib * 2**20 // 2
 
 
@@ -402,13 +401,10 @@ def test_preparing_a_context_looks_for_no_garbage_in_cycles() -> None:
         assert _gc_threshold(loader, prepared) == bytecode.PREPARING_HEAP
 
 
-FAN_OUT = """
-export default async (event, step) => {
-  const all = [];
-  for (let i = 0; i < 2000; i++) all.push(step.do("s", async () => i));
-  return (await Promise.all(all)).length;
-};
-"""
+def _drive_here(loader: PreludeLoader, request: DriveRequest) -> tuple[Drive, Prepared]:
+    """A drive of `request` in this process, in a context of its own."""
+    prepared = Prepared(loader)
+    return Drive(request_to_wire(request), request.bundle, -1, prepared), prepared
 
 
 async def test_a_fan_out_of_live_steps_is_not_searched_for_garbage() -> None:
@@ -418,9 +414,10 @@ async def test_a_fan_out_of_live_steps_is_not_searched_for_garbage() -> None:
     quarter of its drive. A look would leave the threshold set from the heap it found."""
     loader = PreludeLoader(PRELUDE)
     assert loader.library is not None
-    request = MemoryHost().request(await bundle_of(FAN_OUT))
-    prepared = Prepared(loader)
-    outcome = orjson.loads(Drive(request_to_wire(request), request.bundle, -1, prepared).run())
+    drive, prepared = _drive_here(
+        loader, MemoryHost().request(await bundle_of(fan_out_source(2000)))
+    )
+    outcome = orjson.loads(drive.run())
     assert outcome["outcome"]["output"] == "2000"
     assert _gc_threshold(loader, prepared) == Limits().memory_bytes // 2
 
@@ -439,17 +436,6 @@ def _heap(loader: PreludeLoader, prepared: Prepared) -> tuple[int, int]:
     return usage[0], usage[3]  # malloc_size, malloc_count
 
 
-def _in_flight(steps: int) -> str:
-    return f"""
-export default async (event, step) => {{
-  const all = [];
-  for (let i = 0; i < {steps}; i++) all.push(step.do("s", async () => i));
-  all.push(step.sleep("nap", "1 hour"));
-  await Promise.all(all);
-}};
-"""
-
-
 async def test_a_step_in_flight_costs_the_engine_few_allocations() -> None:
     """What a step.do keeps allocated while in flight (its call, promise, attempt, ops):
     every allocation is made, freed, and for a fan-out walked by the engine's looks for
@@ -459,9 +445,8 @@ async def test_a_step_in_flight_costs_the_engine_few_allocations() -> None:
     assert loader.library is not None
     heaps = []
     for steps in (0, 1000):
-        request = MemoryHost().request(await bundle_of(_in_flight(steps)))
-        prepared = Prepared(loader)
-        drive = Drive(request_to_wire(request), request.bundle, -1, prepared)
+        source = fan_out_source(steps, then_sleep=True)
+        drive, prepared = _drive_here(loader, MemoryHost().request(await bundle_of(source)))
 
         def suspend(ops: str) -> list[object]:  # the sleep, answered as the host would
             return [{"id": op["id"], "result": {"suspend": "sleep"}, "at": None}

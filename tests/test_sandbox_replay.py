@@ -21,7 +21,7 @@ from qjsflow.bridge.wire import request_to_wire
 from qjsflow.sandbox import ExecutorPool
 from qjsflow.sandbox.bytecode import PreludeLoader
 from qjsflow.sandbox.executor import PRELUDE, Drive, Prepared
-from tests.conftest import bundle_of
+from tests.conftest import bundle_of, fan_out_source
 from tests.memory_host import MemoryHost
 
 STORY = """
@@ -409,16 +409,6 @@ async def test_new_pure_steps_one_after_another_settle_within_one_turn() -> None
     assert calls.count("next") == 1, calls
 
 
-FAN_OUT_THEN_SLEEP = """
-export default async (event, step) => {
-  const all = [];
-  for (let i = 0; i < 8000; i++) all.push(step.do("s", async () => i));
-  all.push(step.sleep("nap", "1 hour"));
-  await Promise.all(all);
-};
-"""
-
-
 async def test_pure_steps_ahead_of_a_call_for_the_host_settle_in_linear_time(
     pool: ExecutorPool,
 ) -> None:
@@ -427,7 +417,9 @@ async def test_pure_steps_ahead_of_a_call_for_the_host_settle_in_linear_time(
     each time: eight thousand steps ahead of a sleep suspend well within the drive's compute
     limit (walking it for each result took ~5 s for half as many)."""
     host = MemoryHost()
-    outcome = await pool.drive(host.request(await bundle_of(FAN_OUT_THEN_SLEEP)), host)
+    outcome = await pool.drive(
+        host.request(await bundle_of(fan_out_source(8000, then_sleep=True))), host
+    )
     assert isinstance(outcome, Suspended), outcome
     assert len(host.entries) == 8000
 
