@@ -109,12 +109,13 @@ function readOptions(object, allowed, what) {
 // Returns [config as the author sees it in ctx.config, normalized policy for the host].
 // A call without a config (most) shares one, made once: it is frozen when a body sees it.
 let defaultStepConfig = null;
-function stepConfig(config, what) {
+// `api` and `name` say whose config a refused one is (built only then: not a string a step).
+function stepConfig(config, api, name) {
   if (config === undefined) {
-    if (defaultStepConfig === null) defaultStepConfig = checkedStepConfig(undefined, what);
+    if (defaultStepConfig === null) defaultStepConfig = checkedStepConfig(undefined, "the default step config");
     return defaultStepConfig;
   }
-  return checkedStepConfig(config, what);
+  return checkedStepConfig(config, `${api}("${name}") config`);
 }
 function checkedStepConfig(config, what) {
   const merged = {
