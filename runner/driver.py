@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import enum
 import logging
 import os
 import secrets
@@ -73,28 +72,17 @@ from qjsflow.runner.store import (
 )
 from qjsflow.sandbox import ExecutorPool
 
-__all__ = ["SIGNAL_TIMER", "Before", "BeforeLease", "RunDriver", "park_paused"]
+__all__ = ["SIGNAL_TIMER", "BeforeLease", "RunDriver", "park_paused"]
 
 _log = logging.getLogger("qjsflow.driver")
 SIGNAL_TIMER = "signal"  # a timer key that wakes a waiting run when an event arrives
 
 
-class Before(enum.Enum):
-    """What the work written before a run's lease is taken (`BeforeLease`) did."""
-
-    NOTHING = "nothing"
-    # Wrote a change its caller asked for (a pause lifted): the drive's end makes it durable,
-    # whatever the drive did.
-    CHANGED = "changed"
-    # Created the run: changed, and nothing is recorded of it yet (no step, timer or event),
-    # so the drive's beginning has nothing to read or clear.
-    CREATED = "created"
-
-
 class BeforeLease(Protocol):
-    """Work written in the transaction that takes a run's lease, before it is taken."""
+    """Work written in the transaction that takes a run's lease, before it is taken; True
+    when it wrote something (the drive's end then makes it durable, whatever the drive did)."""
 
-    def __call__(self, tx: JournalTransaction, *, now: int) -> Before: ...
+    def __call__(self, tx: JournalTransaction, *, now: int) -> bool: ...
 
 
 _MAX_DRIVES_PER_CALL = 10_000
@@ -421,27 +409,22 @@ def _take_and_begin(
 ) -> tuple[Lease, _Begun | RunRecord, bool] | None:
     """The run's lease, if no live driver holds it, the drive's beginning under it, and
     whether `first` wrote anything."""
-    before = Before.NOTHING if first is None else first(tx, now=now)
+    wrote = first is not None and first(tx, now=now)
     lease = tx.acquire_lease(run_id, worker_id, now, ttl_ms)
     if lease is None:
         return None
     tx.adopt(lease)  # the beginning's events carry the new epoch
-    begun = _begin_drive(tx, lease, now, budgets, created=before is Before.CREATED)
-    return lease, begun, before is not Before.NOTHING
+    return lease, _begin_drive(tx, lease, now, budgets), wrote
 
 
 def _begin_drive(
-    tx: JournalTransaction,
-    lease: Lease,
-    now: int,
-    budgets: Mapping[str, Budgets],
-    *,
-    created: bool = False,
+    tx: JournalTransaction, lease: Lease, now: int, budgets: Mapping[str, Budgets]
 ) -> _Begun | RunRecord:
     """Mark the run running and load its journal: one transaction, one query for the journal.
     A run that is over (or cancelled now), paused, or whose scope has spent a budget is
-    released and returned instead. A run `created` in this transaction has no journal, timer
-    or open step yet: none is looked for."""
+    released and returned instead. A run this transaction created (`start`) has no journal,
+    timer or open step yet: none is looked for."""
+    created = tx.created(lease.run_id)
     run = tx.get_run(lease.run_id)
     assert run is not None
     if run.status in TERMINAL or run.cancel_requested:

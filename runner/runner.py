@@ -30,7 +30,7 @@ from qjsflow.runner.control import (
     restart_run,
     terminate_run,
 )
-from qjsflow.runner.driver import SIGNAL_TIMER, Before, BeforeLease, RunDriver
+from qjsflow.runner.driver import SIGNAL_TIMER, BeforeLease, RunDriver
 from qjsflow.runner.environment import env_of
 from qjsflow.runner.errors import (
     InvalidEvent,
@@ -229,11 +229,11 @@ class Runner(RunReads):
                 return run_view(existing)
             return run_view(wanted)
 
-        def create_to_drive(tx: JournalTransaction, *, now: int) -> Before:
+        def create_to_drive(tx: JournalTransaction, *, now: int) -> bool:
             wanted, existing = create(tx, now)  # the drive's time: its beginning changes nothing
             if existing is not None:  # nothing is written: the run is returned as it is
                 raise _Existing(existing, wanted)
-            return Before.CREATED
+            return True
 
         # Created in the transaction that takes its lease and begins its first drive (not
         # fsynced by itself: the drive's first effect or its end makes it durable, and the
@@ -256,7 +256,7 @@ class Runner(RunReads):
                 await self._store.transact(partial(lift_pause, key=key, now=self._driver.now_ms()))
             return await self.get(run_id, scope=scope)
         # The pause lifted in the transaction that takes the run's lease: one journal hop.
-        return await self._drive(key, bindings, first=partial(_lifting_pause, key=key))
+        return await self._drive(key, bindings, first=partial(lift_pause, key=key))
 
     async def pause(self, run_id: str, *, scope: str) -> RunView:
         """Park the run once the steps under way have recorded their results: no worker drives
@@ -525,10 +525,6 @@ class Runner(RunReads):
         if not isinstance(run_id, str) or not RUN_ID.fullmatch(run_id):
             raise InvalidRunId(run_id)
         return run_id
-
-
-def _lifting_pause(tx: JournalTransaction, *, key: str, now: int) -> Before:
-    return Before.CHANGED if lift_pause(tx, key, now) else Before.NOTHING
 
 
 class _Existing(Exception):

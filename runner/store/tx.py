@@ -323,6 +323,11 @@ class JournalTransaction:
             self._runs[run_id] = run
         return run
 
+    def created(self, run_id: str) -> bool:
+        """Whether this transaction inserted the run: nothing else is recorded of it but what
+        this transaction wrote."""
+        return run_id in self._created
+
     def count_live_runs(self, scope: str) -> int:
         """Runs of a scope that have not ended."""
         row = self._one(
