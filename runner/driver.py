@@ -552,8 +552,9 @@ def _fail(
     return _release(tx, lease)
 
 
-def _release(tx: JournalTransaction, lease: Lease) -> RunRecord:
-    tx.release_lease(lease)
+def _release(tx: JournalTransaction, lease: Lease, **fields: Any) -> RunRecord:
+    """The lease given up, with the run's last `fields` in the same statement, and the run."""
+    tx.release_lease(lease, **fields)
     run = tx.get_run(lease.run_id)
     assert run is not None
     return run
@@ -584,11 +585,9 @@ def _finish(
     match outcome:
         case Completed(output=output):
             tx.delete_timers(run_id)
-            tx.update_run(
-                run_id, status="completed", output=output, wake_at=None, waiting_for=None, **common
-            )
             tx.append_event(run_id, "run_completed", now, None)
-            return _release(tx, lease)
+            return _release(tx, lease, status="completed", output=output, wake_at=None,
+                            waiting_for=None, **common)  # fmt: skip
         case Failed(message=message, stack=stack):
             message = with_run_hint(message)
             return _fail(tx, lease, message, now, {**common, "error_stack": stack})
@@ -619,11 +618,12 @@ def _finish(
             waiting_for = ",".join(events) or None
             if host.blocked_on is not None:  # until a process that has the tool drives it
                 status, waiting_for = "blocked", host.blocked_on
-            tx.update_run(run_id, status=status, wake_at=wake_at, waiting_for=waiting_for, **common)
+            left = {"status": status, "wake_at": wake_at, "waiting_for": waiting_for, **common}
             tx.append_event(run_id, "run_suspended", now, None)
             if wake_at is not None and wake_at <= now:
+                tx.update_run(run_id, **left)
                 return None
-            return _release(tx, lease)
+            return _release(tx, lease, **left)
     raise AssertionError("unreachable")
 
 

@@ -24,7 +24,7 @@ from tests.test_commit_here import TEN
 
 SLEEPER = 'export default async (e, step) => { await step.sleep("nap", "1 minute"); return 1; };'
 RUN_READ = "SELECT run_id, scope, workflow"
-FENCE_READ = "SELECT epoch, worker_id, pause_requested"
+FENCE_READ = "SELECT epoch, worker_id, run_id, scope, workflow"  # the fence, with the run
 
 
 def typed(run: RunRecord) -> list[tuple[type, Any]]:
@@ -65,8 +65,8 @@ async def test_a_run_kept_by_a_transaction_is_what_a_read_returns(clocked_runner
 
 async def test_a_drive_reads_its_run_once_and_checks_its_fence_once(tmp_path: Any) -> None:
     """A started run's beginning takes its row from the insert and the lease's update; its
-    end reads it once; the end, queued behind the drive's results in one commit, trusts the
-    fence those checked."""
+    end, queued behind the drive's results in one commit, trusts the fence those checked
+    and takes the run from that same read; the run's last update gives the lease up."""
     async with Runner.open(tmp_path / "journal.db") as runner:
         snapshot = (await runner.publish("acme", {"workflows/flow.ts": TEN})).snapshot_id
         await runner.start(StartRunInput("acme", "flow", snapshot, {}, "first"))
@@ -74,9 +74,13 @@ async def test_a_drive_reads_its_run_once_and_checks_its_fence_once(tmp_path: An
             run = await runner.start(StartRunInput("acme", "flow", snapshot, {}, "lone"))
         assert run.output == 45
         sql = [text for _, text in seen]
-        assert sum(text.startswith(RUN_READ) for text in sql) == 1, sql
+        assert sum(text.startswith(RUN_READ) for text in sql) == 0, sql
         assert sum(text.startswith(FENCE_READ) for text in sql) == 1, sql
         assert sum(text.startswith("BEGIN") for text in sql) == 2, sql  # results and end: one
+        end = sql[sql.index("COMMIT") :]
+        [update] = [text for text in end if text.startswith("UPDATE runs")]
+        assert "status = 'completed'" in update, update
+        assert "worker_id = NULL" in update, update
         # Created in the beginning's transaction, the run has no steps, timers or lease
         # holder to look at, and is written "running" already.
         beginning = sql[: sql.index("COMMIT")]
@@ -205,3 +209,50 @@ def test_a_fence_is_trusted_only_while_no_job_wrote_a_run(tmp_path: Any) -> None
     assert released[0] == (True, None)
     assert not released[1][0]
     assert isinstance(released[1][1], LeaseLost)
+
+    # A job after the one that checked the fence takes the run from that read (no statement),
+    # as a read returns it, and current with the job's own writes.
+    fresh = JournalTransaction(raw).get_run(run.run_id)
+    assert fresh is not None
+    lease = JournalTransaction(raw).acquire_lease(run.run_id, "w", 0, 60_000)
+    assert lease is not None
+
+    def kept(tx: JournalTransaction) -> tuple[RunRecord | None, RunRecord | None]:
+        before = tx.get_run(run.run_id)
+        tx.update_run(run.run_id, cancel_requested=1)
+        return before, tx.get_run(run.run_id)
+
+    fence_reads.clear()
+    [_, (ok, (before, after))] = batch(event, kept)
+    assert ok
+    assert before is not None
+    assert after is not None
+    assert typed(before) == typed(fresh)
+    assert after.cancel_requested
+    assert not before.cancel_requested
+    assert len(fence_reads) == 1
+
+
+def test_a_release_that_writes_the_run_needs_the_lease(tmp_path: Any) -> None:
+    """The run's last fields go with the lease's release in one statement: when the lease is
+    no longer the holder's, the release raises and nothing is written."""
+    raw = connect_sqlite(tmp_path / "j.db")
+    migrate(raw, location="j.db", dialect=SQLITE)
+    JournalTransaction(raw).insert_snapshot("acme", "s", 0.0, (0, 0, "[]", None), [])
+    run = RunRecord("acme/r", "acme", "flow", "s", "e.ts", "running", "null", "{}", None, None,
+                    0, 0, None, None, 0.0, 0, False)  # fmt: skip
+    JournalTransaction(raw).insert_run(run)
+    lost = JournalTransaction(raw).acquire_lease(run.run_id, "w", 0, 60_000)
+    assert lost is not None
+    assert JournalTransaction(raw).acquire_lease(run.run_id, "v", 0, 60_000, force=True)
+    try:
+        JournalTransaction(raw).release_lease(lost, status="completed", output="1")
+    except LeaseLost:
+        pass
+    else:
+        raise AssertionError("a release without the lease wrote the run")
+    after = JournalTransaction(raw).get_run(run.run_id)
+    assert after is not None
+    assert (after.status, after.output) == ("running", None)
+    held = raw.execute("SELECT worker_id FROM runs WHERE run_id = ?", (run.run_id,)).fetchone()
+    assert held == ("v",)

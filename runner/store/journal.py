@@ -109,9 +109,9 @@ def _run_batch(connection: Any, batch: list[_Job], backend: Backend) -> list[tup
     outcomes: list[tuple[bool, Any]] = []
     alone = len(batch) == 1  # no savepoint needed: the transaction is the job's
     usage: list[UsageCharge] = []  # what the jobs that succeed charge, written last
-    # The fence the job before checked, and the pause it read with it, while no job has
+    # The fence the job before checked, and the run's row it read with it, while no job has
     # written a run's row since: a drive's writes queued one after another check it once.
-    held: tuple[Lease, bool] | None = None
+    held: tuple[Lease, Any] | None = None
     backend.begin(connection, full=any(job.durable for job in batch))
     try:
         for job in batch:
@@ -130,7 +130,7 @@ def _run_batch(connection: Any, batch: list[_Job], backend: Backend) -> list[tup
                 if not alone:
                     connection.execute("RELEASE job")
                 if job.fence is not None and not tx.runs_written:
-                    held = (job.fence, tx.pause_requested)
+                    held = (job.fence, tx.fence_read(job.fence))
             except Exception as error:
                 if not alone:
                     connection.execute("ROLLBACK TO job")

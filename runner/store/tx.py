@@ -106,6 +106,22 @@ def lease_now(lease_clock: str | None, now: int) -> tuple[str, tuple[int, ...]]:
     return ("?", (now,)) if lease_clock is None else (lease_clock, ())
 
 
+def _check_updatable(fields: Mapping[str, Any]) -> None:
+    unknown = set(fields) - _RUN_UPDATABLE
+    if unknown:
+        raise ValueError(f"runs has no updatable columns {sorted(unknown)}")
+
+
+def _assignments(fields: Mapping[str, Any], *more: str) -> str:
+    """A run's UPDATE's SET list: `name = ?` for each field (its values in the same order),
+    then `more`."""
+    return ", ".join([*(f"{name} = ?" for name in fields), *more])
+
+
+# Where a row `check_fence` reads (epoch, worker_id, then RUN_COLUMNS) holds pause_requested.
+_PAUSE_REQUESTED = 2 + [name.strip() for name in RUN_COLUMNS.split(",")].index("pause_requested")
+
+
 def run_record(row: Iterable[Any]) -> RunRecord:
     values = list(row)
     values[16] = bool(values[16])  # cancel_requested
@@ -185,6 +201,7 @@ class JournalTransaction:
         self._runs: dict[str, RunRecord] = {}
         self._locked: set[str] = set()
         self._created: set[str] = set()  # runs this transaction inserted
+        self._fenced: dict[str, Any] = {}  # rows a fence was checked with (`check_fence`)
         # Whether it wrote a run's row (its lease, epoch or anything else): a fence checked
         # before, and what that read, may no longer hold.
         self.runs_written = False
@@ -203,20 +220,29 @@ class JournalTransaction:
         """Raise `LeaseLost` if another driver took the run; note whether a pause is asked
         (read with the fence, so a drive learns of it at no extra cost)."""
         row = self._one(
-            "SELECT epoch, worker_id, pause_requested FROM runs"
+            f"SELECT epoch, worker_id, {RUN_COLUMNS} FROM runs"
             f" WHERE run_id = ?{self._dialect.lock_run}",
             (lease.run_id,),
         )
         if row is None or row[0] != lease.epoch or row[1] != lease.worker_id:
             raise LeaseLost(lease)
         self._locked.add(lease.run_id)
-        self.pause_requested = bool(row[2])
+        # The run as read with its fence, under the lock: a drive's end reads it next. Made a
+        # record only when asked (`_kept`): a drive's writes of its steps never ask.
+        self._fenced[lease.run_id] = row
+        self.pause_requested = bool(row[_PAUSE_REQUESTED])
 
-    def fence_held(self, lease: Lease, pause_requested: bool) -> None:
+    def fence_held(self, lease: Lease, read: Any) -> None:
         """`check_fence`, known to hold: the job before this one, in the same transaction,
-        checked it and wrote nothing to any run's row since (see `_run_batch`)."""
+        checked it and wrote nothing to any run's row since (see `_run_batch`); `read` is
+        what that check read (`fence_read`), still the row."""
         self._locked.add(lease.run_id)
-        self.pause_requested = pause_requested
+        self._fenced[lease.run_id] = read
+        self.pause_requested = bool(read[_PAUSE_REQUESTED])
+
+    def fence_read(self, lease: Lease) -> Any:
+        """The row the fence was checked with, for the next job of the batch (`fence_held`)."""
+        return self._fenced[lease.run_id]
 
     def _one(self, sql: str, args: tuple[Any, ...]) -> Any:
         return self._db.execute(sql, args).fetchone()
@@ -272,13 +298,26 @@ class JournalTransaction:
         )
         return row is not None
 
-    def release_lease(self, lease: Lease) -> None:
+    def release_lease(self, lease: Lease, **fields: Any) -> None:
+        """Give the lease up; with `fields`, written to the run in the same statement (what
+        the kept run holds already is left out), which the lease must still hold."""
         self.runs_written = True
-        self._db.execute(
-            "UPDATE runs SET worker_id = NULL, lease_expires_at = NULL"
-            " WHERE run_id = ? AND epoch = ? AND worker_id = ?",
-            (lease.run_id, lease.epoch, lease.worker_id),
+        _check_updatable(fields)
+        known = self._kept(lease.run_id)
+        if known is not None:
+            fields = {name: v for name, v in fields.items() if getattr(known, name) != v}
+        row = self._one(
+            f"UPDATE runs SET {_assignments(fields, 'worker_id = NULL', 'lease_expires_at = NULL')}"
+            " WHERE run_id = ? AND epoch = ? AND worker_id = ? RETURNING 1",
+            (*fields.values(), lease.run_id, lease.epoch, lease.worker_id),
         )
+        if not fields:
+            return
+        if row is None:  # nothing written: the caller's transaction must not go on
+            raise LeaseLost(lease)
+        self._locked.add(lease.run_id)
+        if known is not None:
+            self._runs[lease.run_id] = _as_read(known, **fields)
 
     def insert_snapshot(
         self,
@@ -312,7 +351,7 @@ class JournalTransaction:
         """The run as its row is now. Read once while no other transaction can change the
         row (the database is this transaction's, or the row is locked), then kept up to date
         by this transaction's own writes: a drive's beginning and end read it several times."""
-        known = self._runs.get(run_id)
+        known = self._kept(run_id)
         if known is not None:
             return known
         row = self._one(f"SELECT {RUN_COLUMNS} FROM runs WHERE run_id = ?", (run_id,))
@@ -322,6 +361,14 @@ class JournalTransaction:
         if not self._reading and (self._dialect.serialized or run_id in self._locked):
             self._runs[run_id] = run
         return run
+
+    def _kept(self, run_id: str) -> RunRecord | None:
+        """The run this transaction keeps (`get_run`), if any: read, written, or read with
+        its fence (made a record now)."""
+        known = self._runs.get(run_id)
+        if known is None and run_id in self._fenced:  # kept after: writes change the record
+            known = self._runs[run_id] = run_record(self._fenced[run_id][2:])
+        return known
 
     def created(self, run_id: str) -> bool:
         """Whether this transaction inserted the run: nothing else is recorded of it but what
@@ -428,15 +475,13 @@ class JournalTransaction:
         return True
 
     def update_run(self, run_id: str, **fields: Any) -> None:
-        unknown = set(fields) - _RUN_UPDATABLE
-        if unknown:
-            raise ValueError(f"runs has no updatable columns {sorted(unknown)}")
-        known = self._runs.get(run_id)
+        _check_updatable(fields)
+        known = self._kept(run_id)
         if known is not None and all(getattr(known, name) == v for name, v in fields.items()):
             return  # the row (kept, so locked) holds these values already
-        assignments = ", ".join(f"{name} = ?" for name in fields)
         self._db.execute(
-            f"UPDATE runs SET {assignments} WHERE run_id = ?", (*fields.values(), run_id)
+            f"UPDATE runs SET {_assignments(fields)} WHERE run_id = ?",
+            (*fields.values(), run_id),
         )
         self.runs_written = True
         self._locked.add(run_id)  # the update locked its row
@@ -603,6 +648,7 @@ class JournalTransaction:
         self.runs_written = True
         for run_id in run_ids:
             self._runs.pop(run_id, None)
+            self._fenced.pop(run_id, None)
         marks = ", ".join("?" for _ in run_ids)
         for table in (*RUN_TABLES, "runs"):
             self._db.execute(f"DELETE FROM {table} WHERE run_id IN ({marks})", run_ids)
