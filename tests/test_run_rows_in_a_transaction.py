@@ -23,7 +23,7 @@ from tests.postgres import PostgresServer
 from tests.test_commit_here import TEN
 
 SLEEPER = 'export default async (e, step) => { await step.sleep("nap", "1 minute"); return 1; };'
-RUN_READ = "SELECT run_id, scope, workflow"
+RUN_READ = "SELECT worker_id, run_id, scope, workflow"  # a run, with its holder
 FENCE_READ = "SELECT epoch, worker_id, run_id, scope, workflow"  # the fence, with the run
 
 
@@ -256,3 +256,36 @@ def test_a_release_that_writes_the_run_needs_the_lease(tmp_path: Any) -> None:
     assert (after.status, after.output) == ("running", None)
     held = raw.execute("SELECT worker_id FROM runs WHERE run_id = ?", (run.run_id,)).fetchone()
     assert held == ("v",)
+
+
+def test_taking_a_lease_asks_for_its_holder_only_when_the_transaction_does_not_know(
+    tmp_path: Any,
+) -> None:
+    """The holder read with a kept run (or written by this transaction) says whether a lease
+    is taken over: a lapsed one is still reported as taken from its holder."""
+    raw = connect_sqlite(tmp_path / "j.db")
+    migrate(raw, location="j.db", dialect=SQLITE)
+    JournalTransaction(raw).insert_snapshot("acme", "s", 0.0, (0, 0, "[]", None), [])
+    run = RunRecord("acme/r", "acme", "flow", "s", "e.ts", "sleeping", "null", "{}", None, None,
+                    0, 0, None, None, 0.0, 0, False)  # fmt: skip
+    JournalTransaction(raw).insert_run(run)
+    assert JournalTransaction(raw).acquire_lease(run.run_id, "old", 0, 1_000) is not None
+    seen: list[str] = []
+    raw.set_trace_callback(seen.append)
+
+    tx = JournalTransaction(raw)
+    assert tx.get_run(run.run_id) is not None
+    taken = tx.acquire_lease(run.run_id, "new", 5_000, 1_000)  # "old" lapsed at 1,000
+    assert taken is not None
+    assert taken.taken_from == "old"
+    assert not any(text.startswith("SELECT worker_id FROM") for text in seen), seen
+    tx.release_lease(taken)
+    again = tx.acquire_lease(run.run_id, "next", 5_000, 1_000)  # released: nobody's
+    assert again is not None
+    assert again.taken_from is None
+
+    seen.clear()
+    unknown = JournalTransaction(raw).acquire_lease(run.run_id, "last", 9_000, 1_000)
+    assert unknown is not None
+    assert unknown.taken_from == "next"
+    assert any(text.startswith("SELECT worker_id FROM") for text in seen), seen

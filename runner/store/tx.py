@@ -202,6 +202,9 @@ class JournalTransaction:
         self._locked: set[str] = set()
         self._created: set[str] = set()  # runs this transaction inserted
         self._fenced: dict[str, Any] = {}  # rows a fence was checked with (`check_fence`)
+        # Who held each kept run's lease as its row was read, kept up to date by this
+        # transaction's lease writes: taking the lease asks no one again (`acquire_lease`).
+        self._holders: dict[str, str | None] = {}
         # Whether it wrote a run's row (its lease, epoch or anything else): a fence checked
         # before, and what that read, may no longer hold.
         self.runs_written = False
@@ -226,18 +229,17 @@ class JournalTransaction:
         )
         if row is None or row[0] != lease.epoch or row[1] != lease.worker_id:
             raise LeaseLost(lease)
-        self._locked.add(lease.run_id)
-        # The run as read with its fence, under the lock: a drive's end reads it next. Made a
-        # record only when asked (`_kept`): a drive's writes of its steps never ask.
-        self._fenced[lease.run_id] = row
-        self.pause_requested = bool(row[_PAUSE_REQUESTED])
+        self.fence_held(lease, row)
 
     def fence_held(self, lease: Lease, read: Any) -> None:
         """`check_fence`, known to hold: the job before this one, in the same transaction,
         checked it and wrote nothing to any run's row since (see `_run_batch`); `read` is
         what that check read (`fence_read`), still the row."""
         self._locked.add(lease.run_id)
+        # The run as read with its fence, under the lock: a drive's end reads it next. Made a
+        # record only when asked (`_kept`): a drive's writes of its steps never ask.
         self._fenced[lease.run_id] = read
+        self._holders[lease.run_id] = lease.worker_id
         self.pause_requested = bool(read[_PAUSE_REQUESTED])
 
     def fence_read(self, lease: Lease) -> Any:
@@ -264,11 +266,12 @@ class JournalTransaction:
             where = f"run_id = (SELECT run_id FROM runs WHERE {free} FOR UPDATE SKIP LOCKED)"
         else:  # SQLite: BEGIN IMMEDIATE has serialized the writers already
             where = free
-        # Who holds it now (a lapsed lease is taken over); none for a run this transaction
-        # created.
-        held = None if run_id in self._created else self._one(
-            "SELECT worker_id FROM runs WHERE run_id = ?", (run_id,)
-        )  # fmt: skip
+        # Who holds it now (a lapsed lease is taken over), unless this transaction knows.
+        if run_id in self._holders:
+            held = self._holders[run_id]
+        else:
+            found = self._one("SELECT worker_id FROM runs WHERE run_id = ?", (run_id,))
+            held = None if found is None else found[0]
         # The run comes back with its lease, read under the lock the update took: the drive's
         # beginning reads it from here.
         row = self._one(
@@ -281,11 +284,12 @@ class JournalTransaction:
         self.runs_written = True
         self._locked.add(run_id)
         self._runs[run_id] = _as_read(run_record(row[1:]))  # RETURNING gives 2.0 as 2
-        if held is not None and held[0] is not None:  # its driver never released it
+        self._holders[run_id] = worker_id
+        if held is not None:  # its driver never released it
             METRICS.lease_takeovers.inc()
-            taken = {"from": held[0], "to": worker_id, "forced": force}
+            taken = {"from": held, "to": worker_id, "forced": force}
             self.append_event(run_id, "lease_taken_over", now, dumps_text(taken))
-            return Lease(run_id, worker_id, int(row[0]), taken_from=str(held[0]))
+            return Lease(run_id, worker_id, int(row[0]), taken_from=str(held))
         return Lease(run_id, worker_id, int(row[0]))
 
     def renew_lease(self, lease: Lease, now: int, ttl_ms: int) -> bool:
@@ -311,6 +315,8 @@ class JournalTransaction:
             " WHERE run_id = ? AND epoch = ? AND worker_id = ? RETURNING 1",
             (*fields.values(), lease.run_id, lease.epoch, lease.worker_id),
         )
+        if row is not None:
+            self._holders[lease.run_id] = None
         if not fields:
             return
         if row is None:  # nothing written: the caller's transaction must not go on
@@ -354,12 +360,13 @@ class JournalTransaction:
         known = self._kept(run_id)
         if known is not None:
             return known
-        row = self._one(f"SELECT {RUN_COLUMNS} FROM runs WHERE run_id = ?", (run_id,))
+        row = self._one(f"SELECT worker_id, {RUN_COLUMNS} FROM runs WHERE run_id = ?", (run_id,))
         if row is None:
             return None
-        run = run_record(row)
+        run = run_record(row[1:])
         if not self._reading and (self._dialect.serialized or run_id in self._locked):
             self._runs[run_id] = run
+            self._holders[run_id] = row[0]
         return run
 
     def _kept(self, run_id: str) -> RunRecord | None:
@@ -472,6 +479,7 @@ class JournalTransaction:
         self._locked.add(run.run_id)
         self._created.add(run.run_id)
         self._runs[run.run_id] = _as_read(run)
+        self._holders[run.run_id] = None
         return True
 
     def update_run(self, run_id: str, **fields: Any) -> None:
@@ -623,6 +631,7 @@ class JournalTransaction:
             " WHERE run_id = ?",
             (run_id,),
         )
+        self._holders[run_id] = None
 
     def ended_runs(
         self, before: int, statuses: Iterable[str], limit: int, scope: str | None = None
@@ -649,6 +658,7 @@ class JournalTransaction:
         for run_id in run_ids:
             self._runs.pop(run_id, None)
             self._fenced.pop(run_id, None)
+            self._holders.pop(run_id, None)
         marks = ", ".join("?" for _ in run_ids)
         for table in (*RUN_TABLES, "runs"):
             self._db.execute(f"DELETE FROM {table} WHERE run_id IN ({marks})", run_ids)
