@@ -24,8 +24,12 @@ SEQUENTIAL_RUNS = 200
 
 
 async def sequential(repeats: int = 3) -> dict[str, Any]:
-    """200 runs of a 10-step workflow, one after another, each driven inline by `start`."""
+    """200 runs of a 10-step workflow, one after another, each driven inline by `start`; the
+    raw commit measured between them (this machine's fsync varies by half between minutes: a
+    baseline measured in a round of its own once gave a third more or less than in the next)."""
     samples = []
+    raws = []
+    steps = SEQUENTIAL_RUNS * 10
     for repeat in range(repeats):
         async with fresh_runner() as runner:
             snapshot = await publish(runner, TEN_STEPS)
@@ -39,10 +43,10 @@ async def sequential(repeats: int = 3) -> dict[str, Any]:
                     assert run.status == "completed", run.error
 
             samples.append(await timed(all_runs))
+        raws.append(raw_commit_s(steps))
     total = median(samples)
-    steps = SEQUENTIAL_RUNS * 10
     per_step = total / steps
-    raw = median([raw_commit_s(steps) for _ in range(repeats)])
+    raw = median(raws)
     dbos = dbos_step_s(SEQUENTIAL_RUNS)
     return {
         "qjsflow_us_per_step": per_step * 1e6,
