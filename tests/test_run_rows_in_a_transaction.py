@@ -156,16 +156,21 @@ async def test_reads_outside_a_transaction_keep_nothing(tmp_path: Any) -> None:
         assert await runner.store.read(reads) == (False, True)
 
 
+def _journal_with_a_run(tmp_path: Any, status: str) -> tuple[sqlite3.Connection, RunRecord]:
+    """A SQLite journal holding one run (`acme/r`) of that status, and its connection."""
+    raw = connect_sqlite(tmp_path / "j.db")
+    migrate(raw, location="j.db", dialect=SQLITE)
+    JournalTransaction(raw).insert_snapshot("acme", "s", 0.0, (0, 0, "[]", None), [])
+    run = RunRecord("acme/r", "acme", "flow", "s", "e.ts", status, "null", "{}", None, None,
+                    0, 0, None, None, 0.0, 0, False)  # fmt: skip
+    JournalTransaction(raw).insert_run(run)
+    return raw, run
+
+
 def test_a_fence_is_trusted_only_while_no_job_wrote_a_run(tmp_path: Any) -> None:
     """Jobs of one drive queued one after another check its fence once; after a job that
     wrote a run's row (released the lease, asked a pause) the next checks it again."""
-    path = tmp_path / "j.db"
-    raw = connect_sqlite(path)
-    migrate(raw, location="j.db", dialect=SQLITE)
-    JournalTransaction(raw).insert_snapshot("acme", "s", 0.0, (0, 0, "[]", None), [])
-    run = RunRecord("acme/r", "acme", "flow", "s", "e.ts", "sleeping", "null", "{}", None, None,
-                    0, 0, None, None, 0.0, 0, False)  # fmt: skip
-    JournalTransaction(raw).insert_run(run)
+    raw, run = _journal_with_a_run(tmp_path, "sleeping")
     lease = JournalTransaction(raw).acquire_lease(run.run_id, "w", 0, 60_000)
     assert lease is not None
     fence_reads: list[str] = []
@@ -236,12 +241,7 @@ def test_a_fence_is_trusted_only_while_no_job_wrote_a_run(tmp_path: Any) -> None
 def test_a_release_that_writes_the_run_needs_the_lease(tmp_path: Any) -> None:
     """The run's last fields go with the lease's release in one statement: when the lease is
     no longer the holder's, the release raises and nothing is written."""
-    raw = connect_sqlite(tmp_path / "j.db")
-    migrate(raw, location="j.db", dialect=SQLITE)
-    JournalTransaction(raw).insert_snapshot("acme", "s", 0.0, (0, 0, "[]", None), [])
-    run = RunRecord("acme/r", "acme", "flow", "s", "e.ts", "running", "null", "{}", None, None,
-                    0, 0, None, None, 0.0, 0, False)  # fmt: skip
-    JournalTransaction(raw).insert_run(run)
+    raw, run = _journal_with_a_run(tmp_path, "running")
     lost = JournalTransaction(raw).acquire_lease(run.run_id, "w", 0, 60_000)
     assert lost is not None
     assert JournalTransaction(raw).acquire_lease(run.run_id, "v", 0, 60_000, force=True)
@@ -263,12 +263,7 @@ def test_taking_a_lease_asks_for_its_holder_only_when_the_transaction_does_not_k
 ) -> None:
     """The holder read with a kept run (or written by this transaction) says whether a lease
     is taken over: a lapsed one is still reported as taken from its holder."""
-    raw = connect_sqlite(tmp_path / "j.db")
-    migrate(raw, location="j.db", dialect=SQLITE)
-    JournalTransaction(raw).insert_snapshot("acme", "s", 0.0, (0, 0, "[]", None), [])
-    run = RunRecord("acme/r", "acme", "flow", "s", "e.ts", "sleeping", "null", "{}", None, None,
-                    0, 0, None, None, 0.0, 0, False)  # fmt: skip
-    JournalTransaction(raw).insert_run(run)
+    raw, run = _journal_with_a_run(tmp_path, "sleeping")
     assert JournalTransaction(raw).acquire_lease(run.run_id, "old", 0, 1_000) is not None
     seen: list[str] = []
     raw.set_trace_callback(seen.append)
