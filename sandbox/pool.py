@@ -134,8 +134,9 @@ class _Executor:
         # starts, after a drive once told to (`ExecutorPool.prepare_idle`), else as the next
         # drive arrives. Only an idle executor is told: mid-drive, a frame is an answer.
         self.prepared = True
-        # Its /proc stat file, open for its life: read at offset 0 it is made anew (one call,
-        # not three), and it never names another process that reuses the pid.
+        # Its /proc stat file, opened at the first read and kept for its life: read at offset
+        # 0 it is made anew (one call, not three), and it never names another process that
+        # reuses the pid (`cpu_seconds`).
         self._stat: int | None = None
 
     @classmethod

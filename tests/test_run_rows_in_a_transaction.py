@@ -10,6 +10,7 @@ import sqlite3
 from typing import Any
 
 import psycopg
+import pytest
 
 from qjsflow.runner import Runner, StartRunInput
 from qjsflow.runner.scopes import run_key
@@ -174,6 +175,7 @@ def test_a_fence_is_trusted_only_while_no_job_wrote_a_run(tmp_path: Any) -> None
     lease = JournalTransaction(raw).acquire_lease(run.run_id, "w", 0, 60_000)
     assert lease is not None
     fence_reads: list[str] = []
+    run_reads: list[str] = []
 
     class Logged:
         in_transaction = property(lambda self: raw.in_transaction)
@@ -181,6 +183,8 @@ def test_a_fence_is_trusted_only_while_no_job_wrote_a_run(tmp_path: Any) -> None
         def execute(self, sql: str, args: object = ()) -> object:
             if sql.startswith(FENCE_READ):
                 fence_reads.append(sql)
+            if sql.startswith(RUN_READ):
+                run_reads.append(sql)
             return raw.execute(sql, args)  # type: ignore[arg-type]
 
         def executemany(self, sql: str, rows: object) -> object:
@@ -228,8 +232,10 @@ def test_a_fence_is_trusted_only_while_no_job_wrote_a_run(tmp_path: Any) -> None
         return before, tx.get_run(run.run_id)
 
     fence_reads.clear()
+    run_reads.clear()
     [_, (ok, (before, after))] = batch(event, kept)
     assert ok
+    assert run_reads == []
     assert before is not None
     assert after is not None
     assert typed(before) == typed(fresh)
@@ -245,12 +251,8 @@ def test_a_release_that_writes_the_run_needs_the_lease(tmp_path: Any) -> None:
     lost = JournalTransaction(raw).acquire_lease(run.run_id, "w", 0, 60_000)
     assert lost is not None
     assert JournalTransaction(raw).acquire_lease(run.run_id, "v", 0, 60_000, force=True)
-    try:
+    with pytest.raises(LeaseLost):
         JournalTransaction(raw).release_lease(lost, status="completed", output="1")
-    except LeaseLost:
-        pass
-    else:
-        raise AssertionError("a release without the lease wrote the run")
     after = JournalTransaction(raw).get_run(run.run_id)
     assert after is not None
     assert (after.status, after.output) == ("running", None)

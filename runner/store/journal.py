@@ -111,7 +111,7 @@ def _run_batch(connection: Any, batch: list[_Job], backend: Backend) -> list[tup
     usage: list[UsageCharge] = []  # what the jobs that succeed charge, written last
     # The fence the job before checked, and the run's row it read with it, while no job has
     # written a run's row since: a drive's writes queued one after another check it once.
-    held: tuple[Lease, Any] | None = None
+    held: tuple[Lease, RunRecord] | None = None
     backend.begin(connection, full=any(job.durable for job in batch))
     try:
         for job in batch:

@@ -118,10 +118,6 @@ def _assignments(fields: Mapping[str, Any], *more: str) -> str:
     return ", ".join([*(f"{name} = ?" for name in fields), *more])
 
 
-# Where a row `check_fence` reads (epoch, worker_id, then RUN_COLUMNS) holds pause_requested.
-_PAUSE_REQUESTED = 2 + [name.strip() for name in RUN_COLUMNS.split(",")].index("pause_requested")
-
-
 def run_record(row: Iterable[Any]) -> RunRecord:
     values = list(row)
     values[16] = bool(values[16])  # cancel_requested
@@ -201,7 +197,6 @@ class JournalTransaction:
         self._runs: dict[str, RunRecord] = {}
         self._locked: set[str] = set()
         self._created: set[str] = set()  # runs this transaction inserted
-        self._fenced: dict[str, Any] = {}  # rows a fence was checked with (`check_fence`)
         # Who held each kept run's lease as its row was read, kept up to date by this
         # transaction's lease writes: taking the lease asks no one again (`acquire_lease`).
         self._holders: dict[str, str | None] = {}
@@ -229,22 +224,21 @@ class JournalTransaction:
         )
         if row is None or row[0] != lease.epoch or row[1] != lease.worker_id:
             raise LeaseLost(lease)
-        self.fence_held(lease, row)
+        # The run as read with its fence, under the lock: a drive's end reads it next.
+        self.fence_held(lease, run_record(row[2:]))
 
-    def fence_held(self, lease: Lease, read: Any) -> None:
+    def fence_held(self, lease: Lease, run: RunRecord) -> None:
         """`check_fence`, known to hold: the job before this one, in the same transaction,
-        checked it and wrote nothing to any run's row since (see `_run_batch`); `read` is
-        what that check read (`fence_read`), still the row."""
+        checked it and wrote nothing to any run's row since (see `_run_batch`); `run` is what
+        that check read (`fence_read`), still the row."""
         self._locked.add(lease.run_id)
-        # The run as read with its fence, under the lock: a drive's end reads it next. Made a
-        # record only when asked (`_kept`): a drive's writes of its steps never ask.
-        self._fenced[lease.run_id] = read
+        self._runs[lease.run_id] = run
         self._holders[lease.run_id] = lease.worker_id
-        self.pause_requested = bool(read[_PAUSE_REQUESTED])
+        self.pause_requested = run.pause_requested
 
-    def fence_read(self, lease: Lease) -> Any:
-        """The row the fence was checked with, for the next job of the batch (`fence_held`)."""
-        return self._fenced[lease.run_id]
+    def fence_read(self, lease: Lease) -> RunRecord:
+        """The run the fence was checked with, for the next job of the batch (`fence_held`)."""
+        return self._runs[lease.run_id]
 
     def _one(self, sql: str, args: tuple[Any, ...]) -> Any:
         return self._db.execute(sql, args).fetchone()
@@ -307,7 +301,7 @@ class JournalTransaction:
         the kept run holds already is left out), which the lease must still hold."""
         self.runs_written = True
         _check_updatable(fields)
-        known = self._kept(lease.run_id)
+        known = self._runs.get(lease.run_id)
         if known is not None:
             fields = {name: v for name, v in fields.items() if getattr(known, name) != v}
         row = self._one(
@@ -357,7 +351,7 @@ class JournalTransaction:
         """The run as its row is now. Read once while no other transaction can change the
         row (the database is this transaction's, or the row is locked), then kept up to date
         by this transaction's own writes: a drive's beginning and end read it several times."""
-        known = self._kept(run_id)
+        known = self._runs.get(run_id)
         if known is not None:
             return known
         row = self._one(f"SELECT worker_id, {RUN_COLUMNS} FROM runs WHERE run_id = ?", (run_id,))
@@ -368,14 +362,6 @@ class JournalTransaction:
             self._runs[run_id] = run
             self._holders[run_id] = row[0]
         return run
-
-    def _kept(self, run_id: str) -> RunRecord | None:
-        """The run this transaction keeps (`get_run`), if any: read, written, or read with
-        its fence (made a record now)."""
-        known = self._runs.get(run_id)
-        if known is None and run_id in self._fenced:  # kept after: writes change the record
-            known = self._runs[run_id] = run_record(self._fenced[run_id][2:])
-        return known
 
     def created(self, run_id: str) -> bool:
         """Whether this transaction inserted the run: nothing else is recorded of it but what
@@ -484,7 +470,7 @@ class JournalTransaction:
 
     def update_run(self, run_id: str, **fields: Any) -> None:
         _check_updatable(fields)
-        known = self._kept(run_id)
+        known = self._runs.get(run_id)
         if known is not None and all(getattr(known, name) == v for name, v in fields.items()):
             return  # the row (kept, so locked) holds these values already
         self._db.execute(
@@ -657,7 +643,6 @@ class JournalTransaction:
         self.runs_written = True
         for run_id in run_ids:
             self._runs.pop(run_id, None)
-            self._fenced.pop(run_id, None)
             self._holders.pop(run_id, None)
         marks = ", ".join("?" for _ in run_ids)
         for table in (*RUN_TABLES, "runs"):
