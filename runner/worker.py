@@ -16,7 +16,6 @@ import functools
 import logging
 import sys
 import time
-from typing import Any
 
 from qjsflow.runner.bindings import Bindings
 from qjsflow.runner.driver import RunDriver
@@ -99,18 +98,22 @@ class Worker:
         `until_idle`, until nothing is in progress and no timer is due within a second."""
         stop = stop or asyncio.Event()
         tasks: dict[str, asyncio.Task[None]] = {}
+        # Set when a drive ends, cleared as the worker looks for runs to claim: a drive that
+        # ends at any moment after that look wakes the pause that follows it.
+        ended = asyncio.Event()
         try:
             while not stop.is_set():
                 try:
                     now = self.driver.now_ms()
                     await self._report(now)
                     await self._prune(now)
-                    claimable = await self._claim(tasks, now)
+                    ended.clear()
+                    claimable = await self._claim(tasks, ended, now)
                     if until_idle and not tasks and not claimable:
                         due = await self.store.next_due()
                         if due is None or due > now + self.idle_horizon_ms:
                             return
-                    await self._pause(tasks, stop)
+                    await self._pause(ended, stop)
                 except JournalUnavailable as error:
                     await self._back_off(error, stop)
                 if self.backoff.pending is not None:
@@ -166,7 +169,9 @@ class Worker:
         if done.runs or done.snapshots:
             _log.info("pruned %d ended runs and %d snapshots", done.runs, done.snapshots)
 
-    async def _claim(self, tasks: dict[str, asyncio.Task[None]], now: int) -> list[str]:
+    async def _claim(
+        self, tasks: dict[str, asyncio.Task[None]], ended: asyncio.Event, now: int
+    ) -> list[str]:
         free = self.concurrency - len(tasks)
         if free <= 0:
             return []
@@ -186,7 +191,7 @@ class Worker:
             self._virtual[scope] += 1 / self._weight(scope)
             task = asyncio.get_running_loop().create_task(self._drive(run_id))
             tasks[run_id] = task
-            task.add_done_callback(functools.partial(_forget, tasks, run_id))
+            task.add_done_callback(functools.partial(_forget, tasks, run_id, ended))
         return claimable
 
     async def _fair_order(self, now: int, wanted: int) -> list[str]:
@@ -235,16 +240,19 @@ class Worker:
         except Exception:  # one run's host failure must not stop the worker
             _log.exception("driving run %s failed", run_id)
 
-    async def _pause(self, tasks: dict[str, asyncio.Task[None]], stop: asyncio.Event) -> None:
-        """Sleep until the next known timer, a finished drive, a stop, or the poll interval."""
+    async def _pause(self, ended: asyncio.Event, stop: asyncio.Event) -> None:
+        """Sleep until the next known timer, a drive's end since the last claim, a stop, or the
+        poll interval. A drive that ended before this pause began ends it at once: its slot
+        is free (waiting on the drives still held would sleep through it, with none held for
+        the whole poll interval)."""
         timeout = self.poll_interval_s
         due = await self.store.next_due()
         if due is not None:
             timeout = min(timeout, max(0.0, (due - self.driver.now_ms()) / 1000))
-        stopped = asyncio.ensure_future(stop.wait())
-        waiters: list[asyncio.Future[Any]] = [stopped, *tasks.values()]
+        waiters = [asyncio.ensure_future(stop.wait()), asyncio.ensure_future(ended.wait())]
         await asyncio.wait(waiters, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
-        stopped.cancel()
+        for waiter in waiters:
+            waiter.cancel()
 
     async def _shut_down(self, tasks: dict[str, asyncio.Task[None]]) -> None:
         """Let drives in progress finish; past the grace period, cancel them (their leases are
@@ -262,8 +270,11 @@ class Worker:
                 await task
 
 
-def _forget(tasks: dict[str, asyncio.Task[None]], run_id: str, _: object) -> None:
+def _forget(
+    tasks: dict[str, asyncio.Task[None]], run_id: str, ended: asyncio.Event, _: object
+) -> None:
     tasks.pop(run_id, None)
+    ended.set()
 
 
 def worker_command(
