@@ -62,6 +62,37 @@ class _Backoff:
         return self.delay_s
 
 
+class _Retries:
+    """Runs whose drive failed in this worker's host (a bug, a damaged journal: not the run's
+    own code, which fails the run). Such a run stays claimable; it is tried again after a
+    delay that doubles from the poll interval up to a cap, not at once and forever with a
+    traceback each time."""
+
+    cap_s = 60.0
+    _kept = 10_000  # runs remembered at most (a run another worker finished is never retried)
+
+    def __init__(self, first_s: float) -> None:
+        self.first_s = max(first_s, 0.05)
+        self._due: dict[str, tuple[float, float]] = {}  # run -> (retry at, delay), monotonic
+
+    def failed(self, run_id: str) -> float:
+        """Note a failure; the delay before the run is tried again."""
+        _, delay = self._due.pop(run_id, (0.0, 0.0))
+        delay = min(self.cap_s, max(self.first_s, delay * 2))
+        self._due[run_id] = (time.monotonic() + delay, delay)
+        if len(self._due) > self._kept:  # the oldest first: dicts keep insertion order
+            del self._due[next(iter(self._due))]
+        return delay
+
+    def succeeded(self, run_id: str) -> None:
+        self._due.pop(run_id, None)
+
+    def waiting(self, run_id: str) -> bool:
+        """Whether the run's retry is not yet due."""
+        due = self._due.get(run_id)
+        return due is not None and due[0] > time.monotonic()
+
+
 class Worker:
     def __init__(
         self,
@@ -85,6 +116,7 @@ class Worker:
         self.idle_horizon_ms = idle_horizon_ms
         self.drives = 0
         self.backoff = _Backoff()
+        self.retries = _Retries(poll_interval_s)
         self.pruned = 0  # runs this worker pruned under the retention setting
         self._reported_kills: dict[str, int] = {}
         # Per scope: drives this worker gave it over its weight (see _fair_order).
@@ -113,7 +145,7 @@ class Worker:
                         due = await self.store.next_due()
                         if due is None or due > now + self.idle_horizon_ms:
                             return
-                    await self._pause(ended, stop)
+                    await self._pause(ended, stop, looked_at=now)
                 except JournalUnavailable as error:
                     await self._back_off(error, stop)
                 if self.backoff.pending is not None:
@@ -179,6 +211,7 @@ class Worker:
         # A blocked run is this worker's to drive only if it has the tool the run is missing.
         blocked = await self.store.blocked_runs(now, _BLOCKED_LOOKED_AT)
         claimable += [run_id for run_id, missing in blocked if self._can_unblock(run_id, missing)]
+        claimable = [run_id for run_id in claimable if not self.retries.waiting(run_id)]
         limits = self.driver.config.scope_concurrency
         driving = await self.store.driving_by_scope(now) if limits else {}
         for run_id in claimable:
@@ -233,21 +266,27 @@ class Worker:
                     run.waiting_for,
                 )
             self.backoff.succeeded()
+            self.retries.succeeded(run_id)
         except asyncio.CancelledError:
             raise
         except JournalUnavailable as error:
             self.backoff.failed(error)
         except Exception:  # one run's host failure must not stop the worker
-            _log.exception("driving run %s failed", run_id)
+            delay = self.retries.failed(run_id)
+            _log.exception("driving run %s failed; trying it again in %.1f s", run_id, delay)
 
-    async def _pause(self, ended: asyncio.Event, stop: asyncio.Event) -> None:
-        """Sleep until the next known timer, a drive's end since the last claim, a stop, or the
-        poll interval. A drive that ended before this pause began ends it at once: its slot
-        is free (waiting on the drives still held would sleep through it, with none held for
-        the whole poll interval)."""
+    async def _pause(self, ended: asyncio.Event, stop: asyncio.Event, *, looked_at: int) -> None:
+        """Sleep until a drive's end since the last claim, a timer that comes due after that
+        claim looked (`looked_at`), a stop, or the poll interval.
+
+        A drive that ended before this pause began ends it at once: its slot is free (waiting
+        on the drives still held would sleep through it, with none held for the whole poll
+        interval). A timer already due when the claim looked was seen by it: if its run was
+        not taken (every slot busy, its scope at its limit, its lease live elsewhere, a retry
+        not yet due), waking for it again at once would only look again, in a busy loop."""
         timeout = self.poll_interval_s
         due = await self.store.next_due()
-        if due is not None:
+        if due is not None and due > looked_at:
             timeout = min(timeout, max(0.0, (due - self.driver.now_ms()) / 1000))
         waiters = [asyncio.ensure_future(stop.wait()), asyncio.ensure_future(ended.wait())]
         await asyncio.wait(waiters, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
