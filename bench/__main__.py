@@ -43,6 +43,11 @@ def _table(results: dict[str, dict[str, Any]]) -> str:
             _fmt(c["steps_per_s"], 0),
             f"rounds: {c['steps_per_s_rounds']}; target 4,000",
         ),
+        (
+            "concurrent: CPU idle in each round",
+            ", ".join(f"{share} %" for share in c["idle_percent_rounds"]),
+            "both cores kept busy: a stalled round shows here",
+        ),
         ("concurrent: a run's end, p50", f"{c['p50_run_ms']} ms", "from the worker's start"),
         ("concurrent: a run's end, p99", f"{c['p99_run_ms']} ms", ""),
         ("replay of 1,000 steps", f"{_fmt(r['replay_ms'])} ms", "target 50 ms"),

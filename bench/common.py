@@ -50,6 +50,19 @@ export default async (event, step) => (await step.waitForEvent("go", { type: "go
 """
 
 
+def cpu_times() -> list[int]:
+    """The machine's CPU time so far, by kind (`/proc/stat`'s first line, in ticks): user,
+    nice, system, idle, iowait, irq, softirq, steal."""
+    with open("/proc/stat", encoding="ascii") as stat:
+        return [int(ticks) for ticks in stat.readline().split()[1:9]]
+
+
+def idle_percent(before: list[int], after: list[int]) -> float:
+    """The share of the machine's CPU time between two `cpu_times` that was idle."""
+    spent = [later - earlier for earlier, later in zip(before, after, strict=True)]
+    return 100.0 * spent[3] / max(1, sum(spent))
+
+
 def median(samples: list[float]) -> float:
     return statistics.median(samples)
 

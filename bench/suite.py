@@ -11,8 +11,10 @@ from bench.baselines import dbos_step_s, raw_commit_s
 from bench.common import (
     TEN_STEPS,
     WAITER,
+    cpu_times,
     fan_out_steps,
     fresh_runner,
+    idle_percent,
     many_steps,
     median,
     publish,
@@ -64,10 +66,12 @@ async def concurrent(
 ) -> dict[str, Any]:
     """Runs driven 100 at a time through the worker loop, on a warm pool: aggregate throughput
     (300 runs, so that most of the time 100 are in flight; the median of three rounds, as one
-    round on this machine varies by a third), and how long each run took to end from when the
-    worker began (a step's own latency is no longer seen: a run's pure steps are recorded
+    round on this machine varies by a fifth), the share of the CPU idle in each round (a round
+    where the runner stalls shows it: docs/PERFORMANCE.md), and how long each run took to end
+    from when the worker began (a step's own latency is no longer seen: a run's pure steps are recorded
     together, at one time)."""
     rates: list[float] = []
+    idle: list[float] = []  # the share of both cores idle during each round
     latencies: list[float] = []
     async with fresh_runner(pool_size) as runner:
         snapshot = await publish(runner, TEN_STEPS)
@@ -79,9 +83,11 @@ async def concurrent(
             for key in keys:
                 await runner.start(request(snapshot, key), drive=False)
             began_ms = time.time() * 1000
+            cpu_before = cpu_times()
             started = time.perf_counter()
             await runner.serve(until_idle=True, concurrency=in_flight)
             rates.append(runs * 10 / (time.perf_counter() - started))
+            idle.append(idle_percent(cpu_before, cpu_times()))
             for key in keys:
                 run = await runner.store.get_run(f"bench/{key}")
                 assert run is not None
@@ -91,6 +97,7 @@ async def concurrent(
     return {
         "steps_per_s": median(rates),
         "steps_per_s_rounds": [round(rate) for rate in rates],
+        "idle_percent_rounds": [round(share, 1) for share in idle],
         "p50_run_ms": round(latencies[len(latencies) // 2], 1),
         "p99_run_ms": round(latencies[int(len(latencies) * 0.99)], 1),
     }
