@@ -68,8 +68,8 @@ async def concurrent(
     (300 runs, so that most of the time 100 are in flight; the median of three rounds, as one
     round on this machine varies by a fifth), the share of the CPU idle in each round (a round
     where the runner stalls shows it: docs/PERFORMANCE.md), and how long each run took to end
-    from when the worker began (a step's own latency is no longer seen: a run's pure steps are recorded
-    together, at one time)."""
+    from when the worker began (a step's own latency is no longer seen: a run's pure steps are
+    recorded together, at one time)."""
     rates: list[float] = []
     idle: list[float] = []  # the share of both cores idle during each round
     latencies: list[float] = []
