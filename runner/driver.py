@@ -410,7 +410,11 @@ def _take_and_begin(
     """The run's lease, if no live driver holds it, the drive's beginning under it, and
     whether `first` wrote anything."""
     wrote = first is not None and first(tx, now=now)
-    lease = tx.acquire_lease(run_id, worker_id, now, ttl_ms)
+    # A scope with budgets looks at them before its run is marked running (a spent one parks
+    # it as it was); otherwise the lease's statement marks it, and `_begin_drive` finds it so.
+    scope_budgets = budgets.get(split_run_key(run_id)[0])
+    begin = scope_budgets is None or not scope_budgets.any
+    lease = tx.acquire_lease(run_id, worker_id, now, ttl_ms, begin=begin)
     if lease is None:
         return None
     tx.adopt(lease)  # the beginning's events carry the new epoch

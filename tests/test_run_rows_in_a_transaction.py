@@ -90,6 +90,36 @@ async def test_a_drive_reads_its_run_once_and_checks_its_fence_once(tmp_path: An
             assert not any(text.startswith(needless) for text in beginning), beginning
 
 
+WAITER = (
+    'export default async (e, step) => (await step.waitForEvent("go", { type: "go" })).payload;'
+)
+
+
+async def test_a_drives_beginning_marks_its_run_running_with_its_lease(tmp_path: Any) -> None:
+    """Resuming a waiting run: the statement that takes the lease also marks the run running
+    (one update of its row before the drive, not two); a pause asked before it is left for
+    the beginning to park, with one `run_paused` event however often it is asked."""
+    async with Runner.open(tmp_path / "journal.db") as runner:
+        run = await start_source(runner, WAITER)
+        assert run.status == "waiting"
+        with statements(runner) as seen:
+            again = await runner.resume(run.run_id, scope="acme")
+        assert again.status == "waiting"
+        sql = [text for _, text in seen]
+        beginning = sql[: sql.index("COMMIT")]
+        [update] = [text for text in beginning if text.startswith("UPDATE runs")]
+        assert "epoch = epoch + 1" in update, update
+        assert "THEN 'running'" in update, update
+        for _ in range(2):
+            paused = await runner.pause(run.run_id, scope="acme")
+            assert paused.status == "paused"
+        events = await runner.history(run.run_id, scope="acme")
+        assert [e.type for e in events].count("run_paused") == 1, events
+        resumed = await runner.resume(run.run_id, scope="acme")
+        assert resumed.status == "waiting"
+        assert resumed.error is None
+
+
 async def test_a_write_of_what_a_run_holds_already_is_not_made(tmp_path: Any) -> None:
     async with Runner.open(tmp_path / "journal.db") as runner:
         run = await start_source(runner, SLEEPER)

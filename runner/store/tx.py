@@ -99,6 +99,17 @@ def write_batch_usage(tx: JournalTransaction, charges: list[UsageCharge]) -> Non
         tx.write_usage(scope, rows[scope], forget[scope])
 
 
+# A drive's beginning marks its run `running` (no error, updated now) in the statement that
+# takes the lease, unless a cancel or a pause was asked: those the beginning handles itself
+# (runner/driver.py, _begin_drive), which then finds the run as it was. One parameter: now.
+_RUNNABLE = "cancel_requested = 0 AND pause_requested = 0"
+BEGIN_DRIVE_SQL = (
+    f", status = CASE WHEN {_RUNNABLE} THEN 'running' ELSE status END"
+    f", error = CASE WHEN {_RUNNABLE} THEN NULL ELSE error END"
+    f", updated_at = CASE WHEN {_RUNNABLE} THEN ? ELSE updated_at END"
+)
+
+
 def lease_now(lease_clock: str | None, now: int) -> tuple[str, tuple[int, ...]]:
     """SQL and arguments for the time leases are judged and written by: the caller's `now`,
     or on a database with a clock of its own, that clock (a worker's skewed clock then
@@ -246,10 +257,18 @@ class JournalTransaction:
     # -- leases and snapshots ----------------------------------------------------------------
 
     def acquire_lease(
-        self, run_id: str, worker_id: str, now: int, ttl_ms: int, *, force: bool = False
+        self,
+        run_id: str,
+        worker_id: str,
+        now: int,
+        ttl_ms: int,
+        *,
+        force: bool = False,
+        begin: bool = False,
     ) -> Lease | None:
         """Take the run if no live lease holds it (with `force`, whatever holds it: an
-        operator fencing a stuck driver out)."""
+        operator fencing a stuck driver out). With `begin`, the same statement marks it
+        `running` for the drive the lease is taken for (`BEGIN_DRIVE_SQL`)."""
         clock, at = self._lease_now(now)
         lapsed = (
             "" if force else
@@ -270,8 +289,8 @@ class JournalTransaction:
         # beginning reads it from here.
         row = self._one(
             f"UPDATE runs SET worker_id = ?, lease_expires_at = {clock} + ?, epoch = epoch + 1"
-            f" WHERE {where} RETURNING epoch, {RUN_COLUMNS}",
-            (worker_id, *at, ttl_ms, run_id, *(() if force else at)),
+            f"{BEGIN_DRIVE_SQL if begin else ''} WHERE {where} RETURNING epoch, {RUN_COLUMNS}",
+            (worker_id, *at, ttl_ms, *((now,) if begin else ()), run_id, *(() if force else at)),
         )
         if row is None:
             return None
