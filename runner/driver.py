@@ -613,11 +613,7 @@ def _finish(
                 tx.update_run(run_id, **common)
                 return None
             events = sorted({m.event for m in markers if m.kind == "event" and m.event})
-            if events and tx.has_unconsumed(run_id, events):
-                # An event arrived while this drive ran, after its wait looked: drive again
-                # now rather than park the run until the wait times out.
-                tx.set_timer(run_id, SIGNAL_TIMER, "signal", now)
-            wake_at = tx.next_timer(run_id)
+            wake_at = _next_wake(tx, run_id, events, now)
             status = "waiting" if events else "sleeping"
             waiting_for = ",".join(events) or None
             if host.blocked_on is not None:  # until a process that has the tool drives it
@@ -629,6 +625,19 @@ def _finish(
                 return None
             return _release(tx, lease, **left)
     raise AssertionError("unreachable")
+
+
+def _next_wake(tx: JournalTransaction, run_id: str, events: list[str], now: int) -> int | None:
+    """When the run suspending on `events` (none: a sleep) is next due. An event of one of them
+    that arrived while the drive ran, after its wait looked, wakes it now (a signal timer)
+    rather than leave it parked until the wait times out."""
+    if not events:
+        return tx.next_timer(run_id)
+    arrived, due, due_but_signal = tx.waits_and_timers(run_id, events, SIGNAL_TIMER)
+    if not arrived:
+        return due
+    tx.set_timer(run_id, SIGNAL_TIMER, "signal", now)
+    return now if due_but_signal is None else min(due_but_signal, now)
 
 
 def _left_as_found(outcome: DriveOutcome, host: DriveHost) -> bool:

@@ -97,8 +97,9 @@ WAITER = (
 
 async def test_a_drives_beginning_marks_its_run_running_with_its_lease(tmp_path: Any) -> None:
     """Resuming a waiting run: the statement that takes the lease also marks the run running
-    (one update of its row before the drive, not two); a pause asked before it is left for
-    the beginning to park, with one `run_paused` event however often it is asked."""
+    (one update of its row before the drive, not two), and the end looks at the inbox and the
+    timers in one statement; a pause asked before it is left for the beginning to park, with
+    one `run_paused` event however often it is asked."""
     async with Runner.open(tmp_path / "journal.db") as runner:
         run = await start_source(runner, WAITER)
         assert run.status == "waiting"
@@ -110,6 +111,11 @@ async def test_a_drives_beginning_marks_its_run_running_with_its_lease(tmp_path:
         [update] = [text for text in beginning if text.startswith("UPDATE runs")]
         assert "epoch = epoch + 1" in update, update
         assert "THEN 'running'" in update, update
+        # Its end looks for an event that arrived meanwhile and at the timers in one statement.
+        end = sql[sql.index("COMMIT") + 1 :]
+        looks = [text for text in end if "FROM inbox" in text or "FROM timers" in text]
+        assert len(looks) == 1, looks
+        assert "min(due_at)" in looks[0], looks
         for _ in range(2):
             paused = await runner.pause(run.run_id, scope="acme")
             assert paused.status == "paused"

@@ -857,14 +857,24 @@ class JournalTransaction:
         )
         return None if row is None else InboxRecord(*row)
 
-    def has_unconsumed(self, run_id: str, event_types: list[str]) -> bool:
+    def waits_and_timers(
+        self, run_id: str, event_types: list[str], signal_key: str
+    ) -> tuple[bool, int | None, int | None]:
+        """In one statement: whether an event of one of `event_types` waits unconsumed in the
+        run's inbox, the run's next timer, and its next timer but the one keyed `signal_key`
+        (what the next timer is once that one is set anew)."""
         marks = ", ".join("?" for _ in event_types)
         row = self._one(
-            f"SELECT 1 FROM inbox WHERE run_id = ? AND type IN ({marks})"
-            " AND consumed_by IS NULL LIMIT 1",
-            (run_id, *event_types),
+            f"SELECT (SELECT 1 FROM inbox WHERE run_id = ? AND type IN ({marks})"
+            " AND consumed_by IS NULL LIMIT 1), min(due_at),"
+            " min(CASE WHEN step_key <> ? THEN due_at END) FROM timers WHERE run_id = ?",
+            (run_id, *event_types, signal_key, run_id),
         )
-        return row is not None
+        return (
+            row[0] is not None,
+            None if row[1] is None else int(row[1]),
+            None if row[2] is None else int(row[2]),
+        )
 
     def consume(self, seq: int, step_key: str) -> None:
         self._db.execute("UPDATE inbox SET consumed_by = ? WHERE seq = ?", (step_key, seq))
