@@ -300,7 +300,8 @@ def test_taking_a_lease_asks_for_its_holder_only_when_the_transaction_does_not_k
     tmp_path: Any,
 ) -> None:
     """The holder read with a kept run (or written by this transaction) says whether a lease
-    is taken over: a lapsed one is still reported as taken from its holder."""
+    is taken over: a lapsed one is still reported as taken from its holder. A run nobody
+    holds is taken without asking."""
     raw, run = _journal_with_a_run(tmp_path, "sleeping")
     assert JournalTransaction(raw).acquire_lease(run.run_id, "old", 0, 1_000) is not None
     seen: list[str] = []
@@ -322,3 +323,14 @@ def test_taking_a_lease_asks_for_its_holder_only_when_the_transaction_does_not_k
     assert unknown is not None
     assert unknown.taken_from == "next"
     assert any(text.startswith("SELECT worker_id FROM") for text in seen), seen
+
+    # A run nobody holds (released) is taken with one statement, asking no one.
+    tx = JournalTransaction(raw)
+    tx.release_lease(unknown)
+    seen.clear()
+    free = JournalTransaction(raw).acquire_lease(run.run_id, "free", 9_500, 1_000)
+    assert free is not None
+    assert free.taken_from is None
+    assert [text.split(" ", 2)[:2] for text in seen] == [["UPDATE", "runs"]], seen
+    # A live lease is not taken, and its holder is not reported as taken over.
+    assert JournalTransaction(raw).acquire_lease(run.run_id, "late", 9_600, 1_000) is None

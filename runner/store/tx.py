@@ -270,28 +270,42 @@ class JournalTransaction:
         operator fencing a stuck driver out). With `begin`, the same statement marks it
         `running` for the drive the lease is taken for (`BEGIN_DRIVE_SQL`)."""
         clock, at = self._lease_now(now)
+        sets = (
+            f"worker_id = ?, lease_expires_at = {clock} + ?, epoch = epoch + 1"
+            f"{BEGIN_DRIVE_SQL if begin else ''}"
+        )
+        set_args = (worker_id, *at, ttl_ms, *((now,) if begin else ()))
+
+        def take(condition: str, condition_args: tuple[Any, ...]) -> Any:
+            """The run, with the lease, if it is unfinished and `condition` holds; read under
+            the lock the update took (the drive's beginning reads it from here)."""
+            free = f"run_id = ? AND status NOT IN {ENDED_SQL}{condition}"
+            if self._dialect.skip_locked_claims:
+                where = f"run_id = (SELECT run_id FROM runs WHERE {free} FOR UPDATE SKIP LOCKED)"
+            else:  # SQLite: BEGIN IMMEDIATE has serialized the writers already
+                where = free
+            return self._one(
+                f"UPDATE runs SET {sets} WHERE {where} RETURNING epoch, {RUN_COLUMNS}",
+                (*set_args, run_id, *condition_args),
+            )
+
         lapsed = (
             "" if force else
             f" AND (worker_id IS NULL OR lease_expires_at IS NULL OR lease_expires_at <= {clock})"
         )  # fmt: skip
-        free = f"run_id = ? AND status NOT IN {ENDED_SQL}{lapsed}"
-        if self._dialect.skip_locked_claims:
-            where = f"run_id = (SELECT run_id FROM runs WHERE {free} FOR UPDATE SKIP LOCKED)"
-        else:  # SQLite: BEGIN IMMEDIATE has serialized the writers already
-            where = free
-        # Who holds it now (a lapsed lease is taken over), unless this transaction knows.
-        if run_id in self._holders:
+        lapsed_args = () if force else at
+        if run_id in self._holders:  # who holds it, known to this transaction
             held = self._holders[run_id]
+            row = take(lapsed, lapsed_args)
         else:
-            found = self._one("SELECT worker_id FROM runs WHERE run_id = ?", (run_id,))
-            held = None if found is None else found[0]
-        # The run comes back with its lease, read under the lock the update took: the drive's
-        # beginning reads it from here.
-        row = self._one(
-            f"UPDATE runs SET worker_id = ?, lease_expires_at = {clock} + ?, epoch = epoch + 1"
-            f"{BEGIN_DRIVE_SQL if begin else ''} WHERE {where} RETURNING epoch, {RUN_COLUMNS}",
-            (worker_id, *at, ttl_ms, *((now,) if begin else ()), run_id, *(() if force else at)),
-        )
+            # A run nobody holds is taken at once; only when somebody does (a lapsed lease is
+            # taken over from them, a live one is not taken) is the holder asked for.
+            held = None
+            row = take(" AND worker_id IS NULL", ())
+            if row is None:
+                found = self._one("SELECT worker_id FROM runs WHERE run_id = ?", (run_id,))
+                held = None if found is None else found[0]
+                row = None if held is None else take(lapsed, lapsed_args)
         if row is None:
             return None
         self.runs_written = True
