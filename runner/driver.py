@@ -397,6 +397,12 @@ class _Open:
 _Begun = tuple[RunRecord, tuple[JournalEntry, ...], _Open, dict[str, float]]
 
 
+def _set_budgets(budgets: Mapping[str, Budgets], scope: str) -> Budgets | None:
+    """The scope's budgets, if it has any set (None: the scope is not budgeted)."""
+    scope_budgets = budgets.get(scope)
+    return scope_budgets if scope_budgets is not None and scope_budgets.any else None
+
+
 def _take_and_begin(
     tx: JournalTransaction,
     *,
@@ -412,8 +418,7 @@ def _take_and_begin(
     wrote = first is not None and first(tx, now=now)
     # A scope with budgets looks at them before its run is marked running (a spent one parks
     # it as it was); otherwise the lease's statement marks it, and `_begin_drive` finds it so.
-    scope_budgets = budgets.get(split_run_key(run_id)[0])
-    begin = scope_budgets is None or not scope_budgets.any
+    begin = _set_budgets(budgets, split_run_key(run_id)[0]) is None
     lease = tx.acquire_lease(run_id, worker_id, now, ttl_ms, begin=begin)
     if lease is None:
         return None
@@ -439,8 +444,8 @@ def _begin_drive(
         park_paused(tx, run, now)
         return _release(tx, lease)
     used: dict[str, float] = {}
-    scope_budgets = budgets.get(run.scope)
-    if scope_budgets is not None and scope_budgets.any:
+    scope_budgets = _set_budgets(budgets, run.scope)
+    if scope_budgets is not None:
         used = tx.scope_usage(run.scope, current_windows(now))
         spent = exhausted(scope_budgets, used, now, AT_DRIVE)
         if spent is not None:
@@ -466,8 +471,7 @@ def _begin_drive(
     open_rows = tx.unsettled_steps(run.run_id)
     # A scope with budgets has every wait asked of the host, which parks the run when one is
     # spent (runner/budgets.py); otherwise a wait with nothing to take is answered in the drive.
-    budgeted = scope_budgets is not None and scope_budgets.any
-    waiting = () if budgeted else still_waiting(tx, open_rows, now)
+    waiting = () if scope_budgets is not None else still_waiting(tx, open_rows, now)
     return run, journal, _Open(tuple(row.key for row in open_rows), waiting), used
 
 

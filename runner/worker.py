@@ -32,6 +32,11 @@ IDLE_HORIZON_MS = 1000
 _BLOCKED_LOOKED_AT = 100  # blocked runs looked at per claim
 
 
+def _doubled(delay_s: float, first_s: float, cap_s: float) -> float:
+    """The next wait of a back-off: twice the last (the first: `first_s`), at most `cap_s`."""
+    return min(cap_s, max(first_s, delay_s * 2))
+
+
 class _Backoff:
     """Exponential back-off while the journal cannot be written, capped, logged once a wait."""
 
@@ -54,7 +59,7 @@ class _Backoff:
         """The wait before trying again, if a failure is pending; 0 otherwise."""
         if self.pending is None:
             return 0.0
-        self.delay_s = min(self.cap_s, max(self.first_s, self.delay_s * 2))
+        self.delay_s = _doubled(self.delay_s, self.first_s, self.cap_s)
         _log.warning("journal writes are failing (%s); retrying in %.1f s", self.pending,
                      self.delay_s)  # fmt: skip
         self.pending = None
@@ -78,7 +83,7 @@ class _Retries:
     def failed(self, run_id: str) -> float:
         """Note a failure; the delay before the run is tried again."""
         _, delay = self._due.pop(run_id, (0.0, 0.0))
-        delay = min(self.cap_s, max(self.first_s, delay * 2))
+        delay = _doubled(delay, self.first_s, self.cap_s)
         self._due[run_id] = (time.monotonic() + delay, delay)
         if len(self._due) > self._kept:  # the oldest first: dicts keep insertion order
             del self._due[next(iter(self._due))]

@@ -202,7 +202,7 @@ class JournalTransaction:
         self._reading = reading
         self._epoch = None if fence is None else fence.epoch
         self._dialect = dialect
-        self.pause_requested = False  # set by `check_fence`
+        self._fenced: str | None = None  # the run whose fence this transaction checked
         # Runs this transaction has read or written, kept while no other transaction can
         # change their rows (`get_run`), and the rows it holds a lock on.
         self._runs: dict[str, RunRecord] = {}
@@ -226,8 +226,8 @@ class JournalTransaction:
         self._epoch = lease.epoch
 
     def check_fence(self, lease: Lease) -> None:
-        """Raise `LeaseLost` if another driver took the run; note whether a pause is asked
-        (read with the fence, so a drive learns of it at no extra cost)."""
+        """Raise `LeaseLost` if another driver took the run; keep the run as read with the fence
+        (`pause_requested`, and a drive's end, read it from there)."""
         row = self._one(
             f"SELECT epoch, worker_id, {RUN_COLUMNS} FROM runs"
             f" WHERE run_id = ?{self._dialect.lock_run}",
@@ -245,7 +245,14 @@ class JournalTransaction:
         self._locked.add(lease.run_id)
         self._runs[lease.run_id] = run
         self._holders[lease.run_id] = lease.worker_id
-        self.pause_requested = run.pause_requested
+        self._fenced = lease.run_id
+
+    @property
+    def pause_requested(self) -> bool:
+        """Whether a pause is asked of the run whose fence this transaction checked (read with
+        the fence, so a drive learns of it at no extra cost; kept current by its own writes)."""
+        run = None if self._fenced is None else self._runs.get(self._fenced)
+        return run is not None and run.pause_requested
 
     def fence_read(self, lease: Lease) -> RunRecord:
         """The run the fence was checked with, for the next job of the batch (`fence_held`)."""
