@@ -5,9 +5,13 @@ while it runs; every journal write of the drive is fenced by the epoch, so a dri
 was taken over (it was paused past its lease, say) can write nothing more and stops. Within one
 process a run is also driven by one coroutine at a time (a lock per run).
 
-A drive that suspends with a timer already due (a retry with no delay, a sleep that has passed,
-a signal that arrived meanwhile) is driven again at once, so `start`, `resume` and `signal`
-return at the run's next real suspension.
+A run that no driver holds, with nothing to settle before it is driven (no cancel or pause
+asked, a scope with no budgets or concurrency limit), is read without a write transaction and
+its lease taken later: by the drive's first write (its end, for a drive that only replays to
+where it waits), or after `RunDriver.take_after_s` if none comes sooner. Taking it checks the
+epoch the drive read: if another driver took the run meanwhile, nothing of this drive is
+written, as for a lease taken over. Nothing reaches the outside world before the lease is
+taken, as every effect is recorded first.
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ import os
 import secrets
 import socket
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from functools import partial
 from typing import Any, Protocol
 
@@ -91,6 +95,10 @@ _CRASH_RETRIES = 2
 
 
 class RunDriver:
+    # A drive that has written nothing this long after it read its run takes its lease: the
+    # run shows as running, and no other worker drives it meanwhile.
+    take_after_s = 0.005
+
     def __init__(
         self,
         store: JournalStore,
@@ -118,19 +126,36 @@ class RunDriver:
         return int(self.config.lease_ttl_s * 1000)
 
     async def drive(
-        self, run_id: str, bindings: Bindings, *, first: BeforeLease | None = None
+        self,
+        run_id: str,
+        bindings: Bindings,
+        *,
+        first: BeforeLease | None = None,
+        read_first: bool = False,
     ) -> RunRecord:
         """Drive `run_id` until it suspends on something not yet due, or ends. A run whose
         lease another live driver holds is returned as it is. `first` is written in the
-        transaction that takes the lease, before it (an operator's resume lifting a pause)."""
+        transaction that takes the lease, before it (an operator's resume lifting a pause);
+        `read_first`: it writes nothing to a run that may be read before its lease is taken
+        (`_read_begin`)."""
         async with self._locks.hold(run_id):
             now = self.now_ms()
-            # The lease and the drive's beginning in one transaction: one journal hop fewer.
-            taken = await self.store.transact(
-                partial(_take_and_begin, run_id=run_id, worker_id=self.worker_id, now=now,
-                        ttl_ms=self._ttl_ms, budgets=self.config.scope_budgets, first=first),
-                durable=False,
-            )  # fmt: skip
+            taken: tuple[Lease, _Begun | RunRecord, bool] | None = None
+            if (first is None or read_first) and self._may_read_first(run_id):
+                taken = await self.store.transact(
+                    partial(_read_begin, run_id=run_id, worker_id=self.worker_id, now=now,
+                            take=partial(_take_read, worker_id=self.worker_id,
+                                         ttl_ms=self._ttl_ms, clock=self.now_ms)),
+                    durable=False, writes=False,
+                )  # fmt: skip
+            if taken is None:
+                # The lease and the drive's beginning in one transaction: one journal hop fewer.
+                taken = await self.store.transact(
+                    partial(_take_and_begin, run_id=run_id, worker_id=self.worker_id, now=now,
+                            ttl_ms=self._ttl_ms, budgets=self.config.scope_budgets,
+                            first=first),
+                    durable=False,
+                )  # fmt: skip
             final: RunRecord | None = None
             if taken is not None:
                 lease, begun, wrote = taken
@@ -150,6 +175,16 @@ class RunDriver:
             if run is None:
                 raise RunNotFound(run_id)
             return run
+
+    def _may_read_first(self, run_id: str) -> bool:
+        """Whether a drive of `run_id` may read it before taking its lease: not in a scope
+        whose budgets are looked at as a drive begins, nor in one whose drives at once are
+        counted by their leases (a worker would count a run not yet leased as not driven)."""
+        scope = split_run_key(run_id)[0]
+        config = self.config
+        return _set_budgets(config.scope_budgets, scope) is None and (
+            scope not in config.scope_concurrency
+        )
 
     def alone(self) -> bool:
         """Whether at most one drive is in progress in this process: the event loop would
@@ -174,11 +209,14 @@ class RunDriver:
     ) -> RunRecord:
         lost = asyncio.Event()
         task = asyncio.current_task()
-        heartbeat = asyncio.get_running_loop().create_task(self._heartbeat(lease, lost, task))
+        watch = _LeaseWatch(unwritten=lease.take is not None)
+        heartbeat = asyncio.get_running_loop().create_task(
+            self._heartbeat(lease, watch, lost, task)
+        )
         if task is not None:
             self._active[lease.run_id] = (lost, task)
         try:
-            return await self._drive_loop(lease, bindings, begun, wrote)
+            return await self._drive_loop(lease, watch, bindings, begun, wrote)
         except asyncio.CancelledError:
             if not lost.is_set():
                 raise
@@ -195,13 +233,25 @@ class RunDriver:
                 await heartbeat
 
     async def _heartbeat(
-        self, lease: Lease, lost: asyncio.Event, drive: asyncio.Task[object] | None
+        self,
+        lease: Lease,
+        watch: _LeaseWatch,
+        lost: asyncio.Event,
+        drive: asyncio.Task[object] | None,
     ) -> None:
+        delay = self.take_after_s if watch.unwritten else self.config.lease_ttl_s / 3
         while True:
-            await asyncio.sleep(self.config.lease_ttl_s / 3)
+            await asyncio.sleep(delay)
+            delay = self.config.lease_ttl_s / 3
+            if watch.end_takes:
+                continue  # the drive's end writes the lease itself: none to renew yet
             try:
-                renewed = await self.store.renew_lease(lease, self.now_ms(), self._ttl_ms)
-            except JournalUnavailable:
+                if watch.unwritten:  # a transaction fenced by the lease takes it
+                    watch.unwritten = False
+                    renewed = await self.store.transact(_nothing, lease, durable=False)
+                else:
+                    renewed = await self.store.renew_lease(lease, self.now_ms(), self._ttl_ms)
+            except (JournalUnavailable, LeaseLost):
                 renewed = False  # stop writing: another driver may take the run over
             if not renewed:
                 lost.set()
@@ -210,7 +260,7 @@ class RunDriver:
                 return
 
     async def _drive_loop(
-        self, lease: Lease, bindings: Bindings, first: _Begun, wrote: bool
+        self, lease: Lease, watch: _LeaseWatch, bindings: Bindings, first: _Begun, wrote: bool
     ) -> RunRecord:
         """Drive until the run suspends on something not yet due or ends; the last transaction
         also releases the lease and returns the run as it was left. `first` is the drive's
@@ -258,8 +308,13 @@ class RunDriver:
                     lease,
                 )  # fmt: skip
             now = self.now_ms()
+            # A lease no write has taken yet is taken by the end itself, in its last update.
+            watch.end_takes = watch.unwritten and host.ops_seen == 0
+            watch.unwritten = watch.unwritten and not watch.end_takes
             finish = partial(_finish, lease=lease, outcome=outcome, host=host, now=now,
-                             charges=self._charges(outcome, host, now))  # fmt: skip
+                             charges=self._charges(outcome, host, now),
+                             taking=watch.end_takes, ttl_ms=self._ttl_ms)  # fmt: skip
+            fence = None if watch.end_takes else lease  # (`_finish` checks it then)
             # A lone drive's end commits on this thread at once (`JournalStore.commit_here`):
             # the executor prepares its next context meanwhile, on the other core, while the
             # commit waits for its fsync. Otherwise the journal's thread must first wake for
@@ -270,10 +325,11 @@ class RunDriver:
             durable = unsynced or not _left_as_found(outcome, host)
             try:
                 # Queued behind the drive's last writes, in the same commit where it can be.
-                ended = await self.store.transact(finish, lease, durable=durable)
+                ended = await self.store.transact(finish, fence, durable=durable)
             except _NotAllWritten:
                 await host.flush()  # raises what failed, or waits for a write made again
-                ended = await self.store.transact(finish, lease, durable=durable)
+                ended = await self.store.transact(finish, fence, durable=durable)
+            watch.end_takes = False  # the lease is written: released, or kept to drive again
             unsynced = False  # this end was fsynced if the caller's change was not yet
             await host.flush()
             if not prepare_first:
@@ -384,6 +440,16 @@ class RunDriver:
         return bundle
 
 
+@dataclasses.dataclass(slots=True)
+class _LeaseWatch:
+    """A drive's lease read with none held (`Lease.take`): `unwritten` while no write has
+    been asked to take it (the heartbeat asks after `RunDriver.take_after_s`); `end_takes` while the
+    drive's end is taking it in its own last update (there is none to renew meanwhile)."""
+
+    unwritten: bool
+    end_takes: bool = False
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class _Open:
     """A run's steps that have a row but have not settled, as a drive begins."""
@@ -426,6 +492,84 @@ def _take_and_begin(
     return lease, _begin_drive(tx, lease, now, budgets), wrote
 
 
+def _read_begin(
+    tx: JournalTransaction, *, run_id: str, worker_id: str, now: int, take: partial[None]
+) -> tuple[Lease, _Begun, bool] | None:
+    """A drive's beginning read without taking the lease (`writes=False`): the run, its
+    journal, and a lease to take later (`_take_read`) at the epoch after the one read. None
+    when the beginning must be written now (`_take_and_begin`): there is no such run, it has
+    ended or is paused, a cancel or a pause is asked, or a driver holds (or held) its lease."""
+    found = tx.unleased_run(run_id)
+    if found is None:
+        return None
+    run, epoch = found
+    if run.status in TERMINAL or run.status == "paused":
+        return None
+    if run.cancel_requested or run.pause_requested:
+        return None
+    later = partial(take, run_id=run_id, epoch=epoch, snapshot_id=run.snapshot_id)
+    lease = Lease(run_id, worker_id, epoch + 1, take=later)
+    journal, unsettled = _journal_and_open(tx, run_id, now, budgeted=False)
+    return lease, (run, journal, unsettled, {}), False
+
+
+def _take_read(
+    tx: JournalTransaction,
+    written: bool,
+    *,
+    run_id: str,
+    worker_id: str,
+    epoch: int,
+    snapshot_id: str,
+    ttl_ms: int,
+    clock: Callable[[], int],
+) -> None:
+    """The drive's beginning, for a run read at `epoch` with no lease held (`_read_begin`),
+    and, when `written`, its lease (`LeaseLost` if another driver took the run since; without
+    it, the drive's end writes the lease: `JournalTransaction.check_fence`)."""
+    now = clock()
+    if written:
+        lease = tx.acquire_lease(run_id, worker_id, now, ttl_ms, begin=True, free_at=epoch)
+        if lease is None:
+            raise LeaseLost(Lease(run_id, worker_id, epoch + 1))
+    _mark_begun(tx, run_id, worker_id, snapshot_id, now)
+
+
+def _nothing(tx: JournalTransaction) -> bool:
+    """A transaction fenced by a lease not taken yet takes it (`Lease.take`)."""
+    return True
+
+
+def _mark_begun(
+    tx: JournalTransaction, run_id: str, worker_id: str, snapshot_id: str, now: int
+) -> None:
+    """A drive's beginning under its lease: the wake-ups it serves go, and the event."""
+    tx.delete_timers(run_id, (SIGNAL_TIMER, EXECUTOR_TIMER, THROTTLE_TIMER))
+    driven = {"worker": worker_id, "snapshot": snapshot_id}
+    tx.append_event(run_id, "drive_started", now, dumps_text(driven))
+
+
+def _journal_and_open(
+    tx: JournalTransaction, run_id: str, now: int, *, budgeted: bool
+) -> tuple[tuple[JournalEntry, ...], _Open]:
+    """The run's journal and its unsettled steps, as a drive begins."""
+    journal = tuple(
+        JournalEntry(
+            row.key,
+            row.output,
+            None if row.error is None else failure_from_json(row.error),
+            row.completed_at,
+            row.args_digest,
+        )
+        for row in tx.load_journal(run_id)
+    )
+    open_rows = tx.unsettled_steps(run_id)
+    # A scope with budgets has every wait asked of the host, which parks the run when one is
+    # spent (runner/budgets.py); otherwise a wait with nothing to take is answered in the drive.
+    waiting = () if budgeted else still_waiting(tx, open_rows, now)
+    return journal, _Open(tuple(row.key for row in open_rows), waiting)
+
+
 def _begin_drive(
     tx: JournalTransaction, lease: Lease, now: int, budgets: Mapping[str, Budgets]
 ) -> _Begun | RunRecord:
@@ -451,28 +595,14 @@ def _begin_drive(
         if spent is not None:
             park_throttled(tx, run, now, spent)
             return _release(tx, lease)
-    if not created:  # the wake-ups this drive serves
-        tx.delete_timers(run.run_id, (SIGNAL_TIMER, EXECUTOR_TIMER, THROTTLE_TIMER))
     tx.update_run(run.run_id, status="running", error=None, updated_at=now)
-    driven = {"worker": lease.worker_id, "snapshot": run.snapshot_id}
-    tx.append_event(run.run_id, "drive_started", now, dumps_text(driven))
-    if created:
+    if created:  # no timer yet
+        driven = {"worker": lease.worker_id, "snapshot": run.snapshot_id}
+        tx.append_event(run.run_id, "drive_started", now, dumps_text(driven))
         return run, (), _Open((), ()), used
-    journal = tuple(
-        JournalEntry(
-            row.key,
-            row.output,
-            None if row.error is None else failure_from_json(row.error),
-            row.completed_at,
-            row.args_digest,
-        )
-        for row in tx.load_journal(run.run_id)
-    )
-    open_rows = tx.unsettled_steps(run.run_id)
-    # A scope with budgets has every wait asked of the host, which parks the run when one is
-    # spent (runner/budgets.py); otherwise a wait with nothing to take is answered in the drive.
-    waiting = () if scope_budgets is not None else still_waiting(tx, open_rows, now)
-    return run, journal, _Open(tuple(row.key for row in open_rows), waiting), used
+    _mark_begun(tx, run.run_id, lease.worker_id, run.snapshot_id, now)
+    journal, unsettled = _journal_and_open(tx, run.run_id, now, budgeted=scope_budgets is not None)
+    return run, journal, unsettled, used
 
 
 def _ledger(
@@ -576,12 +706,18 @@ def _finish(
     *,
     now: int,
     charges: Charges,
+    taking: bool = False,
+    ttl_ms: int = 0,
 ) -> RunRecord | None:
     """Record how the drive ended. None when the run should be driven again now; otherwise the
     lease is released in the same transaction and the run returned as it was left. Written
-    after the drive's writes answered ahead, which must all be in (`_NotAllWritten`)."""
+    after the drive's writes answered ahead, which must all be in (`_NotAllWritten`).
+    `taking`: the lease was never taken (`_read_begin`); it is taken here, and written with
+    the run's last update (kept for `ttl_ms` when the run is driven again at once)."""
     if not host.all_written():
         raise _NotAllWritten
+    if taking:
+        tx.check_fence(lease, ending=True)
     if host.diverged:  # (a drive whose executor died is charged, not finished: `_charge`)
         # What the sandbox did past a result the journal did not take as it assumed is void
         # (none of it was serviced): the run is driven again from its journal.
@@ -615,6 +751,7 @@ def _finish(
                 return _release(tx, lease)
             if host.diverged:
                 tx.update_run(run_id, **common)
+                tx.hold_lease(lease, now, ttl_ms)
                 return None
             events = sorted({m.event for m in markers if m.kind == "event" and m.event})
             wake_at = _next_wake(tx, run_id, events, now)
@@ -626,6 +763,7 @@ def _finish(
             tx.append_event(run_id, "run_suspended", now, None)
             if wake_at is not None and wake_at <= now:
                 tx.update_run(run_id, **left)
+                tx.hold_lease(lease, now, ttl_ms)
                 return None
             return _release(tx, lease, **left)
     raise AssertionError("unreachable")

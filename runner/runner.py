@@ -256,7 +256,8 @@ class Runner(RunReads):
                 await self._store.transact(partial(lift_pause, key=key, now=self._driver.now_ms()))
             return await self.get(run_id, scope=scope)
         # The pause lifted in the transaction that takes the run's lease: one journal hop.
-        return await self._drive(key, bindings, first=partial(lift_pause, key=key))
+        # (A run with no pause asked is read first: lifting writes nothing to it.)
+        return await self._drive(key, bindings, first=partial(lift_pause, key=key), read_first=True)
 
     async def pause(self, run_id: str, *, scope: str) -> RunView:
         """Park the run once the steps under way have recorded their results: no worker drives
@@ -513,9 +514,16 @@ class Runner(RunReads):
         }
 
     async def _drive(
-        self, run_id: str, bindings: Bindings | None, *, first: BeforeLease | None = None
+        self,
+        run_id: str,
+        bindings: Bindings | None,
+        *,
+        first: BeforeLease | None = None,
+        read_first: bool = False,
     ) -> RunView:
-        run = await self._driver.drive(run_id, bindings or self.config.bindings, first=first)
+        run = await self._driver.drive(
+            run_id, bindings or self.config.bindings, first=first, read_first=read_first
+        )
         return run_view(run)
 
     @staticmethod

@@ -173,7 +173,7 @@ def test_a_batchs_usage_is_written_last_and_only_for_jobs_that_succeed(tmp_path:
     class Backend:  # the SQLite backend's dialect and transaction, on the logged connection
         dialect = SQLITE
 
-        def begin(self, connection: Any, full: bool) -> None:
+        def begin(self, connection: Any, full: bool, write: bool = True) -> None:
             connection.execute("BEGIN IMMEDIATE")
 
     outcomes = _run_batch(Logged(), jobs, Backend())  # type: ignore[arg-type]

@@ -12,7 +12,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from qjsflow.runner import Runner, StartRunInput
+from qjsflow.runner import Runner, RunnerConfig, StartRunInput
 from qjsflow.runner.scopes import run_key
 from qjsflow.runner.store import JournalTransaction, LeaseLost, RunRecord
 from qjsflow.runner.store.connection import connect_sqlite
@@ -96,11 +96,14 @@ WAITER = (
 
 
 async def test_a_drives_beginning_marks_its_run_running_with_its_lease(tmp_path: Any) -> None:
-    """Resuming a waiting run: the statement that takes the lease also marks the run running
-    (one update of its row before the drive, not two), and the end looks at the inbox and the
-    timers in one statement; a pause asked before it is left for the beginning to park, with
-    one `run_paused` event however often it is asked."""
-    async with Runner.open(tmp_path / "journal.db") as runner:
+    """Resuming a waiting run whose lease is taken before its drive (its scope's drives at
+    once are counted by leases; otherwise it is read first: tests/test_leases_taken_late.py):
+    the statement that takes the lease also marks the run running (one update of its row
+    before the drive, not two), and the end looks at the inbox and the timers in one
+    statement; a pause asked before it is left for the beginning to park, with one
+    `run_paused` event however often it is asked."""
+    config = RunnerConfig(scope_concurrency={"acme": 5})
+    async with Runner.open(tmp_path / "journal.db", config) as runner:
         run = await start_source(runner, WAITER)
         assert run.status == "waiting"
         with statements(runner) as seen:
@@ -229,7 +232,7 @@ def test_a_fence_is_trusted_only_while_no_job_wrote_a_run(tmp_path: Any) -> None
     class Backend:
         dialect = SQLITE
 
-        def begin(self, connection: Any, full: bool) -> None:
+        def begin(self, connection: Any, full: bool, write: bool = True) -> None:
             connection.execute("BEGIN IMMEDIATE")
 
     def batch(*works: Any) -> list[tuple[bool, Any]]:

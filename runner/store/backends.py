@@ -44,7 +44,7 @@ class Backend(Protocol):
     async def run(self, work: Callable[[Any], T]) -> T: ...
     async def transaction(self, work: Callable[[Any], T], *, here: bool) -> T: ...
     async def all(self, sql: str, args: tuple[Any, ...] = ()) -> list[Any]: ...
-    def begin(self, connection: Any, full: bool) -> None: ...
+    def begin(self, connection: Any, full: bool, write: bool = True) -> None: ...
     async def close(self) -> None: ...
 
 
@@ -141,13 +141,14 @@ class SqliteBackend:
     async def all(self, sql: str, args: tuple[Any, ...] = ()) -> list[Any]:
         return await self.run(lambda c: c.execute(sql, args).fetchall())
 
-    def begin(self, connection: Any, full: bool) -> None:
-        """Open a write transaction whose commit is fsynced when `full`."""
+    def begin(self, connection: Any, full: bool, write: bool = True) -> None:
+        """Open a write transaction whose commit is fsynced when `full`; without `write`, one
+        that only reads (it sees the journal as of its first read and takes no lock)."""
         if full != self._full:  # only outside a transaction: SQLite refuses it inside one
             connection.execute(f"PRAGMA synchronous = {'FULL' if full else 'NORMAL'}")
             self._full = full
         try:
-            connection.execute("BEGIN IMMEDIATE")
+            connection.execute("BEGIN IMMEDIATE" if write else "BEGIN")
         except sqlite3.OperationalError as error:
             if not self._waits and "locked" in str(error):  # on the loop's thread: go to the
                 raise _LockedHere from error  # journal's, which waits (`transaction`)
@@ -242,8 +243,9 @@ class PostgresBackend:
         rows: list[Any] = await self.run(lambda c: c.execute(sql, args).fetchall())
         return rows
 
-    def begin(self, connection: Any, full: bool) -> None:
-        """Open a write transaction whose commit waits for the WAL flush when `full`."""
+    def begin(self, connection: Any, full: bool, write: bool = True) -> None:
+        """Open a transaction whose commit waits for the WAL flush when `full` (one that only
+        reads, without `write`, is the same to the server)."""
         connection.execute("BEGIN")
         if not full:
             connection.execute("SET LOCAL synchronous_commit = off")

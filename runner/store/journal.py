@@ -96,6 +96,7 @@ class _Job:
     fence: Lease | None
     durable: bool
     future: asyncio.Future[Any]
+    writes: bool = True  # False: it only reads (a batch of such opens no write transaction)
 
 
 def _run_batch(connection: Any, batch: list[_Job], backend: Backend) -> list[tuple[bool, Any]]:
@@ -112,7 +113,11 @@ def _run_batch(connection: Any, batch: list[_Job], backend: Backend) -> list[tup
     # The fence the job before checked, and the run's row it read with it, while no job has
     # written a run's row since: a drive's writes queued one after another check it once.
     held: tuple[Lease, RunRecord] | None = None
-    backend.begin(connection, full=any(job.durable for job in batch))
+    backend.begin(
+        connection,
+        full=any(job.durable for job in batch),
+        write=any(job.writes for job in batch),
+    )
     try:
         for job in batch:
             if not alone:
@@ -192,19 +197,22 @@ class JournalStore:
         fence: Lease | None = None,
         *,
         durable: bool = True,
+        writes: bool = True,
     ) -> T:
         """Run `work` in a write transaction; return its result once it is committed.
 
         With a `fence`, the lease's epoch is checked first and `LeaseLost` raised (nothing
         written) if another driver has taken the run over. `durable=False` is for writes that
-        nothing outside the journal depends on (see `_run_batch`).
+        nothing outside the journal depends on (see `_run_batch`); `writes=False` for work
+        that only reads, but must see the journal as of one moment (a batch of such work
+        alone takes no write lock).
 
         A transient failure (the database locked past its busy timeout, a full disk, a dropped
         server connection) rolls the transaction back and runs it again, with back-off, for
         up to `retry_s`: a tool's result, say, is kept and written once the fault clears,
         never lost and the tool run again. Past that, `JournalUnavailable` says why.
         """
-        return await self._retrying(lambda: self._transact_once(work, fence, durable))
+        return await self._retrying(lambda: self._transact_once(work, fence, durable, writes))
 
     async def _retrying(self, attempt: Callable[[], Awaitable[T]]) -> T:
         started = time.monotonic()
@@ -247,17 +255,25 @@ class JournalStore:
         return asyncio.ensure_future(committed())
 
     async def _transact_once(
-        self, work: Callable[[JournalTransaction], T], fence: Lease | None, durable: bool
+        self,
+        work: Callable[[JournalTransaction], T],
+        fence: Lease | None,
+        durable: bool,
+        writes: bool,
     ) -> T:
-        result: T = await self._enqueue(work, fence, durable)
+        result: T = await self._enqueue(work, fence, durable, writes)
         return result
 
     def _enqueue(
-        self, work: Callable[[JournalTransaction], T], fence: Lease | None, durable: bool
+        self,
+        work: Callable[[JournalTransaction], T],
+        fence: Lease | None,
+        durable: bool,
+        writes: bool = True,
     ) -> asyncio.Future[Any]:
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Any] = loop.create_future()
-        self._queue.append(_Job(work, fence, durable, future))
+        self._queue.append(_Job(work, fence, durable, future, writes))
         if self._committer is None or self._committer.done():
             self._committer = loop.create_task(self._commit_queued())
         return future

@@ -9,8 +9,8 @@ hop however many statements it holds. Every method assumes the caller holds the 
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from qjsflow.bridge import QjsflowError, dumps_text
@@ -67,6 +67,11 @@ class Lease:
     worker_id: str
     epoch: int
     taken_from: str | None = None  # the driver it was taken over from, which never released it
+    # A lease not taken yet, `epoch` the one it will have: its drive read the run while no
+    # driver held it (runner/driver.py), and the first transaction fenced by it takes it
+    # with this, if the run is as read (`check_fence`): it writes the drive's beginning, and
+    # the lease too unless the drive's end gives it up in the same transaction (`written`).
+    take: Callable[[JournalTransaction, bool], None] | None = field(default=None, compare=False)
 
 
 class LeaseLost(QjsflowError):
@@ -208,6 +213,9 @@ class JournalTransaction:
         self._runs: dict[str, RunRecord] = {}
         self._locked: set[str] = set()
         self._created: set[str] = set()  # runs this transaction inserted
+        # Runs whose lease this transaction took at a drive's end without writing it yet, and
+        # the epoch the drive read them at: the run's last update writes it (`release_lease`).
+        self._unwritten: dict[str, int] = {}
         # Who held each kept run's lease as its row was read, kept up to date by this
         # transaction's lease writes: taking the lease asks no one again (`acquire_lease`).
         self._holders: dict[str, str | None] = {}
@@ -225,18 +233,41 @@ class JournalTransaction:
         """Write the rest of this transaction as the holder of a lease it just took."""
         self._epoch = lease.epoch
 
-    def check_fence(self, lease: Lease) -> None:
+    def check_fence(self, lease: Lease, *, ending: bool = False) -> None:
         """Raise `LeaseLost` if another driver took the run; keep the run as read with the fence
-        (`pause_requested`, and a drive's end, read it from there)."""
+        (`pause_requested`, and a drive's end, read it from there). A lease not taken yet
+        (`Lease.take`) is taken now if no driver took the run since its drive read it; at a
+        drive's `ending`, its last update of the run writes it (`release_lease`)."""
         row = self._one(
             f"SELECT epoch, worker_id, {RUN_COLUMNS} FROM runs"
             f" WHERE run_id = ?{self._dialect.lock_run}",
             (lease.run_id,),
         )
-        if row is None or row[0] != lease.epoch or row[1] != lease.worker_id:
+        self._epoch = lease.epoch
+        if row is not None and row[0] == lease.epoch and row[1] == lease.worker_id:
+            # The run as read with its fence, under the lock: a drive's end reads it next.
+            self.fence_held(lease, run_record(row[2:]))
+            return
+        if lease.take is None or row is None or row[0] != lease.epoch - 1 or row[1] is not None:
             raise LeaseLost(lease)
-        # The run as read with its fence, under the lock: a drive's end reads it next.
-        self.fence_held(lease, run_record(row[2:]))
+        if ending:
+            self.fence_held(lease, run_record(row[2:]))
+            self._holders[lease.run_id] = None
+            self._unwritten[lease.run_id] = lease.epoch - 1
+            lease.take(self, False)  # the drive's beginning
+            return
+        lease.take(self, True)  # the lease and the drive's beginning, or LeaseLost
+        self.fence_held(lease, self._runs[lease.run_id])
+
+    def hold_lease(self, lease: Lease, now: int, ttl_ms: int) -> None:
+        """Write a lease taken at a drive's end (`check_fence`) that the drive keeps: its run
+        is driven again at once."""
+        read_at = self._unwritten.pop(lease.run_id, None)
+        if read_at is None:
+            return
+        taken = self.acquire_lease(lease.run_id, lease.worker_id, now, ttl_ms, free_at=read_at)
+        if taken is None or taken.epoch != lease.epoch:
+            raise LeaseLost(lease)
 
     def fence_held(self, lease: Lease, run: RunRecord) -> None:
         """`check_fence`, known to hold: the job before this one, in the same transaction,
@@ -272,9 +303,11 @@ class JournalTransaction:
         *,
         force: bool = False,
         begin: bool = False,
+        free_at: int | None = None,
     ) -> Lease | None:
         """Take the run if no live lease holds it (with `force`, whatever holds it: an
-        operator fencing a stuck driver out). With `begin`, the same statement marks it
+        operator fencing a stuck driver out; with `free_at`, only if no lease holds it and its
+        epoch is still that one, as a drive read it). With `begin`, the same statement marks it
         `running` for the drive the lease is taken for (`BEGIN_DRIVE_SQL`)."""
         clock, at = self._lease_now(now)
         sets = (
@@ -301,7 +334,10 @@ class JournalTransaction:
             f" AND (worker_id IS NULL OR lease_expires_at IS NULL OR lease_expires_at <= {clock})"
         )  # fmt: skip
         lapsed_args = () if force else at
-        if run_id in self._holders:  # who holds it, known to this transaction
+        if free_at is not None:
+            held = None
+            row = take(" AND worker_id IS NULL AND epoch = ?", (free_at,))
+        elif run_id in self._holders:  # who holds it, known to this transaction
             held = self._holders[run_id]
             row = take(lapsed, lapsed_args)
         else:
@@ -344,14 +380,21 @@ class JournalTransaction:
         known = self._runs.get(lease.run_id)
         if known is not None:
             fields = {name: v for name, v in fields.items() if getattr(known, name) != v}
+        read_at = self._unwritten.pop(lease.run_id, None)
+        if read_at is None:
+            sets = _assignments(fields, "worker_id = NULL", "lease_expires_at = NULL")
+            held: tuple[Any, ...] = (lease.epoch, lease.worker_id)
+            where = "epoch = ? AND worker_id = ?"
+        else:  # taken and given up at once: its epoch still moves on, past every reader's
+            sets = _assignments(fields, "epoch = epoch + 1")
+            held, where = (read_at,), "epoch = ? AND worker_id IS NULL"
         row = self._one(
-            f"UPDATE runs SET {_assignments(fields, 'worker_id = NULL', 'lease_expires_at = NULL')}"
-            " WHERE run_id = ? AND epoch = ? AND worker_id = ? RETURNING 1",
-            (*fields.values(), lease.run_id, lease.epoch, lease.worker_id),
+            f"UPDATE runs SET {sets} WHERE run_id = ? AND {where} RETURNING 1",
+            (*fields.values(), lease.run_id, *held),
         )
         if row is not None:
             self._holders[lease.run_id] = None
-        if not fields:
+        if not fields and read_at is None:
             return
         if row is None:  # nothing written: the caller's transaction must not go on
             raise LeaseLost(lease)
@@ -402,6 +445,17 @@ class JournalTransaction:
             self._runs[run_id] = run
             self._holders[run_id] = row[0]
         return run
+
+    def unleased_run(self, run_id: str) -> tuple[RunRecord, int] | None:
+        """The run and its lease's epoch, if no driver holds the lease (none, or the last one
+        released it); None when one does, or there is no such run. Not kept: the row is not
+        locked (a drive reads it before it takes the lease: runner/driver.py)."""
+        row = self._one(
+            f"SELECT epoch, worker_id, {RUN_COLUMNS} FROM runs WHERE run_id = ?", (run_id,)
+        )
+        if row is None or row[1] is not None:
+            return None
+        return run_record(row[2:]), int(row[0])
 
     def created(self, run_id: str) -> bool:
         """Whether this transaction inserted the run: nothing else is recorded of it but what

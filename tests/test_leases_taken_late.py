@@ -1,0 +1,171 @@
+"""A drive of a run no driver holds reads it without a write transaction and takes its lease
+later: at its first write, after `RunDriver.take_after_s`, or in its end's own update. Two
+drivers that read the same run at once record one drive; a drive that goes on without
+writing shows its run leased and running, so no other driver drives it meanwhile."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from qjsflow.runner import Runner, RunnerConfig
+from qjsflow.runner.budgets import Budgets
+from qjsflow.runner.scopes import run_key
+from qjsflow.sandbox import PoolConfig
+from tests.conftest import start_source, statements
+from tests.journal_reads import query, table_counts
+
+WAITER = (
+    'export default async (e, step) => (await step.waitForEvent("go", { type: "go" })).payload;'
+)
+
+
+@asynccontextmanager
+async def two_runners(journal: str, tmp_path: Path) -> AsyncIterator[tuple[Runner, Runner]]:
+    """Two runners on one journal, as two worker processes would be (each its own driver id,
+    connection and executors)."""
+    config = RunnerConfig(pool=PoolConfig(size=1), scope_root=tmp_path / "scopes")
+    async with Runner.open(journal, config) as first, Runner.open(journal, config) as second:
+        yield first, second
+
+
+def held_at_the_executor(runner: Runner) -> tuple[asyncio.Event, asyncio.Event]:
+    """Drives of `runner` stop just before their executor, until the second event is set;
+    the first is set when one gets there (its run read, its request built)."""
+    arrived, go_on = asyncio.Event(), asyncio.Event()
+    pool = runner._driver.pool
+    drive: Callable[..., Any] = pool.drive
+
+    async def held(*args: Any) -> Any:
+        arrived.set()
+        await go_on.wait()
+        return await drive(*args)
+
+    pool.drive = held  # type: ignore[method-assign]
+    return arrived, go_on
+
+
+def run_row(journal: str, key: str) -> tuple[Any, ...]:
+    return tuple(
+        query(journal, "SELECT epoch, worker_id, status, cpu_used_s FROM runs WHERE run_id = ?",
+              (key,))[0]
+    )  # fmt: skip
+
+
+def event_types(journal: str, key: str) -> list[str]:
+    rows = query(journal, "SELECT type FROM events WHERE run_id = ? ORDER BY seq", (key,))
+    return [str(row[0]) for row in rows]
+
+
+async def test_two_drivers_that_read_a_run_at_once_record_one_drive(
+    journal: str, tmp_path: Path
+) -> None:
+    async with two_runners(journal, tmp_path) as (first, second):
+        run = await start_source(first, WAITER)
+        key = run_key("acme", run.run_id)
+        first._driver.take_after_s = 60.0  # its lease is taken by its end, if at all
+        arrived, go_on = held_at_the_executor(first)
+        try:
+            late = asyncio.create_task(first.resume(run.run_id, scope="acme"))
+            await asyncio.wait_for(arrived.wait(), 30)
+            epoch, holder, status, _ = run_row(journal, key)
+            assert holder is None  # read, not leased: nothing written
+            assert status == "waiting"
+            ahead = await second.resume(run.run_id, scope="acme")  # drives it to its wait
+            assert ahead.status == "waiting"
+            recorded = run_row(journal, key)
+            assert recorded[0] == epoch + 1  # its drive moved the epoch on, leased or not
+            counts, events = table_counts(journal), event_types(journal, key)
+            go_on.set()
+            behind = await asyncio.wait_for(late, 30)
+            # The first driver's drive ran, but its end found the run taken since it read it:
+            # nothing of it was written, and it returns the run as the other driver left it.
+            assert behind.status == "waiting"
+            assert run_row(journal, key) == recorded
+            assert table_counts(journal) == counts
+            assert event_types(journal, key) == events
+            assert events.count("drive_started") == 2  # the start's drive, and the second's
+        finally:  # never leave a drive held (the runner's close would wait for it)
+            go_on.set()
+
+
+async def test_a_drive_that_goes_on_without_writing_takes_its_lease(
+    journal: str, tmp_path: Path
+) -> None:
+    async with two_runners(journal, tmp_path) as (first, second):
+        run = await start_source(first, WAITER)
+        key = run_key("acme", run.run_id)
+        first._driver.take_after_s = 0.05
+        arrived, go_on = held_at_the_executor(first)
+        try:
+            driving = asyncio.create_task(first.resume(run.run_id, scope="acme"))
+            await asyncio.wait_for(arrived.wait(), 30)
+            started = event_types(journal, key).count("drive_started")
+            for _ in range(300):  # taken after take_after_s, by a transaction of its own
+                if run_row(journal, key)[1] is not None:
+                    break
+                await asyncio.sleep(0.01)
+            epoch, holder, status, _ = run_row(journal, key)
+            assert holder == first._driver.worker_id
+            assert status == "running"
+            assert event_types(journal, key).count("drive_started") == started + 1
+            # Another driver finds it leased: it does not drive it.
+            other = await second.resume(run.run_id, scope="acme")
+            assert other.status == "running"
+            assert event_types(journal, key).count("drive_started") == started + 1
+            go_on.set()
+            done = await asyncio.wait_for(driving, 30)
+            assert done.status == "waiting"
+            assert run_row(journal, key)[:3] == (epoch, None, "waiting")  # released, same epoch
+        finally:  # never leave a drive held (the runner's close would wait for it)
+            go_on.set()
+
+
+async def test_a_resumed_waiting_run_is_read_not_written_before_its_drive(
+    tmp_path: Path,
+) -> None:
+    """Nothing is written before the drive (the reads share one read transaction); its end
+    takes and gives up the lease in the run's one update, which leaves the run's status (and
+    the indexes on it) as they were."""
+    async with Runner.open(tmp_path / "journal.db") as runner:
+        run = await start_source(runner, WAITER)
+        with statements(runner) as seen:
+            again = await runner.resume(run.run_id, scope="acme")
+        assert again.status == "waiting"
+        sql = [text for _, text in seen if not text.startswith("PRAGMA")]
+        beginning = sql[: sql.index("COMMIT")]
+        assert beginning[0] == "BEGIN", beginning
+        assert all(text.startswith(("BEGIN", "SELECT")) for text in beginning), beginning
+        end = sql[sql.index("COMMIT") + 1 :]
+        assert end[0] == "BEGIN IMMEDIATE", end
+        [update] = [text for text in end if text.startswith("UPDATE runs")]
+        assert "epoch = epoch + 1" in update, update
+        assert "status" not in update.split(" WHERE ")[0], update
+        assert "worker_id IS NULL" in update, update
+
+
+@pytest.mark.parametrize("why", ["budgets", "concurrency"])
+async def test_a_scope_whose_drives_are_counted_takes_the_lease_first(
+    tmp_path: Path, why: str
+) -> None:
+    """A scope with budgets (looked at as a drive begins) or a concurrency limit (counted by
+    live leases) has its runs leased before they are driven."""
+    config = RunnerConfig(
+        scope_budgets={"acme": Budgets(drives_per_minute=1000)} if why == "budgets" else {},
+        scope_concurrency={"acme": 5} if why == "concurrency" else {},
+    )
+    async with Runner.open(tmp_path / "journal.db", config) as runner:
+        run = await start_source(runner, WAITER)
+        with statements(runner) as seen:
+            again = await runner.resume(run.run_id, scope="acme")
+        assert again.status == "waiting"
+        sql = [text for _, text in seen if not text.startswith("PRAGMA")]
+        assert sql[0] == "BEGIN IMMEDIATE", sql
+        beginning = sql[: sql.index("COMMIT")]
+        leases = [text for text in beginning if "epoch = epoch + 1" in text]
+        assert len(leases) == 1, beginning
