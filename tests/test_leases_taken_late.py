@@ -46,7 +46,7 @@ def held_at_the_executor(runner: Runner) -> tuple[asyncio.Event, asyncio.Event]:
         await go_on.wait()
         return await drive(*args)
 
-    pool.drive = held  # type: ignore[method-assign]
+    pool.drive = held  # type: ignore[method-assign,assignment]
     return arrived, go_on
 
 
