@@ -9,10 +9,12 @@ import itertools
 import sqlite3
 import time
 from pathlib import Path
+from typing import Any
 
 from qjsflow.runner import Runner, StartRunInput
 from qjsflow.runner.store.connection import JobThread
-from tests.conftest import statements
+from tests.conftest import start_source, statements
+from tests.test_leases_taken_late import WAITER
 
 TEN = """
 export default async (event, step) => {
@@ -36,6 +38,30 @@ async def test_a_lone_drive_commits_on_the_loops_thread(tmp_path: Path) -> None:
         assert run.output == 45
         assert seen
         assert all(here for here, _ in seen)
+
+
+async def test_a_lone_transaction_is_committed_by_the_task_that_asks(tmp_path: Path) -> None:
+    """Nothing queued, nothing being committed, one drive: its transactions (a resumed
+    waiting run's read and end) commit in the drive's own task (no committer task made, no
+    turns of the loop for it)."""
+    async with Runner.open(tmp_path / "journal.db") as runner:
+        run = await start_source(runner, WAITER)
+        loop = asyncio.get_running_loop()
+        made: list[str] = []
+
+        def counting(loop: asyncio.AbstractEventLoop, coro: Any, **kw: Any) -> asyncio.Task[Any]:
+            made.append(coro.__qualname__)
+            return asyncio.Task(coro, loop=loop, **kw)
+
+        loop.set_task_factory(counting)
+        try:
+            with statements(runner) as seen:
+                again = await runner.resume(run.run_id, scope="acme")
+        finally:
+            loop.set_task_factory(None)
+        assert again.status == "waiting"
+        assert sum(1 for _, sql in seen if sql == "COMMIT") == 2
+        assert "JournalStore._commit_queued" not in made, made
 
 
 async def test_many_drives_commit_on_the_journals_thread(tmp_path: Path) -> None:

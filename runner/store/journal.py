@@ -18,7 +18,7 @@ from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from qjsflow.bridge import dumps_text, loads
 from qjsflow.bundles.manifest import Capabilities, capabilities_from_json
@@ -170,6 +170,7 @@ class JournalStore:
         )
         self._queue: list[_Job] = []
         self._committer: asyncio.Task[None] | None = None
+        self._busy = False  # a batch is being committed (by the committer, or in place)
         self.retry_s = DEFAULT_RETRY_S  # how long a transient write failure is retried
         # Whether a transaction may run on the event loop's own thread now, which saves two
         # wake-ups (`SqliteBackend.transaction`): the runner says yes while at most one drive
@@ -261,6 +262,14 @@ class JournalStore:
         durable: bool,
         writes: bool,
     ) -> T:
+        if not self._queue and not self._busy and self.commit_here():
+            # Nothing queued or being committed, and the loop would only wait for this: it
+            # commits now, in the caller's task (no committer task, no turns of the loop).
+            job = _Job(work, fence, durable, asyncio.get_running_loop().create_future(), writes)
+            ok, value = (await self._commit([job]))[0]
+            if not ok:
+                raise value
+            return cast(T, value)
         result: T = await self._enqueue(work, fence, durable, writes)
         return result
 
@@ -278,17 +287,26 @@ class JournalStore:
             self._committer = loop.create_task(self._commit_queued())
         return future
 
+    async def _commit(self, batch: list[_Job]) -> list[tuple[bool, Any]]:
+        """One batch in one transaction; each job's outcome (raises if the commit failed)."""
+        began = time.monotonic()
+        self._busy = True
+        try:
+            outcomes = await self._backend.transaction(
+                partial(_run_batch, batch=batch, backend=self._backend),
+                here=self.commit_here(),
+            )
+        finally:
+            self._busy = False
+        durable = "yes" if any(job.durable for job in batch) else "no"
+        METRICS.journal_seconds.labels(durable=durable).observe(time.monotonic() - began)
+        return outcomes
+
     async def _commit_queued(self) -> None:
         while self._queue:
             batch, self._queue = self._queue[:_MAX_BATCH], self._queue[_MAX_BATCH:]
-            began = time.monotonic()
             try:
-                outcomes = await self._backend.transaction(
-                    partial(_run_batch, batch=batch, backend=self._backend),
-                    here=self.commit_here(),
-                )
-                durable = "yes" if any(job.durable for job in batch) else "no"
-                METRICS.journal_seconds.labels(durable=durable).observe(time.monotonic() - began)
+                outcomes = await self._commit(batch)
             except BaseException as error:  # the commit itself failed: no writes of the batch
                 for job in batch:
                     if not job.future.done():
