@@ -210,8 +210,13 @@ class RunDriver:
         lost = asyncio.Event()
         task = asyncio.current_task()
         watch = _LeaseWatch(unwritten=lease.take is not None)
-        heartbeat = asyncio.get_running_loop().create_task(
-            self._heartbeat(lease, watch, lost, task)
+        # The heartbeat's task is made when its first take or renewal is due: a short drive
+        # (most are) makes none, and does not wait for one to end.
+        loop = asyncio.get_running_loop()
+        beating: list[asyncio.Task[None]] = []
+        first_beat = loop.call_later(
+            self.take_after_s if watch.unwritten else self.config.lease_ttl_s / 3,
+            lambda: beating.append(loop.create_task(self._heartbeat(lease, watch, lost, task))),
         )
         if task is not None:
             self._active[lease.run_id] = (lost, task)
@@ -228,9 +233,11 @@ class RunDriver:
             raise LeaseLost(lease) from None
         finally:
             self._active.pop(lease.run_id, None)
-            heartbeat.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await heartbeat
+            first_beat.cancel()
+            for heartbeat in beating:
+                heartbeat.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await heartbeat
 
     async def _heartbeat(
         self,
@@ -239,12 +246,11 @@ class RunDriver:
         lost: asyncio.Event,
         drive: asyncio.Task[object] | None,
     ) -> None:
-        delay = self.take_after_s if watch.unwritten else self.config.lease_ttl_s / 3
+        """Take the lease (if no write has) or renew it, then every third of its TTL."""
         while True:
-            await asyncio.sleep(delay)
-            delay = self.config.lease_ttl_s / 3
-            if watch.end_takes:
-                continue  # the drive's end writes the lease itself: none to renew yet
+            if watch.end_takes:  # the drive's end writes the lease itself: none to renew yet
+                await asyncio.sleep(self.config.lease_ttl_s / 3)
+                continue
             try:
                 if watch.unwritten:  # a transaction fenced by the lease takes it
                     watch.unwritten = False
@@ -258,6 +264,7 @@ class RunDriver:
                 if drive is not None:
                     drive.cancel()  # stops the executor; nothing more is written
                 return
+            await asyncio.sleep(self.config.lease_ttl_s / 3)
 
     async def _drive_loop(
         self, lease: Lease, watch: _LeaseWatch, bindings: Bindings, first: _Begun, wrote: bool
