@@ -506,15 +506,15 @@ def _read_begin(
     journal, and a lease to take later (`_take_read`) at the epoch after the one read. None
     when the beginning must be written now (`_take_and_begin`): there is no such run, it has
     ended or is paused, a cancel or a pause is asked, or a driver holds (or held) its lease."""
-    found = tx.unleased_run(run_id)
+    found = tx.unleased_run(run_id, _WAKE_UPS)
     if found is None:
         return None
-    run, epoch = found
+    run, epoch, woken = found
     if run.status in TERMINAL or run.status == "paused":
         return None
     if run.cancel_requested or run.pause_requested:
         return None
-    later = partial(take, run_id=run_id, epoch=epoch, snapshot_id=run.snapshot_id)
+    later = partial(take, run_id=run_id, epoch=epoch, snapshot_id=run.snapshot_id, woken=woken)
     lease = Lease(run_id, worker_id, epoch + 1, take=later)
     journal, unsettled = _journal_and_open(tx, run_id, now, budgeted=False)
     return lease, (run, journal, unsettled, {}), False
@@ -530,16 +530,19 @@ def _take_read(
     snapshot_id: str,
     ttl_ms: int,
     clock: Callable[[], int],
+    woken: bool,
 ) -> None:
     """The drive's beginning, for a run read at `epoch` with no lease held (`_read_begin`),
     and, when `written`, its lease (`LeaseLost` if another driver took the run since; without
-    it, the drive's end writes the lease: `JournalTransaction.check_fence`)."""
+    it, the drive's end writes the lease: `JournalTransaction.check_fence`). The wake-up
+    timers it serves are those the read found (`woken`): one set since is left to wake the
+    run again, as it would be under a lease taken first."""
     now = clock()
     if written:
         lease = tx.acquire_lease(run_id, worker_id, now, ttl_ms, begin=True, free_at=epoch)
         if lease is None:
             raise LeaseLost(Lease(run_id, worker_id, epoch + 1))
-    _mark_begun(tx, run_id, worker_id, snapshot_id, now)
+    _mark_begun(tx, run_id, worker_id, snapshot_id, now, woken=woken)
 
 
 def _nothing(tx: JournalTransaction) -> bool:
@@ -548,10 +551,18 @@ def _nothing(tx: JournalTransaction) -> bool:
 
 
 def _mark_begun(
-    tx: JournalTransaction, run_id: str, worker_id: str, snapshot_id: str, now: int
+    tx: JournalTransaction,
+    run_id: str,
+    worker_id: str,
+    snapshot_id: str,
+    now: int,
+    *,
+    woken: bool = True,
 ) -> None:
-    """A drive's beginning under its lease: the wake-ups it serves go, and the event."""
-    tx.delete_timers(run_id, (SIGNAL_TIMER, EXECUTOR_TIMER, THROTTLE_TIMER))
+    """A drive's beginning under its lease: the wake-ups it serves go (none, unless `woken`),
+    and the event."""
+    if woken:
+        tx.delete_timers(run_id, _WAKE_UPS)
     driven = {"worker": worker_id, "snapshot": snapshot_id}
     tx.append_event(run_id, "drive_started", now, dumps_text(driven))
 
@@ -645,6 +656,8 @@ def _charge(
 
 
 EXECUTOR_TIMER = "executor"  # the timer that wakes a run parked after its executor died
+# The timers that only wake a run (no step waits on them): a drive's beginning serves them.
+_WAKE_UPS = (SIGNAL_TIMER, EXECUTOR_TIMER, THROTTLE_TIMER)
 _PARK_FIRST_MS = 30_000
 _PARK_LAST_MS = 3_600_000
 

@@ -147,6 +147,24 @@ async def test_a_resumed_waiting_run_is_read_not_written_before_its_drive(
         assert "epoch = epoch + 1" in update, update
         assert "status" not in update.split(" WHERE ")[0], update
         assert "worker_id IS NULL" in update, update
+        assert not [text for text in sql if text.startswith("DELETE FROM timers")], sql
+
+
+async def test_a_drive_serves_the_wake_up_its_run_had_when_read(tmp_path: Path) -> None:
+    """A signal left for a worker sets a wake-up timer; the drive that reads the run with it
+    removes it as it begins (else the run would be woken again and again)."""
+    async with Runner.open(tmp_path / "journal.db") as runner:
+        run = await start_source(runner, WAITER)
+        key = run_key("acme", run.run_id)
+        await runner.signal(run.run_id, "other", {}, scope="acme", drive=False)
+        timers = "SELECT step_key FROM timers WHERE run_id = ? AND step_key = 'signal'"
+        assert len(query(str(tmp_path / "journal.db"), timers, (key,))) == 1
+        with statements(runner) as seen:
+            again = await runner.resume(run.run_id, scope="acme")
+        assert again.status == "waiting"
+        deletes = [text for _, text in seen if text.startswith("DELETE FROM timers")]
+        assert len(deletes) == 1, deletes
+        assert query(str(tmp_path / "journal.db"), timers, (key,)) == []
 
 
 @pytest.mark.parametrize("why", ["budgets", "concurrency"])

@@ -446,16 +446,22 @@ class JournalTransaction:
             self._holders[run_id] = row[0]
         return run
 
-    def unleased_run(self, run_id: str) -> tuple[RunRecord, int] | None:
-        """The run and its lease's epoch, if no driver holds the lease (none, or the last one
-        released it); None when one does, or there is no such run. Not kept: the row is not
-        locked (a drive reads it before it takes the lease: runner/driver.py)."""
+    def unleased_run(
+        self, run_id: str, timer_keys: tuple[str, ...]
+    ) -> tuple[RunRecord, int, bool] | None:
+        """The run, its lease's epoch, and whether it has a timer of one of `timer_keys`, if
+        no driver holds the lease (none, or the last one released it); None when one does,
+        or there is no such run. Not kept: the row is not locked (a drive reads it before it
+        takes the lease: runner/driver.py)."""
+        keys = ", ".join("?" * len(timer_keys))
         row = self._one(
-            f"SELECT epoch, worker_id, {RUN_COLUMNS} FROM runs WHERE run_id = ?", (run_id,)
+            f"SELECT epoch, worker_id, EXISTS (SELECT 1 FROM timers WHERE timers.run_id ="
+            f" runs.run_id AND step_key IN ({keys})), {RUN_COLUMNS} FROM runs WHERE run_id = ?",
+            (*timer_keys, run_id),
         )
         if row is None or row[1] is not None:
             return None
-        return run_record(row[2:]), int(row[0])
+        return run_record(row[3:]), int(row[0]), bool(row[2])
 
     def created(self, run_id: str) -> bool:
         """Whether this transaction inserted the run: nothing else is recorded of it but what
