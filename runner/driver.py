@@ -5,13 +5,14 @@ while it runs; every journal write of the drive is fenced by the epoch, so a dri
 was taken over (it was paused past its lease, say) can write nothing more and stops. Within one
 process a run is also driven by one coroutine at a time (a lock per run).
 
-A run that no driver holds, with nothing to settle before it is driven (no cancel or pause
-asked, a scope with no budgets or concurrency limit), is read without a write transaction and
-its lease taken later: by the drive's first write (its end, for a drive that only replays to
-where it waits), or after `RunDriver.take_after_s` if none comes sooner. Taking it checks the
-epoch the drive read: if another driver took the run meanwhile, nothing of this drive is
-written, as for a lease taken over. Nothing reaches the outside world before the lease is
-taken, as every effect is recorded first.
+A run a caller waits to see driven (a resume, a signal) that no driver holds, with nothing to
+settle before it is driven (no cancel or pause asked, a scope with no budgets or concurrency
+limit), is read without a write transaction and its lease taken later: by the drive's first
+write (its end, for a drive that only replays to where it waits), or after
+`RunDriver.take_after_s` if none comes sooner. Taking it checks the epoch the drive read: if
+another driver took the run meanwhile, nothing of this drive is written, as for a lease taken
+over. Nothing reaches the outside world before the lease is taken, as every effect is
+recorded first.
 """
 
 from __future__ import annotations
@@ -135,13 +136,16 @@ class RunDriver:
     ) -> RunRecord:
         """Drive `run_id` until it suspends on something not yet due, or ends. A run whose
         lease another live driver holds is returned as it is. `first` is written in the
-        transaction that takes the lease, before it (an operator's resume lifting a pause);
-        `read_first`: it writes nothing to a run that may be read before its lease is taken
-        (`_read_begin`)."""
+        transaction that takes the lease, before it (an operator's resume lifting a pause).
+        With `read_first` (a caller waiting for this drive: a resume, a signal), the run may be
+        read before its lease is taken (`_read_begin`), and `first` must write nothing to a
+        run that is not paused and has no cancel or pause asked. A worker's claim takes the
+        lease first: claims skip leased runs (a run in flight is not claimed again, here or by
+        another worker) and number each scope's turns without them."""
         async with self._locks.hold(run_id):
             now = self.now_ms()
             taken: tuple[Lease, _Begun | RunRecord, bool] | None = None
-            if (first is None or read_first) and self._may_read_first(run_id):
+            if read_first and self._may_read_first(run_id):
                 taken = await self.store.transact(
                     partial(_read_begin, run_id=run_id, worker_id=self.worker_id, now=now,
                             take=partial(_take_read, worker_id=self.worker_id,

@@ -430,7 +430,7 @@ class Runner(RunReads):
 
         current = await self._store.transact(deliver)
         if drive and current.status == "waiting":
-            return await self._drive(key, bindings)
+            return await self._drive(key, bindings, read_first=True)
         return run_view(current)
 
     async def cancel(self, run_id: str, *, scope: str) -> RunView:
