@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -62,68 +63,81 @@ def event_types(journal: str, key: str) -> list[str]:
     return [str(row[0]) for row in rows]
 
 
+@dataclass
+class HeldResume:
+    first: Runner  # its resume of `run_id` is held just before its executor (its run read)
+    second: Runner
+    run_id: str
+    key: str
+    resumed: asyncio.Task[Any]
+    go_on: asyncio.Event
+
+
+@asynccontextmanager
+async def a_held_resume(
+    journal: str, tmp_path: Path, take_after_s: float
+) -> AsyncIterator[HeldResume]:
+    """Two runners on one journal, a waiting run, and the first runner's resume of it held
+    just before its executor; let go at the end whatever happens (the runner's close would
+    wait for it)."""
+    async with two_runners(journal, tmp_path) as (first, second):
+        run = await start_source(first, WAITER)
+        first._driver.take_after_s = take_after_s
+        arrived, go_on = held_at_the_executor(first)
+        try:
+            resumed = asyncio.create_task(first.resume(run.run_id, scope="acme"))
+            await asyncio.wait_for(arrived.wait(), 30)
+            key = run_key("acme", run.run_id)
+            yield HeldResume(first, second, run.run_id, key, resumed, go_on)
+        finally:
+            go_on.set()
+
+
 async def test_two_drivers_that_read_a_run_at_once_record_one_drive(
     journal: str, tmp_path: Path
 ) -> None:
-    async with two_runners(journal, tmp_path) as (first, second):
-        run = await start_source(first, WAITER)
-        key = run_key("acme", run.run_id)
-        first._driver.take_after_s = 60.0  # its lease is taken by its end, if at all
-        arrived, go_on = held_at_the_executor(first)
-        try:
-            late = asyncio.create_task(first.resume(run.run_id, scope="acme"))
-            await asyncio.wait_for(arrived.wait(), 30)
-            epoch, holder, status, _ = run_row(journal, key)
-            assert holder is None  # read, not leased: nothing written
-            assert status == "waiting"
-            ahead = await second.resume(run.run_id, scope="acme")  # drives it to its wait
-            assert ahead.status == "waiting"
-            recorded = run_row(journal, key)
-            assert recorded[0] == epoch + 1  # its drive moved the epoch on, leased or not
-            counts, events = table_counts(journal), event_types(journal, key)
-            go_on.set()
-            behind = await asyncio.wait_for(late, 30)
-            # The first driver's drive ran, but its end found the run taken since it read it:
-            # nothing of it was written, and it returns the run as the other driver left it.
-            assert behind.status == "waiting"
-            assert run_row(journal, key) == recorded
-            assert table_counts(journal) == counts
-            assert event_types(journal, key) == events
-            assert events.count("drive_started") == 2  # the start's drive, and the second's
-        finally:  # never leave a drive held (the runner's close would wait for it)
-            go_on.set()
+    # The first's lease is taken by its end, if at all.
+    async with a_held_resume(journal, tmp_path, take_after_s=60.0) as held:
+        epoch, holder, status, _ = run_row(journal, held.key)
+        assert holder is None  # read, not leased: nothing written
+        assert status == "waiting"
+        ahead = await held.second.resume(held.run_id, scope="acme")  # drives it to its wait
+        assert ahead.status == "waiting"
+        recorded = run_row(journal, held.key)
+        assert recorded[0] == epoch + 1  # its drive moved the epoch on, leased or not
+        counts, events = table_counts(journal), event_types(journal, held.key)
+        held.go_on.set()
+        behind = await asyncio.wait_for(held.resumed, 30)
+        # The first driver's drive ran, but its end found the run taken since it read it:
+        # nothing of it was written, and it returns the run as the other driver left it.
+        assert behind.status == "waiting"
+        assert run_row(journal, held.key) == recorded
+        assert table_counts(journal) == counts
+        assert event_types(journal, held.key) == events
+        assert events.count("drive_started") == 2  # the start's drive, and the second's
 
 
 async def test_a_drive_that_goes_on_without_writing_takes_its_lease(
     journal: str, tmp_path: Path
 ) -> None:
-    async with two_runners(journal, tmp_path) as (first, second):
-        run = await start_source(first, WAITER)
-        key = run_key("acme", run.run_id)
-        first._driver.take_after_s = 0.05
-        arrived, go_on = held_at_the_executor(first)
-        try:
-            driving = asyncio.create_task(first.resume(run.run_id, scope="acme"))
-            await asyncio.wait_for(arrived.wait(), 30)
-            started = event_types(journal, key).count("drive_started")
-            for _ in range(300):  # taken after take_after_s, by a transaction of its own
-                if run_row(journal, key)[1] is not None:
-                    break
-                await asyncio.sleep(0.01)
-            epoch, holder, status, _ = run_row(journal, key)
-            assert holder == first._driver.worker_id
-            assert status == "running"
-            assert event_types(journal, key).count("drive_started") == started + 1
-            # Another driver finds it leased: it does not drive it.
-            other = await second.resume(run.run_id, scope="acme")
-            assert other.status == "running"
-            assert event_types(journal, key).count("drive_started") == started + 1
-            go_on.set()
-            done = await asyncio.wait_for(driving, 30)
-            assert done.status == "waiting"
-            assert run_row(journal, key)[:3] == (epoch, None, "waiting")  # released, same epoch
-        finally:  # never leave a drive held (the runner's close would wait for it)
-            go_on.set()
+    async with a_held_resume(journal, tmp_path, take_after_s=0.05) as held:
+        started = event_types(journal, held.key).count("drive_started")
+        for _ in range(300):  # taken after take_after_s, by a transaction of its own
+            if run_row(journal, held.key)[1] is not None:
+                break
+            await asyncio.sleep(0.01)
+        epoch, holder, status, _ = run_row(journal, held.key)
+        assert holder == held.first._driver.worker_id
+        assert status == "running"
+        assert event_types(journal, held.key).count("drive_started") == started + 1
+        # Another driver finds it leased: it does not drive it.
+        other = await held.second.resume(held.run_id, scope="acme")
+        assert other.status == "running"
+        assert event_types(journal, held.key).count("drive_started") == started + 1
+        held.go_on.set()
+        done = await asyncio.wait_for(held.resumed, 30)
+        assert done.status == "waiting"
+        assert run_row(journal, held.key)[:3] == (epoch, None, "waiting")  # released, same epoch
 
 
 async def test_a_resumed_waiting_run_is_read_not_written_before_its_drive(
