@@ -319,9 +319,12 @@ class RunDriver:
                     lease,
                 )  # fmt: skip
             now = self.now_ms()
-            # A lease no write has taken yet is taken by the end itself, in its last update.
-            watch.end_takes = watch.unwritten and host.ops_seen == 0
-            watch.unwritten = watch.unwritten and not watch.end_takes
+            # A lease no write has taken yet is taken by the end itself, in its last update
+            # (an op the host serviced may have taken it: the end's fence then finds it held).
+            if host.ops_seen:
+                watch.unwritten = False
+            watch.end_takes = watch.unwritten
+            watch.unwritten = False
             finish = partial(_finish, lease=lease, outcome=outcome, host=host, now=now,
                              charges=self._charges(outcome, host, now),
                              taking=watch.end_takes, ttl_ms=self._ttl_ms)  # fmt: skip
