@@ -321,9 +321,7 @@ class RunDriver:
             now = self.now_ms()
             # A lease no write has taken yet is taken by the end itself, in its last update
             # (an op the host serviced may have taken it: the end's fence then finds it held).
-            if host.ops_seen:
-                watch.unwritten = False
-            watch.end_takes = watch.unwritten
+            watch.end_takes = watch.unwritten and not host.ops_seen
             watch.unwritten = False
             finish = partial(_finish, lease=lease, outcome=outcome, host=host, now=now,
                              charges=self._charges(outcome, host, now),
@@ -457,8 +455,8 @@ class RunDriver:
 @dataclasses.dataclass(slots=True)
 class _LeaseWatch:
     """A drive's lease read with none held (`Lease.take`): `unwritten` while no write has
-    been asked to take it (the heartbeat asks after `RunDriver.take_after_s`); `end_takes` while the
-    drive's end is taking it in its own last update (there is none to renew meanwhile)."""
+    been asked to take it (the heartbeat asks after `RunDriver.take_after_s`); `end_takes`
+    while the drive's end is taking it in its own last update (none to renew meanwhile)."""
 
     unwritten: bool
     end_takes: bool = False
@@ -777,8 +775,7 @@ def _finish(
                 park_throttled(tx, current, now, host.throttle)
                 return _release(tx, lease)
             if host.diverged:
-                tx.update_run(run_id, **common)
-                tx.hold_lease(lease, now, ttl_ms)
+                _drive_again(tx, lease, now, ttl_ms, common)
                 return None
             events = sorted({m.event for m in markers if m.kind == "event" and m.event})
             wake_at = _next_wake(tx, run_id, events, now)
@@ -789,11 +786,19 @@ def _finish(
             left = {"status": status, "wake_at": wake_at, "waiting_for": waiting_for, **common}
             tx.append_event(run_id, "run_suspended", now, None)
             if wake_at is not None and wake_at <= now:
-                tx.update_run(run_id, **left)
-                tx.hold_lease(lease, now, ttl_ms)
+                _drive_again(tx, lease, now, ttl_ms, left)
                 return None
             return _release(tx, lease, **left)
     raise AssertionError("unreachable")
+
+
+def _drive_again(
+    tx: JournalTransaction, lease: Lease, now: int, ttl_ms: int, fields: dict[str, object]
+) -> None:
+    """The drive's end, for a run driven again at once: the run's `fields` written, and the
+    lease kept (written now, if the end took it: `JournalTransaction.hold_lease`)."""
+    tx.update_run(lease.run_id, **fields)
+    tx.hold_lease(lease, now, ttl_ms)
 
 
 def _next_wake(tx: JournalTransaction, run_id: str, events: list[str], now: int) -> int | None:

@@ -22,6 +22,12 @@ PROJECT_ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = PROJECT_ROOT / "fixtures"
 
 
+# A run that waits for one event at once: a resume replays it to that wait (no step, no write).
+WAITER = (
+    'export default async (e, step) => (await step.waitForEvent("go", { type: "go" })).payload;'
+)
+
+
 @pytest.fixture
 async def runner(tmp_path: Path) -> AsyncIterator[Runner]:
     async with Runner.open(tmp_path / "journal.db") as opened:

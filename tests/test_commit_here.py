@@ -13,8 +13,7 @@ from typing import Any
 
 from qjsflow.runner import Runner, StartRunInput
 from qjsflow.runner.store.connection import JobThread
-from tests.conftest import start_source, statements
-from tests.test_leases_taken_late import WAITER
+from tests.conftest import WAITER, start_source, statements
 
 TEN = """
 export default async (event, step) => {

@@ -17,13 +17,10 @@ import pytest
 from qjsflow.runner import Runner, RunnerConfig
 from qjsflow.runner.budgets import Budgets
 from qjsflow.runner.scopes import run_key
+from qjsflow.runner.store import JournalTransaction, Lease
 from qjsflow.sandbox import PoolConfig
-from tests.conftest import start_source, statements
+from tests.conftest import WAITER, start_source, statements
 from tests.journal_reads import query, table_counts
-
-WAITER = (
-    'export default async (e, step) => (await step.waitForEvent("go", { type: "go" })).payload;'
-)
 
 
 @asynccontextmanager
@@ -201,3 +198,33 @@ async def test_a_scope_whose_drives_are_counted_takes_the_lease_first(
         beginning = sql[: sql.index("COMMIT")]
         leases = [text for text in beginning if "epoch = epoch + 1" in text]
         assert len(leases) == 1, beginning
+
+
+async def test_a_lease_taken_at_a_drives_end_is_written_by_that_job(tmp_path: Path) -> None:
+    """A job that takes a read lease as a drive's end must give it up or keep it: one that
+    does neither is undone (its drive's beginning with it), and the run stays as it was."""
+    journal = str(tmp_path / "journal.db")
+    async with Runner.open(journal) as runner:
+        run = await start_source(runner, WAITER)
+        key = run_key("acme", run.run_id)
+        epoch = run_row(journal, key)[0]
+        taken: list[bool] = []
+
+        def begin(tx: JournalTransaction, written: bool) -> None:
+            taken.append(written)
+            tx.append_event(key, "drive_started", 1, None)
+
+        lease = Lease(key, "w", epoch + 1, take=begin)
+        counts = table_counts(journal)
+        with pytest.raises(RuntimeError, match="neither given up nor kept"):
+            await runner.store.transact(lambda tx: tx.check_fence(lease, ending=True))
+        assert taken == [False]  # the beginning only: the end's update was to write the lease
+        assert table_counts(journal) == counts
+        assert run_row(journal, key)[:2] == (epoch, None)
+
+        def end(tx: JournalTransaction) -> None:
+            tx.check_fence(lease, ending=True)
+            tx.release_lease(lease)
+
+        await runner.store.transact(end)
+        assert run_row(journal, key)[:2] == (epoch + 1, None)  # given up: the epoch moved on

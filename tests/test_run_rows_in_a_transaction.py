@@ -19,7 +19,7 @@ from qjsflow.runner.store.connection import connect_sqlite
 from qjsflow.runner.store.dialect import SQLITE
 from qjsflow.runner.store.journal import _Job, _run_batch
 from qjsflow.runner.store.migrations import migrate
-from tests.conftest import start_source, statements
+from tests.conftest import WAITER, start_source, statements
 from tests.postgres import PostgresServer
 from tests.test_commit_here import TEN
 
@@ -88,11 +88,6 @@ async def test_a_drive_reads_its_run_once_and_checks_its_fence_once(tmp_path: An
         for needless in ("SELECT kind, name", "SELECT run_id, kind", "DELETE FROM timers",
                          "UPDATE runs SET status", "SELECT worker_id"):  # fmt: skip
             assert not any(text.startswith(needless) for text in beginning), beginning
-
-
-WAITER = (
-    'export default async (e, step) => (await step.waitForEvent("go", { type: "go" })).payload;'
-)
 
 
 async def test_a_drives_beginning_marks_its_run_running_with_its_lease(tmp_path: Any) -> None:

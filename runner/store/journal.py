@@ -130,7 +130,9 @@ def _run_batch(connection: Any, batch: list[_Job], backend: Backend) -> list[tup
                 elif job.fence is not None:
                     tx.check_fence(job.fence)
                 held = None
-                outcomes.append((True, job.work(tx)))
+                result = job.work(tx)
+                tx.check_leases_written()
+                outcomes.append((True, result))
                 usage += tx.usage
                 if not alone:
                     connection.execute("RELEASE job")

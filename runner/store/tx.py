@@ -259,6 +259,16 @@ class JournalTransaction:
         lease.take(self, True)  # the lease and the drive's beginning, or LeaseLost
         self.fence_held(lease, self._runs[lease.run_id])
 
+    def check_leases_written(self) -> None:
+        """After a job: a lease it took at a drive's end must be written by it (given up with
+        the run's last update, or kept): else the job wrote a drive's beginning under a lease
+        that no row records, and must be undone."""
+        if self._unwritten:
+            raise RuntimeError(
+                f"a lease taken at the end of a drive of {next(iter(self._unwritten))!r}"
+                " was neither given up nor kept"
+            )
+
     def hold_lease(self, lease: Lease, now: int, ttl_ms: int) -> None:
         """Write a lease taken at a drive's end (`check_fence`) that the drive keeps: its run
         is driven again at once."""
