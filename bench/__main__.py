@@ -53,6 +53,11 @@ def _table(results: dict[str, dict[str, Any]]) -> str:
         ("replay of 1,000 steps", f"{_fmt(r['replay_ms'])} ms", "target 50 ms"),
         ("publish to first step (cold)", f"{_fmt(k['publish_to_first_step_ms'])} ms", ""),
         ("a whole drive, warm pool (resume to a wait)", f"{_fmt(k['warm_drive_ms'], 2)} ms", ""),
+        (
+            "the same, a 400 kB bundle",
+            f"{_fmt(k['warm_drive_big_bundle_ms'], 2)} ms",
+            "its module builds a 10,000-row table as it loads",
+        ),
         ("RSS with 1k / 10k waiting runs", rss, "no per-run memory"),
         ("memory per waiting run", f"{_fmt(m['bytes_per_waiting_run'], 0)} bytes", ""),
     ]

@@ -50,6 +50,13 @@ export default async (event, step) => (await step.waitForEvent("go", { type: "go
 """
 
 
+def big_waiter(table_rows: int = 10_000) -> str:
+    """`WAITER` with a table its module builds as it loads: a bundle of ~400 kB, the size of a
+    workflow that imports a few libraries."""
+    rows = ",".join(f'"row {n} of a table the module carries"' for n in range(table_rows))
+    return f"const TABLE = [{rows}];\nglobalThis.rows = TABLE.length;\n{WAITER}"
+
+
 def cpu_times() -> list[int]:
     """The machine's CPU time so far, by kind (`/proc/stat`'s first line, in ticks): user,
     nice, system, idle, iowait, irq, softirq, steal."""

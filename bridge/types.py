@@ -240,6 +240,9 @@ class DriveRequest:
     # A migration's check (runner/migrate.py): every journal entry must be reached before the
     # drive ends, or the outcome is a divergence naming the first one missed.
     strict: bool = False
+    # `bundle_digest(bundle)` (bridge/digest.py), when the caller has it (a stored bundle's
+    # checksum): an executor is sent each text once, and the pool names it by this.
+    bundle_key: str = ""
 
 
 @dataclass(frozen=True, slots=True)

@@ -388,6 +388,7 @@ class RunDriver:
             unsettled=unsettled.keys,
             waiting=unsettled.waiting,
             export=bundle.export,
+            bundle_key=bundle.digest,
         )
         try:
             outcome = await self.pool.drive(request, host)

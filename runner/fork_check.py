@@ -91,7 +91,7 @@ async def replay_without_calls(
         run_id=split_run_key(run.run_id)[1], workflow=run.workflow, bundle=bundle.code,
         input=run.input, created_at_ms=run.created_at, journal=journal,
         env=run.persisted_bindings, limits=driver.config.limits, export=bundle.export,
-        strict=strict,
+        strict=strict, bundle_key=bundle.digest,
     )  # fmt: skip
     host = NoAnswers()
     return await driver.pool.drive(request, host), host

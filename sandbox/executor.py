@@ -68,6 +68,7 @@ _PREPARE_TIME_LIMIT_S = 5.0
 _COMPUTE_STOPPED = '"message":"compute limit exceeded"'  # the prelude's, 30-errors-and-config
 _LAST_LOOK_S = 0.05  # reading the prelude's outcome after the budget ran out
 _LAST_LOOK_JOBS = 16
+_NO_TEXT = "the executor was not sent the workflow's code (an internal error)"
 
 
 def _with_prelude(prelude: PreludeLoader) -> tuple[quickjs.Context, Any]:
@@ -99,6 +100,26 @@ class Prepared:
         self.plan = plan if found is None else dumps_text(found)
 
 
+class BundleTexts:
+    """The bundles' texts this executor holds, by digest: the parent sends a text with the
+    first drive of it, then only its digest, and says which to forget (`_Executor.bundles`
+    in sandbox/pool.py is its mirror)."""
+
+    def __init__(self) -> None:
+        self._texts: dict[str, str] = {}
+
+    def take(self, message: dict[str, Any]) -> tuple[str, str] | None:
+        """The drive message's bundle, as (digest, text); None if it names one not held."""
+        for key in message.get("forget") or ():
+            self._texts.pop(key, None)
+        key = message["bundleKey"]
+        text = message.get("bundle")
+        if text is not None:
+            self._texts[key] = text
+        found = self._texts.get(key)
+        return None if found is None else (key, found)
+
+
 class Drive:
     def __init__(
         self,
@@ -107,9 +128,12 @@ class Drive:
         frames_out: int,
         prepared: Prepared,
         bundles: BundleCode | None = None,
+        *,
+        bundle_key: str | None = None,
     ) -> None:
         self.request = request
         self.bundle = bundle
+        self.bundle_key = bundle_key
         self.bundles = bundles
         self.frames_out = frames_out
         limits = request["limits"]
@@ -146,7 +170,10 @@ class Drive:
     def _load(self) -> None:
         """Evaluate the bundle: from the bytecode this process compiled of it, or its source."""
         memory = int(self.limits["memory_bytes"])
-        if self.bundles is not None and self.bundles.define(self.context, self.bundle, memory):
+        bundles = self.bundles
+        if bundles is not None and bundles.define(
+            self.context, self.bundle, memory, key=self.bundle_key
+        ):
             self._call("load", "", what="loading the workflow")
         else:
             self._call("load", self.bundle, what="loading the workflow")
@@ -361,6 +388,7 @@ def serve(
     first = Prepared(prelude)
     plan = first.plan
     prepared: Prepared | None = first
+    texts = BundleTexts()
     while (payload := read()) is not None:
         message = loads(payload, max_depth=None)
         if prepared is None:
@@ -370,7 +398,12 @@ def serve(
             continue
         if before_drive is not None:
             before_drive()
-        drive = Drive(message["request"], message["bundle"], frames_out, prepared, bundles)
+        bundle = texts.take(message)
+        if bundle is None:  # the parent's mirror is wrong: say so, and be replaced
+            _write_all(frames_out, frame(_failed(_NO_TEXT, recycle=True)))
+            continue
+        key, text = bundle
+        drive = Drive(message["request"], text, frames_out, prepared, bundles, bundle_key=key)
         prepared = None
         result = drive.run()
         _write_all(frames_out, frame(result))

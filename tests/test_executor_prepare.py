@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from qjsflow.bridge.codec import dumps
+from qjsflow.bridge.digest import bundle_digest
 from qjsflow.bridge.types import Answer, Completed, OpEnvelope, Suspended
 from qjsflow.bridge.wire import request_to_wire
 from qjsflow.runner import Runner, StartRunInput
@@ -66,7 +67,8 @@ def _served(messages: list[dict[str, Any]], monkeypatch: pytest.MonkeyPatch) -> 
 
 async def _drive_message() -> dict[str, Any]:
     code = await bundle_of(ANSWER)
-    return {"type": "drive", "request": request_to_wire(MemoryHost().request(code)), "bundle": code}
+    request = request_to_wire(MemoryHost().request(code))
+    return {"type": "drive", "request": request, "bundle": code, "bundleKey": bundle_digest(code)}
 
 
 async def test_the_next_context_waits_for_the_parent(monkeypatch: pytest.MonkeyPatch) -> None:

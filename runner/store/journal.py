@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from qjsflow.bridge import dumps_text, loads
+from qjsflow.bridge.digest import bundle_digest
 from qjsflow.bundles.manifest import Capabilities, capabilities_from_json
 from qjsflow.runner.errors import JournalUnavailable, StoredCodeDamaged
 from qjsflow.runner.metrics import METRICS
@@ -88,6 +89,7 @@ class BundleRecord:
     export: str = "default"
     source_map: str = ""
     capabilities: Capabilities | None = None  # its snapshot's (see SnapshotRecord)
+    digest: str = ""  # `bundle_digest(code)`, as stored and checked
 
 
 @dataclass(slots=True)
@@ -474,7 +476,7 @@ class JournalStore:
             ]
         )
         bundles = [
-            (b.workflow, b.entry_path, b.code, _digest(b.code), b.export, b.source_map)
+            (b.workflow, b.entry_path, b.code, bundle_digest(b.code), b.export, b.source_map)
             for b in snapshot.bundles
         ]
         declared = None if snapshot.capabilities is None else snapshot.capabilities.to_json()
@@ -496,7 +498,7 @@ class JournalStore:
         if not rows:
             return None
         entry_path, code, checksum = str(rows[0][0]), str(rows[0][1]), str(rows[0][2])
-        if _digest(code) != checksum:
+        if bundle_digest(code) != checksum:
             raise StoredCodeDamaged(scope, snapshot_id, workflow)
         return BundleRecord(
             scope,
@@ -507,6 +509,7 @@ class JournalStore:
             str(rows[0][3]),
             str(rows[0][4]),
             _capabilities(rows[0][5]),
+            checksum,
         )
 
     # -- runs: reads outside any write transaction --------------------------------------------
@@ -668,7 +671,3 @@ def _capabilities(stored: object) -> Capabilities | None:
     if stored is None:
         return None
     return capabilities_from_json(loads(str(stored)), "the stored capabilities")
-
-
-def _digest(code: str) -> str:
-    return hashlib.sha256(code.encode("utf-8")).hexdigest()
