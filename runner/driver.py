@@ -57,6 +57,7 @@ from qjsflow.runner.capabilities import Reach
 from qjsflow.runner.config import RunnerConfig
 from qjsflow.runner.errors import JournalUnavailable, RunNotFound, StoredCodeDamaged
 from qjsflow.runner.host import DriveHost
+from qjsflow.runner.kept import Kept, KeptBeginnings, OpenSteps
 from qjsflow.runner.locations import Locator, SourceMap, author_frames
 from qjsflow.runner.metrics import METRICS
 from qjsflow.runner.printable import printable
@@ -118,6 +119,7 @@ class RunDriver:
         self._maps: dict[BundleRecord, SourceMap] = {}  # read on a bundle's first error
         # Drives in progress in this process, to stop one at once when its run is taken away.
         self._active: dict[str, tuple[asyncio.Event, asyncio.Task[object]]] = {}
+        self._kept = KeptBeginnings()  # waiting runs' beginnings, from their last drive here
 
     def now_ms(self) -> int:
         return int(self.config.clock() * 1000)
@@ -141,15 +143,22 @@ class RunDriver:
         read before its lease is taken (`_read_begin`), and `first` must write nothing to a
         run that is not paused and has no cancel or pause asked. A worker's claim takes the
         lease first: claims skip leased runs (a run in flight is not claimed again, here or by
-        another worker) and number each scope's turns without them."""
+        another worker) and number each scope's turns without them. A resume may begin from
+        what the run's last drive here left kept (runner/kept.py)."""
         async with self._locks.hold(run_id):
+            kept = self._kept.take(run_id, self.now_ms())  # dropped: the end keeps it again
+            read_first = read_first and self._may_read_first(run_id)
+            if kept is not None and read_first:
+                final = await self._drive_taken(self._from_kept(kept), bindings, keep=True)
+                if final is not None:
+                    return final
+                # Taken since it was kept (by another driver, or an operator): read afresh.
             now = self.now_ms()
-            taken: tuple[Lease, _Begun | RunRecord, bool] | None = None
-            if read_first and self._may_read_first(run_id):
+            taken: _Taken | None = None
+            if read_first:
                 taken = await self.store.transact(
                     partial(_read_begin, run_id=run_id, worker_id=self.worker_id, now=now,
-                            take=partial(_take_read, worker_id=self.worker_id,
-                                         ttl_ms=self._ttl_ms, clock=self.now_ms)),
+                            take=self._late_take),
                     durable=False, writes=False,
                 )  # fmt: skip
             if taken is None:
@@ -160,25 +169,51 @@ class RunDriver:
                             first=first),
                     durable=False,
                 )  # fmt: skip
-            final: RunRecord | None = None
+            final = None
             if taken is not None:
-                lease, begun, wrote = taken
-                if lease.taken_from is not None:
-                    _log.warning("run %s: taken over from %s, whose lease lapsed", run_id,
-                                 lease.taken_from[:100])  # fmt: skip
-                if isinstance(begun, RunRecord):
-                    return begun  # over, cancelled or paused: released with its beginning
-                try:
-                    final = await self._drive_leased(lease, bindings, begun, wrote)
-                except LeaseLost:
-                    pass  # another driver has the run now; it writes the rest
-                finally:
-                    if final is None:  # not released with the drive's last transaction
-                        await self.store.release_lease(lease)
+                final = await self._drive_taken(taken, bindings, keep=read_first)
             run = final or await self.store.get_run(run_id)
             if run is None:
                 raise RunNotFound(run_id)
             return run
+
+    @property
+    def _late_take(self) -> partial[None]:
+        """How a drive read before its lease takes it (`_take_read`), less the run's facts."""
+        return partial(_take_read, worker_id=self.worker_id, ttl_ms=self._ttl_ms,
+                       clock=self.now_ms)  # fmt: skip
+
+    def _from_kept(self, kept: Kept) -> tuple[Lease, _Begun, bool]:
+        """A drive's beginning from what a drive before it left kept (runner/kept.py): as
+        `_read_begin` would read it, with no wake-up timer to serve (one set since, by a
+        signal elsewhere, wakes the run again); its lease is taken only if the run's epoch
+        and row are still as kept."""
+        run = kept.run
+        later = partial(self._late_take, run_id=run.run_id, epoch=kept.epoch,
+                        snapshot_id=run.snapshot_id, woken=False, kept=run)  # fmt: skip
+        lease = Lease(run.run_id, self.worker_id, kept.epoch + 1, take=later)
+        return lease, (run, kept.journal, kept.open, {}), False
+
+    async def _drive_taken(
+        self, taken: _Taken, bindings: Bindings, *, keep: bool
+    ) -> RunRecord | None:
+        """Drive a run whose beginning is `taken`; the run as the drive left it, or None when
+        its lease was lost (another driver has the run, or took it since it was read)."""
+        lease, begun, wrote = taken
+        if lease.taken_from is not None:
+            _log.warning("run %s: taken over from %s, whose lease lapsed", lease.run_id,
+                         lease.taken_from[:100])  # fmt: skip
+        if isinstance(begun, RunRecord):
+            return begun  # over, cancelled or paused: released with its beginning
+        final: RunRecord | None = None
+        try:
+            final = await self._drive_leased(lease, bindings, begun, wrote, keep=keep)
+        except LeaseLost:
+            pass  # another driver has the run now; it writes the rest
+        finally:
+            if final is None:  # not released with the drive's last transaction
+                await self.store.release_lease(lease)
+        return final
 
     def _may_read_first(self, run_id: str) -> bool:
         """Whether a drive of `run_id` may read it before taking its lease: not in a scope
@@ -199,9 +234,16 @@ class RunDriver:
         """Whether this process drives `run_id` now."""
         return run_id in self._active
 
+    def forget(self, run_id: str) -> None:
+        """Drop what is kept of `run_id`'s beginning (runner/kept.py): an event delivered to it
+        here makes it stale (a drive from it would suspend, find the event at its end, and
+        drive the run again)."""
+        self._kept.forget(run_id)
+
     def stop(self, run_id: str) -> None:
         """Stop this process's drive of `run_id`, if any, as if its lease were lost (an
         operator terminated or restarted the run; drives elsewhere stop at their heartbeat)."""
+        self._kept.forget(run_id)
         active = self._active.get(run_id)
         if active is not None:
             lost, task = active
@@ -209,7 +251,7 @@ class RunDriver:
             task.cancel()
 
     async def _drive_leased(
-        self, lease: Lease, bindings: Bindings, begun: _Begun, wrote: bool
+        self, lease: Lease, bindings: Bindings, begun: _Begun, wrote: bool, *, keep: bool
     ) -> RunRecord:
         lost = asyncio.Event()
         task = asyncio.current_task()
@@ -225,7 +267,7 @@ class RunDriver:
         if task is not None:
             self._active[lease.run_id] = (lost, task)
         try:
-            return await self._drive_loop(lease, watch, bindings, begun, wrote)
+            return await self._drive_loop(lease, watch, bindings, begun, wrote, keep=keep)
         except asyncio.CancelledError:
             if not lost.is_set():
                 raise
@@ -271,11 +313,19 @@ class RunDriver:
             await asyncio.sleep(self.config.lease_ttl_s / 3)
 
     async def _drive_loop(
-        self, lease: Lease, watch: _LeaseWatch, bindings: Bindings, first: _Begun, wrote: bool
+        self,
+        lease: Lease,
+        watch: _LeaseWatch,
+        bindings: Bindings,
+        first: _Begun,
+        wrote: bool,
+        *,
+        keep: bool,
     ) -> RunRecord:
         """Drive until the run suspends on something not yet due or ends; the last transaction
         also releases the lease and returns the run as it was left. `first` is the drive's
-        beginning, made with the lease (`wrote`: and with a change the caller asked for)."""
+        beginning, made with the lease (`wrote`: and with a change the caller asked for).
+        With `keep`, a drive that leaves the run as it found it keeps its beginning."""
         crashes = 0
         begun: _Begun | RunRecord = first
         unsynced = wrote  # the caller's change, until a commit is fsynced
@@ -347,6 +397,9 @@ class RunDriver:
             if not prepare_first:
                 self.pool.prepare_idle()
             if ended is not None:
+                if keep and _left_as_found(outcome, host):
+                    chars = host.journal_bytes
+                    self._kept.keep(Kept(ended, lease.epoch, journal, unsettled, chars))
                 return ended
         # Still due after this many drives: leave the rest to the next call or a worker.
         return await self.store.transact(partial(_release, lease=lease), lease, durable=False)
@@ -355,7 +408,7 @@ class RunDriver:
         self,
         run: RunRecord,
         journal: tuple[JournalEntry, ...],
-        unsettled: _Open,
+        unsettled: OpenSteps,
         lease: Lease,
         bindings: Bindings,
         *,
@@ -463,17 +516,12 @@ class _LeaseWatch:
     end_takes: bool = False
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
-class _Open:
-    """A run's steps that have a row but have not settled, as a drive begins."""
-
-    keys: tuple[str, ...]
-    waiting: tuple[tuple[str, str], ...]  # waits with nothing to take: (key, event type)
-
-
 # The run, its journal, its unsettled steps, and what its scope had used of its budgets when
 # the drive began (empty for a scope without budgets).
-_Begun = tuple[RunRecord, tuple[JournalEntry, ...], _Open, dict[str, float]]
+_Begun = tuple[RunRecord, tuple[JournalEntry, ...], OpenSteps, dict[str, float]]
+# A drive's lease, its beginning (or the run, released: nothing to drive), and whether the
+# caller's change was written with it.
+_Taken = tuple[Lease, _Begun | RunRecord, bool]
 
 
 def _set_budgets(budgets: Mapping[str, Budgets], scope: str) -> Budgets | None:
@@ -537,17 +585,22 @@ def _take_read(
     ttl_ms: int,
     clock: Callable[[], int],
     woken: bool,
+    kept: RunRecord | None = None,
 ) -> None:
     """The drive's beginning, for a run read at `epoch` with no lease held (`_read_begin`),
     and, when `written`, its lease (`LeaseLost` if another driver took the run since; without
     it, the drive's end writes the lease: `JournalTransaction.check_fence`). The wake-up
     timers it serves are those the read found (`woken`): one set since is left to wake the
-    run again, as it would be under a lease taken first."""
+    run again, as it would be under a lease taken first. A drive begun from what was `kept`
+    (runner/kept.py) also needs the run's row as that was kept: anything written to it since
+    (a pause or a cancel asked, a migration) may change how the drive should begin."""
     now = clock()
     if written:
         lease = tx.acquire_lease(run_id, worker_id, now, ttl_ms, begin=True, free_at=epoch)
         if lease is None:
             raise LeaseLost(Lease(run_id, worker_id, epoch + 1))
+    if kept is not None and tx.get_run(run_id) != kept:
+        raise LeaseLost(Lease(run_id, worker_id, epoch + 1))
     _mark_begun(tx, run_id, worker_id, snapshot_id, now, woken=woken)
 
 
@@ -575,7 +628,7 @@ def _mark_begun(
 
 def _journal_and_open(
     tx: JournalTransaction, run_id: str, now: int, *, budgeted: bool
-) -> tuple[tuple[JournalEntry, ...], _Open]:
+) -> tuple[tuple[JournalEntry, ...], OpenSteps]:
     """The run's journal and its unsettled steps, as a drive begins."""
     journal = tuple(
         JournalEntry(
@@ -590,8 +643,10 @@ def _journal_and_open(
     open_rows = tx.unsettled_steps(run_id)
     # A scope with budgets has every wait asked of the host, which parks the run when one is
     # spent (runner/budgets.py); otherwise a wait with nothing to take is answered in the drive.
-    waiting = () if budgeted else still_waiting(tx, open_rows, now)
-    return journal, _Open(tuple(row.key for row in open_rows), waiting)
+    waits = () if budgeted else still_waiting(tx, open_rows, now)
+    waiting = tuple((key, event_type) for key, event_type, _ in waits)
+    until = min((deadline for _, _, deadline in waits), default=None)
+    return journal, OpenSteps(tuple(row.key for row in open_rows), waiting, until)
 
 
 def _begin_drive(
@@ -623,7 +678,7 @@ def _begin_drive(
     if created:  # no timer yet
         driven = {"worker": lease.worker_id, "snapshot": run.snapshot_id}
         tx.append_event(run.run_id, "drive_started", now, dumps_text(driven))
-        return run, (), _Open((), ()), used
+        return run, (), OpenSteps((), ()), used
     _mark_begun(tx, run.run_id, lease.worker_id, run.snapshot_id, now)
     journal, unsettled = _journal_and_open(tx, run.run_id, now, budgeted=scope_budgets is not None)
     return run, journal, unsettled, used

@@ -429,6 +429,7 @@ class Runner(RunReads):
             return run
 
         current = await self._store.transact(deliver)
+        self._driver.forget(key)  # a beginning kept of it knows nothing of this event
         if drive and current.status == "waiting":
             return await self._drive(key, bindings, read_first=True)
         return run_view(current)

@@ -410,19 +410,19 @@ def _wait_of(row: StepRow) -> tuple[str, int]:
 
 def still_waiting(
     tx: JournalTransaction, rows: Sequence[StepRow], now: int
-) -> tuple[tuple[str, str], ...]:
+) -> tuple[tuple[str, str, int], ...]:
     """The recorded waits among `rows` that `wait_for_event` would answer only with a
-    suspension now, as (key, event type): their deadline has not come and no event of their
-    type received by it waits in the inbox. A drive's replay suspends on these without asking
-    the host; an event that arrives after this look is seen when the drive ends (its end looks
-    at the inbox again and drives the run once more)."""
+    suspension now, as (key, event type, deadline): their deadline has not come and no event
+    of their type received by it waits in the inbox. A drive's replay suspends on these
+    without asking the host; an event that arrives after this look is seen when the drive
+    ends (its end looks at the inbox again and drives the run once more)."""
     waiting = []
     for row in rows:
         if row.kind != "waitForEvent" or row.status != "waiting":
             continue
         event_type, deadline = _wait_of(row)
         if now < deadline and tx.oldest_unconsumed(row.run_id, event_type, deadline) is None:
-            waiting.append((row.key, event_type))
+            waiting.append((row.key, event_type, deadline))
     return tuple(waiting)
 
 

@@ -1,0 +1,249 @@
+"""A drive that leaves a waiting run as it found it keeps the run's beginning: the next resume
+here begins from it without reading the journal. Anything that took the run since (another
+driver's drive, an operator) voids that drive, which writes nothing, and the run is read
+afresh and driven again; an event delivered elsewhere is still taken; a wait whose deadline
+has come is read afresh."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from functools import partial
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from qjsflow.runner import Runner, StartRunInput
+from qjsflow.runner import kept as kept_module
+from qjsflow.runner.control import request_pause
+from qjsflow.runner.kept import Kept, KeptBeginnings, OpenSteps
+from qjsflow.runner.scopes import run_key
+from tests.conftest import WAITER, FakeClock, start_source
+from tests.test_leases_taken_late import event_types, run_row, two_runners
+
+TWO_WAITS = """
+export default async (event, step) => {
+  const first = await step.waitForEvent("first", { type: "first" });
+  const second = await step.waitForEvent("second", { type: "second" });
+  return [first.payload, second.payload];
+};
+"""
+
+
+def reads_before_the_executor(runner: Runner) -> list[list[str]]:
+    """For each drive of `runner` from now on, the statements its journal ran before the drive
+    reached its executor (a SQLite journal)."""
+    seen: list[list[str]] = []
+    connection = runner.store._backend._db  # type: ignore[attr-defined]
+    pending: list[str] = []
+    connection.set_trace_callback(pending.append)
+    pool = runner._driver.pool
+    drive: Callable[..., Any] = pool.drive
+
+    async def noted(*args: Any) -> Any:
+        seen.append(list(pending))
+        return await drive(*args)
+
+    pool.drive = noted  # type: ignore[method-assign,assignment]
+    original = runner.resume
+
+    async def resume(*args: Any, **kwargs: Any) -> Any:
+        pending.clear()
+        return await original(*args, **kwargs)
+
+    runner.resume = resume  # type: ignore[method-assign]
+    return seen
+
+
+def executor_drives(runner: Runner) -> list[int]:
+    """Counts the drives `runner`'s executors make from now on (one item each)."""
+    made: list[int] = []
+    pool = runner._driver.pool
+    drive: Callable[..., Any] = pool.drive
+
+    async def counted(*args: Any) -> Any:
+        made.append(1)
+        return await drive(*args)
+
+    pool.drive = counted  # type: ignore[method-assign,assignment]
+    return made
+
+
+async def test_a_resume_after_a_drive_that_found_nothing_new_begins_from_it(
+    journal: str, tmp_path: Path
+) -> None:
+    async with two_runners(journal, tmp_path) as (runner, _):
+        run = await start_source(runner, WAITER)
+        key = run_key("acme", run.run_id)
+        first = await runner.resume(run.run_id, scope="acme")  # reads, then keeps
+        assert first.status == "waiting"
+        before = event_types(journal, key)
+        epoch = run_row(journal, key)[0]
+        made = executor_drives(runner)
+        again = await runner.resume(run.run_id, scope="acme")
+        assert again.status == "waiting"
+        assert made == [1]  # one drive: its lease was taken at the epoch and row kept
+        # Its end is recorded as any drive's: the events, the epoch moved on, no lease left.
+        assert event_types(journal, key) == [*before, "drive_started", "run_suspended"]
+        assert run_row(journal, key)[:3] == (epoch + 1, None, "waiting")
+
+
+async def test_a_drive_begun_from_what_was_kept_reads_nothing_first(tmp_path: Path) -> None:
+    async with Runner.open(tmp_path / "journal.db") as runner:
+        run = await start_source(runner, WAITER)
+        await runner.resume(run.run_id, scope="acme")  # reads, then keeps
+        seen = reads_before_the_executor(runner)
+        for _ in range(2):  # each such drive keeps the beginning again
+            again = await runner.resume(run.run_id, scope="acme")
+            assert again.status == "waiting"
+        assert seen == [[], []]  # nothing read, nothing written before its executor ran
+
+
+async def test_a_pause_asked_elsewhere_since_is_lifted_by_the_resume(
+    journal: str, tmp_path: Path
+) -> None:
+    """A pause asked (and not yet parked: its asker stopped) moves no epoch; the row kept is
+    no longer the row, so the resume reads the run afresh and lifts the pause, as it would
+    have without what was kept."""
+    async with two_runners(journal, tmp_path) as (first, second):
+        run = await start_source(first, WAITER)
+        key = run_key("acme", run.run_id)
+        await first.resume(run.run_id, scope="acme")
+        await second.store.transact(partial(request_pause, key=key, now=second._driver.now_ms()))
+        resumed = await first.resume(run.run_id, scope="acme")
+        assert resumed.status == "waiting"
+        stored = await first.store.get_run(key)
+        assert stored is not None
+        assert not stored.pause_requested
+        assert "run_paused" not in event_types(journal, key)
+        assert event_types(journal, key)[-3:] == ["run_resumed", "drive_started", "run_suspended"]
+
+
+async def test_a_run_driven_elsewhere_since_is_read_afresh_and_driven_again(
+    journal: str, tmp_path: Path
+) -> None:
+    async with two_runners(journal, tmp_path) as (first, second):
+        run = await start_source(first, TWO_WAITS)
+        key = run_key("acme", run.run_id)
+        await first.resume(run.run_id, scope="acme")  # the first keeps the run at its first wait
+        moved = await second.signal(run.run_id, "first", "a", scope="acme")
+        assert (moved.status, moved.waiting_for) == ("waiting", "second")
+        drives = event_types(journal, key).count("drive_started")
+        # The first begins from what it kept (the first wait, unanswered): that drive's end
+        # finds the run taken since, writes nothing, and the run is read and driven again.
+        resumed = await first.resume(run.run_id, scope="acme")
+        assert (resumed.status, resumed.waiting_for) == ("waiting", "second")
+        assert event_types(journal, key).count("drive_started") == drives + 1
+        done = await first.signal(run.run_id, "second", "b", scope="acme")
+        assert done.status == "completed"
+        assert done.output == ["a", "b"]
+
+
+async def test_a_run_that_ended_elsewhere_since_is_returned_as_it_ended(
+    journal: str, tmp_path: Path
+) -> None:
+    async with two_runners(journal, tmp_path) as (first, second):
+        run = await start_source(first, WAITER)
+        key = run_key("acme", run.run_id)
+        await first.resume(run.run_id, scope="acme")
+        done = await second.signal(run.run_id, "go", {"n": 1}, scope="acme")
+        assert done.status == "completed"
+        events, row = event_types(journal, key), run_row(journal, key)
+        resumed = await first.resume(run.run_id, scope="acme")
+        assert resumed.status == "completed"
+        assert resumed.output == {"n": 1}
+        assert event_types(journal, key) == events  # its drive from what it kept left nothing
+        assert run_row(journal, key) == row
+
+
+async def test_an_event_delivered_elsewhere_is_taken_by_a_drive_begun_from_what_was_kept(
+    journal: str, tmp_path: Path
+) -> None:
+    """An event moves no epoch: the drive from what was kept replays to the wait, and its end,
+    looking at the inbox, drives the run again to take it."""
+    async with two_runners(journal, tmp_path) as (first, second):
+        run = await start_source(first, WAITER)
+        await first.resume(run.run_id, scope="acme")
+        woken = await second.signal(run.run_id, "go", "late", scope="acme", drive=False)
+        assert woken.status == "waiting"
+        done = await first.resume(run.run_id, scope="acme")
+        assert done.status == "completed"
+        assert done.output == "late"
+
+
+async def test_an_event_delivered_here_drops_what_was_kept(tmp_path: Path) -> None:
+    async with Runner.open(tmp_path / "journal.db") as runner:
+        run = await start_source(runner, WAITER)
+        await runner.resume(run.run_id, scope="acme")
+        assert len(runner._driver._kept) == 1
+        await runner.signal(run.run_id, "go", 1, scope="acme", drive=False)
+        assert len(runner._driver._kept) == 0
+        seen = reads_before_the_executor(runner)
+        done = await runner.resume(run.run_id, scope="acme")
+        assert done.status == "completed"
+        assert done.output == 1
+        assert seen
+        assert seen[0]  # read first: the event was in the inbox by then
+
+
+async def test_a_wait_whose_deadline_has_come_is_read_afresh(
+    clocked_runner: Runner, clock: FakeClock, journal: str
+) -> None:
+    source = """
+    export default async (event, step) => {
+      try { await step.waitForEvent("approval", { type: "approve", timeout: "1 minute" }); }
+      catch (error) { return error.name; }
+    };
+    """
+    run = await start_source(clocked_runner, source)
+    await clocked_runner.resume(run.run_id, scope="acme")  # keeps it
+    clock.advance(60)
+    if journal.endswith(".db"):
+        seen = reads_before_the_executor(clocked_runner)
+    done = await clocked_runner.resume(run.run_id, scope="acme")
+    assert done.status == "completed"
+    assert done.output == "WaitForEventTimeoutError"
+    if journal.endswith(".db"):
+        assert len(seen) == 1  # one drive, which read the run first
+        assert seen[0]
+
+
+async def test_a_run_cancelled_since_is_cancelled_not_driven_on(
+    journal: str, tmp_path: Path
+) -> None:
+    async with two_runners(journal, tmp_path) as (first, second):
+        run = await start_source(first, WAITER)
+        await first.resume(run.run_id, scope="acme")
+        cancelled = await second.cancel(run.run_id, scope="acme")
+        assert cancelled.status == "cancelled"
+        resumed = await first.resume(run.run_id, scope="acme")
+        assert resumed.status == "cancelled"
+
+
+def _kept(run_id: str, chars: int) -> Kept:
+    record = SimpleNamespace(run_id=run_id)  # only its run_id is read when keeping
+    return Kept(record, 1, (), OpenSteps((), ()), chars)  # type: ignore[arg-type]
+
+
+def test_what_is_kept_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(kept_module, "RUNS_KEPT", 3)
+    monkeypatch.setattr(kept_module, "CHARS_KEPT", 100)
+    beginnings = KeptBeginnings()
+    for n in range(5):
+        beginnings.keep(_kept(f"r{n}", 10))
+    assert len(beginnings) == 3  # the least recently kept went first
+    assert beginnings.forget("r1") is None
+    assert beginnings.forget("r4") is not None
+    beginnings.keep(_kept("big", 91))  # past the characters kept: the oldest go
+    assert len(beginnings) == 1
+    beginnings.keep(_kept("huge", 101))  # never kept alone past the bound
+    assert beginnings.forget("huge") is None
+
+
+async def test_a_run_started_anew_keeps_nothing(tmp_path: Path) -> None:
+    """Only a drive that left the run as it found it keeps its beginning: not the start's."""
+    async with Runner.open(tmp_path / "journal.db") as runner:
+        published = await runner.publish("acme", {"workflows/flow.ts": WAITER})
+        await runner.start(StartRunInput("acme", "flow", published.snapshot_id, None, "s1"))
+        assert len(runner._driver._kept) == 0
