@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import ctypes
 import importlib.metadata
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +25,14 @@ import quickjs
 
 from qjsflow.bridge.rules import RULES
 
-__all__ = ["PREPARING_HEAP", "BundleCode", "PreludeLoader", "collect_cycles_from"]
+__all__ = [
+    "PREPARING_HEAP",
+    "BundleCode",
+    "EnginePointers",
+    "PreludeLoader",
+    "collect_cycles_from",
+    "engine_pointers",
+]
 
 _CHECKED_VERSIONS = frozenset({"0.17.0.2"})
 _GLOBAL = "__qjsflowPrelude"  # where the loaded prelude leaves `dispatch`, removed at once
@@ -85,7 +93,24 @@ def _context_pointer(library: Any, context: quickjs.Context) -> int | None:
     return int(words[3])
 
 
-def collect_cycles_from(library: Any, context: quickjs.Context, size: int) -> None:
+@dataclass(frozen=True, slots=True)
+class EnginePointers:
+    """A context's `JSContext *` and its `JSRuntime *`, found once for the context: each look
+    is a few calls through ctypes, which a drive made three times."""
+
+    context: int
+    runtime: int
+
+
+def engine_pointers(library: Any, context: quickjs.Context) -> EnginePointers | None:
+    """`context`'s pointers, when the bytecode path is in use (`library`) and they check."""
+    pointer = None if library is None else _context_pointer(library, context)
+    if pointer is None:
+        return None
+    return EnginePointers(pointer, int(library.JS_GetRuntime(pointer)))
+
+
+def collect_cycles_from(library: Any, pointers: EnginePointers | None, size: int) -> None:
     """Let `context`'s heap reach `size` bytes before the engine next looks for garbage in
     cycles (it looks each time its heap has grown by half since the last look; a fresh context
     starts at ~0.6 MB, so a drive that builds up thousands of steps, all of them live, looked
@@ -93,9 +118,8 @@ def collect_cycles_from(library: Any, context: quickjs.Context, size: int) -> No
     still collected long before the limit, and after the first look the engine sets its next
     threshold from what is live. Set, not raised: a drive's context comes from a preparation
     that let its heap grow further (`PREPARING_HEAP`), and its own memory limit decides."""
-    pointer = None if library is None else _context_pointer(library, context)
-    if pointer is not None:
-        library.JS_SetGCThreshold(library.JS_GetRuntime(pointer), size)
+    if pointers is not None:
+        library.JS_SetGCThreshold(pointers.runtime, size)
 
 
 # Preparing a context (the prelude read and run, the intrinsics frozen) makes no garbage in
@@ -121,10 +145,13 @@ class PreludeLoader:
         """The QuickJS library, when its bytecode path is in use (else None)."""
         return self._library if self.fast else None
 
-    def evaluate(self, context: quickjs.Context) -> Any:
-        """`dispatch`, the value of the prelude, evaluated in `context`."""
+    def evaluate(self, context: quickjs.Context, pointers: EnginePointers | None = None) -> Any:
+        """`dispatch`, the value of the prelude, evaluated in `context` (whose `pointers` the
+        caller may have found)."""
         if self.fast and self._bytecode is not None:
-            pointer = _context_pointer(self._library, context)
+            pointer = (
+                _context_pointer(self._library, context) if pointers is None else pointers.context
+            )
             if pointer is not None:
                 function = self._library.JS_ReadObject(
                     pointer, self._bytecode, len(self._bytecode), _BYTECODE
@@ -194,7 +221,13 @@ class BundleCode:
         self._kept: dict[str, ctypes.Array[ctypes.c_char]] = {}  # oldest first
 
     def define(
-        self, context: quickjs.Context, text: str, memory_bytes: int, *, key: str | None = None
+        self,
+        context: quickjs.Context,
+        text: str,
+        memory_bytes: int,
+        *,
+        key: str | None = None,
+        pointers: EnginePointers | None = None,
     ) -> bool:
         """Define the function that runs `text` (the bundle) at globalThis[_BUNDLE_GLOBAL] in
         `context`; False when that cannot be done (the caller evaluates the source: a syntax
@@ -202,7 +235,7 @@ class BundleCode:
         (else the text itself, which is hashed each time: ~0.1 ms for 400 kB)."""
         if self._library is None:
             return False
-        pointer = _context_pointer(self._library, context)
+        pointer = _context_pointer(self._library, context) if pointers is None else pointers.context
         kept = text if key is None else key
         code = self._kept.pop(kept, None) or self._compile(text, memory_bytes)
         if pointer is None or code is None:

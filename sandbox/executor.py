@@ -34,8 +34,10 @@ from qjsflow.bridge.rules import RULES
 from qjsflow.sandbox.bytecode import (
     PREPARING_HEAP,
     BundleCode,
+    EnginePointers,
     PreludeLoader,
     collect_cycles_from,
+    engine_pointers,
 )
 from qjsflow.sandbox.confine import confine
 from qjsflow.sandbox.frames import frame, read_frame_fd
@@ -71,11 +73,14 @@ _LAST_LOOK_JOBS = 16
 _NO_TEXT = "the executor was not sent the workflow's code (an internal error)"
 
 
-def _with_prelude(prelude: PreludeLoader) -> tuple[quickjs.Context, Any]:
+def _with_prelude(
+    prelude: PreludeLoader,
+) -> tuple[quickjs.Context, EnginePointers | None, Any]:
     context = quickjs.Context()
     context.set_time_limit(_PREPARE_TIME_LIMIT_S)
-    collect_cycles_from(prelude.library, context, PREPARING_HEAP)
-    return context, prelude.evaluate(context)
+    pointers = engine_pointers(prelude.library, context)
+    collect_cycles_from(prelude.library, pointers, PREPARING_HEAP)
+    return context, pointers, prelude.evaluate(context, pointers)
 
 
 class Prepared:
@@ -89,9 +94,9 @@ class Prepared:
     def __init__(self, prelude: PreludeLoader, plan: str = "") -> None:
         self.library = prelude.library
         try:
-            self.context, self.dispatch = _with_prelude(prelude)
+            self.context, self.pointers, self.dispatch = _with_prelude(prelude)
         except RuntimeError:  # its bytecode failed to load: the source, in a clean context
-            self.context, self.dispatch = _with_prelude(prelude)
+            self.context, self.pointers, self.dispatch = _with_prelude(prelude)
         answer = self.dispatch("prepare", plan)
         prepared = loads(answer, max_depth=None) if isinstance(answer, str) else None
         if not isinstance(prepared, dict) or "error" in prepared:
@@ -150,9 +155,10 @@ class Drive:
         self.wall_budget_s = float(limits["drive_wall_s"])
         self.jobs = 0
         self.context = prepared.context
+        self.pointers = prepared.pointers
         self.dispatch = prepared.dispatch
         self.context.set_memory_limit(limits["memory_bytes"])
-        collect_cycles_from(prepared.library, self.context, limits["memory_bytes"] // 2)
+        collect_cycles_from(prepared.library, self.pointers, limits["memory_bytes"] // 2)
         self.context.set_max_stack_size(limits["stack_bytes"])
 
     def run(self) -> bytes:
@@ -172,7 +178,7 @@ class Drive:
         memory = int(self.limits["memory_bytes"])
         bundles = self.bundles
         if bundles is not None and bundles.define(
-            self.context, self.bundle, memory, key=self.bundle_key
+            self.context, self.bundle, memory, key=self.bundle_key, pointers=self.pointers
         ):
             self._call("load", "", what="loading the workflow")
         else:
