@@ -105,6 +105,9 @@ class _SqlCall:
     used_s: float
 
 
+_NO_ENVIRONMENT = ScopeEnvironment()  # a scope's with none set (made once: it checks itself)
+
+
 class DriveHost:
     """Services the ops of drives of one run. Callable as the sandbox's host callback."""
 
@@ -129,7 +132,7 @@ class DriveHost:
         # `generation` (how many restarts) tells them from those of the attempts before.
         self.generation = generation
         # The run's scope's env: secret values (only tool calls see them) and egress policy.
-        self.environment = environment or ScopeEnvironment()
+        self.environment = environment or _NO_ENVIRONMENT
         self.monotonic = monotonic
         self.locate = locate  # the engine's frames -> the author's (runner/locations.py)
         self.scopes = scopes

@@ -14,7 +14,7 @@ from __future__ import annotations
 import contextlib
 import re
 import secrets
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from qjsflow.bridge import InvalidInput
@@ -92,13 +92,14 @@ def _parent(traceparent: str | None) -> Any:
 
 
 @contextlib.contextmanager
-def drive_span(traceparent: str | None, attributes: dict[str, Any]) -> Iterator[Any]:
-    """The span of one drive, current while it runs (None without OpenTelemetry)."""
+def drive_span(traceparent: str | None, attributes: Callable[[], dict[str, Any]]) -> Iterator[Any]:
+    """The span of one drive, current while it runs (None without OpenTelemetry); its
+    `attributes` are made only for a span."""
     if not tracing():
         yield None
         return
     with _api()["tracer"].start_as_current_span(
-        "qjsflow.drive", context=_parent(traceparent), attributes=attributes
+        "qjsflow.drive", context=_parent(traceparent), attributes=attributes()
     ) as span:
         yield span
 

@@ -131,10 +131,10 @@ from opentelemetry.sdk.trace import TracerProvider
 from qjsflow.runner import tracing
 
 parent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
-with tracing.drive_span(parent, {"qjsflow.run_id": "r"}) as span:
+with tracing.drive_span(parent, lambda: {"qjsflow.run_id": "r"}) as span:
     print(span is None, tracing.current() is None, tracing.tracing())
 trace.set_tracer_provider(TracerProvider())
-with tracing.drive_span(parent, {"qjsflow.run_id": "r"}) as span:
+with tracing.drive_span(parent, lambda: {"qjsflow.run_id": "r"}) as span:
     print(span.is_recording(), tracing.current() is not None, tracing.tracing())
 """
 
