@@ -378,14 +378,15 @@ class RunDriver:
                              charges=self._charges(outcome, host, now),
                              taking=watch.end_takes, ttl_ms=self._ttl_ms)  # fmt: skip
             fence = None if watch.end_takes else lease  # (`_finish` checks it then)
-            # A lone drive's end commits on this thread at once (`JournalStore.commit_here`):
-            # the executor prepares its next context meanwhile, on the other core, while the
-            # commit waits for its fsync. Otherwise the journal's thread must first wake for
-            # it, so the executor prepares once the end is recorded.
-            prepare_first = self.alone()
+            durable = unsynced or not _left_as_found(outcome, host)
+            # A lone drive's durable end commits on this thread at once
+            # (`JournalStore.commit_here`): the executor prepares its next context meanwhile,
+            # on the other core, while the commit waits for its fsync. Otherwise (the journal's
+            # thread must first wake for it, or there is no fsync to wait for) the executor
+            # prepares once the end is recorded and the caller has its answer.
+            prepare_first = durable and self.alone()
             if prepare_first:
                 self.pool.prepare_idle()
-            durable = unsynced or not _left_as_found(outcome, host)
             try:
                 # Queued behind the drive's last writes, in the same commit where it can be.
                 ended = await self.store.transact(finish, fence, durable=durable)
@@ -396,7 +397,7 @@ class RunDriver:
             unsynced = False  # this end was fsynced if the caller's change was not yet
             await host.flush()
             if not prepare_first:
-                self.pool.prepare_idle()
+                asyncio.get_running_loop().call_soon(self.pool.prepare_idle)
             if ended is not None:
                 if keep and _left_as_found(outcome, host):
                     chars = host.journal_bytes
