@@ -597,12 +597,12 @@ def _take_read(
     (runner/kept.py) also needs the run's row as that was kept: anything written to it since
     (a pause or a cancel asked, a migration) may change how the drive should begin."""
     now = clock()
+    if kept is not None and tx.get_run(run_id) != kept:  # (before the lease marks it running)
+        raise LeaseLost(Lease(run_id, worker_id, epoch + 1))
     if written:
         lease = tx.acquire_lease(run_id, worker_id, now, ttl_ms, begin=True, free_at=epoch)
         if lease is None:
             raise LeaseLost(Lease(run_id, worker_id, epoch + 1))
-    if kept is not None and tx.get_run(run_id) != kept:
-        raise LeaseLost(Lease(run_id, worker_id, epoch + 1))
     _mark_begun(tx, run_id, worker_id, snapshot_id, now, woken=woken)
 
 

@@ -6,6 +6,7 @@ has come is read afresh."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
@@ -20,7 +21,12 @@ from qjsflow.runner.control import request_pause
 from qjsflow.runner.kept import Kept, KeptBeginnings, OpenSteps
 from qjsflow.runner.scopes import run_key
 from tests.conftest import WAITER, FakeClock, start_source
-from tests.test_leases_taken_late import event_types, run_row, two_runners
+from tests.test_leases_taken_late import (
+    event_types,
+    held_at_the_executor,
+    run_row,
+    two_runners,
+)
 
 TWO_WAITS = """
 export default async (event, step) => {
@@ -98,6 +104,33 @@ async def test_a_drive_begun_from_what_was_kept_reads_nothing_first(tmp_path: Pa
             again = await runner.resume(run.run_id, scope="acme")
             assert again.status == "waiting"
         assert seen == [[], []]  # nothing read, nothing written before its executor ran
+
+
+async def test_a_drive_from_what_was_kept_whose_heartbeat_takes_the_lease_is_driven_once(
+    journal: str, tmp_path: Path
+) -> None:
+    """A drive that goes on takes its lease before its end (its heartbeat, here at once): the
+    row is compared with the one kept before the lease marks it running."""
+    async with two_runners(journal, tmp_path) as (runner, _):
+        run = await start_source(runner, WAITER)
+        key = run_key("acme", run.run_id)
+        await runner.resume(run.run_id, scope="acme")
+        runner._driver.take_after_s = 0.0
+        arrived, go_on = held_at_the_executor(runner)
+        made = executor_drives(runner)
+        resumed = asyncio.create_task(runner.resume(run.run_id, scope="acme"))
+        try:
+            await asyncio.wait_for(arrived.wait(), 30)
+            for _ in range(300):  # until the heartbeat has taken the lease
+                if run_row(journal, key)[1] is not None:
+                    break
+                await asyncio.sleep(0.01)
+            assert run_row(journal, key)[1:3] == (runner._driver.worker_id, "running")
+        finally:
+            go_on.set()
+        done = await asyncio.wait_for(resumed, 30)
+        assert done.status == "waiting"
+        assert made == [1]
 
 
 async def test_a_pause_asked_elsewhere_since_is_lifted_by_the_resume(
