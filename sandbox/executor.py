@@ -91,7 +91,13 @@ class Prepared:
     process found them (JSON; "" before): the next contexts follow them instead of searching
     every intrinsic again (sandbox/prelude/60-lockdown.js, harden)."""
 
-    def __init__(self, prelude: PreludeLoader, plan: str = "") -> None:
+    def __init__(
+        self,
+        prelude: PreludeLoader,
+        plan: str = "",
+        bundles: BundleCode | None = None,
+        last: LastBundle | None = None,
+    ) -> None:
         self.library = prelude.library
         try:
             self.context, self.pointers, self.dispatch = _with_prelude(prelude)
@@ -103,6 +109,19 @@ class Prepared:
             raise RuntimeError("the prelude failed to prepare a context")
         found = prepared.get("plan")
         self.plan = plan if found is None else dumps_text(found)
+        # The bundle this executor drove last, defined ahead (its bytecode read: no code of
+        # it runs until the drive's `load`), as the next drive is most likely of it too: a
+        # 400 kB bundle's read then costs no drive its time. None: nothing defined.
+        self.defined: str | None = None
+        if bundles is not None and last is not None:
+            key, text, memory = last
+            if bundles.define(self.context, text, memory, key=key, pointers=self.pointers):
+                self.defined = key
+
+
+# The bundle a drive ran, for the next context to define ahead: its key, its text, and the
+# memory limit it was compiled under (its bytecode may have to be made again).
+LastBundle = tuple[str, str, int]
 
 
 class BundleTexts:
@@ -155,6 +174,8 @@ class Drive:
         self.wall_budget_s = float(limits["drive_wall_s"])
         self.jobs = 0
         self.context = prepared.context
+        self.defined = prepared.defined
+        self.from_bytecode = False  # its bundle was loaded from bytecode (see `_load`)
         self.pointers = prepared.pointers
         self.dispatch = prepared.dispatch
         self.context.set_memory_limit(limits["memory_bytes"])
@@ -177,9 +198,13 @@ class Drive:
         """Evaluate the bundle: from the bytecode this process compiled of it, or its source."""
         memory = int(self.limits["memory_bytes"])
         bundles = self.bundles
-        if bundles is not None and bundles.define(
-            self.context, self.bundle, memory, key=self.bundle_key, pointers=self.pointers
+        if bundles is not None and (
+            (self.defined is not None and self.defined == self.bundle_key)
+            or bundles.define(
+                self.context, self.bundle, memory, key=self.bundle_key, pointers=self.pointers
+            )
         ):
+            self.from_bytecode = True
             self._call("load", "", what="loading the workflow")
         else:
             self._call("load", self.bundle, what="loading the workflow")
@@ -395,10 +420,11 @@ def serve(
     plan = first.plan
     prepared: Prepared | None = first
     texts = BundleTexts()
+    last: LastBundle | None = None
     while (payload := read()) is not None:
         message = loads(payload, max_depth=None)
         if prepared is None:
-            prepared = Prepared(prelude, plan)
+            prepared = Prepared(prelude, plan, bundles, last)
             plan = prepared.plan
         if message.get("type") == "prepare":
             continue
@@ -412,6 +438,9 @@ def serve(
         drive = Drive(message["request"], text, frames_out, prepared, bundles, bundle_key=key)
         prepared = None
         result = drive.run()
+        # Defined ahead in the next context only if its bytecode served (not a bundle that
+        # does not compile: that would be compiled again at each preparation).
+        last = (key, text, int(drive.limits["memory_bytes"])) if drive.from_bytecode else None
         _write_all(frames_out, frame(result))
         del drive  # its context, freed once the parent has the outcome
 

@@ -39,8 +39,8 @@ def _served(messages: list[dict[str, Any]], monkeypatch: pytest.MonkeyPatch) -> 
     events: list[str] = []
 
     class Logged(Prepared):
-        def __init__(self, prelude: PreludeLoader, plan: str = "") -> None:
-            super().__init__(prelude, plan)
+        def __init__(self, prelude: PreludeLoader, *more: Any) -> None:
+            super().__init__(prelude, *more)
             events.append("prepared")
 
     class Freed(Drive):
