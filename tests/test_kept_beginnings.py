@@ -7,7 +7,9 @@ has come is read afresh."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from types import SimpleNamespace
@@ -62,6 +64,24 @@ def reads_before_the_executor(runner: Runner) -> list[list[str]]:
     return seen
 
 
+@dataclass
+class KeptRun:
+    first: Runner  # its resume of the run kept the run's beginning
+    second: Runner  # another runner on the same journal
+    run_id: str
+    key: str
+
+
+@asynccontextmanager
+async def kept_run(journal: str, tmp_path: Path, source: str) -> AsyncIterator[KeptRun]:
+    """Two runners on one journal, and a run of `source` the first has resumed (so kept)."""
+    async with two_runners(journal, tmp_path) as (first, second):
+        run = await start_source(first, source)
+        resumed = await first.resume(run.run_id, scope="acme")  # reads, then keeps
+        assert resumed.status == "waiting"
+        yield KeptRun(first, second, run.run_id, run_key("acme", run.run_id))
+
+
 def executor_drives(runner: Runner) -> list[int]:
     """Counts the drives `runner`'s executors make from now on (one item each)."""
     made: list[int] = []
@@ -79,11 +99,8 @@ def executor_drives(runner: Runner) -> list[int]:
 async def test_a_resume_after_a_drive_that_found_nothing_new_begins_from_it(
     journal: str, tmp_path: Path
 ) -> None:
-    async with two_runners(journal, tmp_path) as (runner, _):
-        run = await start_source(runner, WAITER)
-        key = run_key("acme", run.run_id)
-        first = await runner.resume(run.run_id, scope="acme")  # reads, then keeps
-        assert first.status == "waiting"
+    async with kept_run(journal, tmp_path, WAITER) as kept:
+        runner, run, key = kept.first, kept, kept.key
         before = event_types(journal, key)
         epoch = run_row(journal, key)[0]
         made = executor_drives(runner)
@@ -111,10 +128,8 @@ async def test_a_drive_from_what_was_kept_whose_heartbeat_takes_the_lease_is_dri
 ) -> None:
     """A drive that goes on takes its lease before its end (its heartbeat, here at once): the
     row is compared with the one kept before the lease marks it running."""
-    async with two_runners(journal, tmp_path) as (runner, _):
-        run = await start_source(runner, WAITER)
-        key = run_key("acme", run.run_id)
-        await runner.resume(run.run_id, scope="acme")
+    async with kept_run(journal, tmp_path, WAITER) as kept:
+        runner, run, key = kept.first, kept, kept.key
         runner._driver.take_after_s = 0.0
         arrived, go_on = held_at_the_executor(runner)
         made = executor_drives(runner)
@@ -139,10 +154,8 @@ async def test_a_pause_asked_elsewhere_since_is_lifted_by_the_resume(
     """A pause asked (and not yet parked: its asker stopped) moves no epoch; the row kept is
     no longer the row, so the resume reads the run afresh and lifts the pause, as it would
     have without what was kept."""
-    async with two_runners(journal, tmp_path) as (first, second):
-        run = await start_source(first, WAITER)
-        key = run_key("acme", run.run_id)
-        await first.resume(run.run_id, scope="acme")
+    async with kept_run(journal, tmp_path, WAITER) as kept:
+        first, second, run, key = kept.first, kept.second, kept, kept.key
         await second.store.transact(partial(request_pause, key=key, now=second._driver.now_ms()))
         resumed = await first.resume(run.run_id, scope="acme")
         assert resumed.status == "waiting"
@@ -156,10 +169,8 @@ async def test_a_pause_asked_elsewhere_since_is_lifted_by_the_resume(
 async def test_a_run_driven_elsewhere_since_is_read_afresh_and_driven_again(
     journal: str, tmp_path: Path
 ) -> None:
-    async with two_runners(journal, tmp_path) as (first, second):
-        run = await start_source(first, TWO_WAITS)
-        key = run_key("acme", run.run_id)
-        await first.resume(run.run_id, scope="acme")  # the first keeps the run at its first wait
+    async with kept_run(journal, tmp_path, TWO_WAITS) as kept:  # kept at its first wait
+        first, second, run, key = kept.first, kept.second, kept, kept.key
         moved = await second.signal(run.run_id, "first", "a", scope="acme")
         assert (moved.status, moved.waiting_for) == ("waiting", "second")
         drives = event_types(journal, key).count("drive_started")
@@ -176,10 +187,8 @@ async def test_a_run_driven_elsewhere_since_is_read_afresh_and_driven_again(
 async def test_a_run_that_ended_elsewhere_since_is_returned_as_it_ended(
     journal: str, tmp_path: Path
 ) -> None:
-    async with two_runners(journal, tmp_path) as (first, second):
-        run = await start_source(first, WAITER)
-        key = run_key("acme", run.run_id)
-        await first.resume(run.run_id, scope="acme")
+    async with kept_run(journal, tmp_path, WAITER) as kept:
+        first, second, run, key = kept.first, kept.second, kept, kept.key
         done = await second.signal(run.run_id, "go", {"n": 1}, scope="acme")
         assert done.status == "completed"
         events, row = event_types(journal, key), run_row(journal, key)
@@ -195,9 +204,8 @@ async def test_an_event_delivered_elsewhere_is_taken_by_a_drive_begun_from_what_
 ) -> None:
     """An event moves no epoch: the drive from what was kept replays to the wait, and its end,
     looking at the inbox, drives the run again to take it."""
-    async with two_runners(journal, tmp_path) as (first, second):
-        run = await start_source(first, WAITER)
-        await first.resume(run.run_id, scope="acme")
+    async with kept_run(journal, tmp_path, WAITER) as kept:
+        first, second, run = kept.first, kept.second, kept
         woken = await second.signal(run.run_id, "go", "late", scope="acme", drive=False)
         assert woken.status == "waiting"
         done = await first.resume(run.run_id, scope="acme")
@@ -245,9 +253,8 @@ async def test_a_wait_whose_deadline_has_come_is_read_afresh(
 async def test_a_run_cancelled_since_is_cancelled_not_driven_on(
     journal: str, tmp_path: Path
 ) -> None:
-    async with two_runners(journal, tmp_path) as (first, second):
-        run = await start_source(first, WAITER)
-        await first.resume(run.run_id, scope="acme")
+    async with kept_run(journal, tmp_path, WAITER) as kept:
+        first, second, run = kept.first, kept.second, kept
         cancelled = await second.cancel(run.run_id, scope="acme")
         assert cancelled.status == "cancelled"
         resumed = await first.resume(run.run_id, scope="acme")
