@@ -146,6 +146,9 @@ async def test_a_drive_from_what_was_kept_whose_heartbeat_takes_the_lease_is_dri
         done = await asyncio.wait_for(resumed, 30)
         assert done.status == "waiting"
         assert made == [1]
+        # What that drive kept (its lease given up with the run's last update) is the row.
+        await runner.resume(run.run_id, scope="acme")
+        assert made == [1, 1]
 
 
 async def test_a_pause_asked_elsewhere_since_is_lifted_by_the_resume(
