@@ -117,3 +117,24 @@ async def test_defining_ahead_runs_none_of_the_bundles_code(
     assert all("compute limit per drive" in o["message"] for o in served.outcomes)
     assert [by for by, _ in served.defined] == ["drive", "prepare"]
     assert max(served.prepare_s) < 0.15  # far below the drive's limit: nothing of it ran
+
+
+async def test_a_bundle_defined_ahead_is_out_of_reach_of_another_bundles_code(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The last bundle (another tenant's, say) defined ahead, then a drive of a bundle that
+    runs from its source (its bytecode refused): that code finds no function of the other's
+    (whose text `toString` would show)."""
+    first = await bundle_of("export default async () => 'first';")
+    probe = await bundle_of("export default async () => typeof globalThis.__qjsflowBundle;")
+    original = BundleCode.define
+
+    def bytecode_for_the_first_only(self: BundleCode, context: Any, text: str, *a: Any,
+                                    **kw: Any) -> bool:  # fmt: skip
+        return text == first and original(self, context, text, *a, **kw)
+
+    monkeypatch.setattr(BundleCode, "define", bytecode_for_the_first_only)
+    served = Served([_drive(first), {"type": "prepare"}, _drive(probe)], monkeypatch)
+    assert [o["output"] for o in served.outcomes] == ['"first"', '"undefined"']
+    keys = bundle_digest(first), bundle_digest(probe)
+    assert served.defined == [("drive", keys[0]), ("prepare", keys[0]), ("drive", keys[1])]

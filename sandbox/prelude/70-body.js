@@ -125,6 +125,9 @@ function load(code) {
     G.__qjsflow_module = call(body, G);
     return;
   }
+  // A bundle the executor defined ahead (the one it drove last, sandbox/executor.py
+  // Prepared) is not this one: it goes before any of this one's code runs.
+  delete G.__qjsflowBundle;
   // Indirect (not called by the name `eval`): global scope, none of ours. Its first line is
   // numbered RULES.bundle_first_line in stack frames.
   EVAL(BUNDLE_PAD + code);
