@@ -378,7 +378,8 @@ class RunDriver:
                              charges=self._charges(outcome, host, now),
                              taking=watch.end_takes, ttl_ms=self._ttl_ms)  # fmt: skip
             fence = None if watch.end_takes else lease  # (`_finish` checks it then)
-            durable = unsynced or not _left_as_found(outcome, host)
+            as_found = _left_as_found(outcome, host)
+            durable = unsynced or not as_found
             # A lone drive's durable end commits on this thread at once
             # (`JournalStore.commit_here`): the executor prepares its next context meanwhile,
             # on the other core, while the commit waits for its fsync. Otherwise (the journal's
@@ -399,7 +400,7 @@ class RunDriver:
             if not prepare_first:
                 asyncio.get_running_loop().call_soon(self.pool.prepare_idle)
             if ended is not None:
-                if keep and _left_as_found(outcome, host):
+                if keep and as_found:
                     chars = host.journal_bytes
                     self._kept.keep(Kept(ended, lease.epoch, journal, unsettled, chars))
                 return ended

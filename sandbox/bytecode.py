@@ -110,6 +110,11 @@ def engine_pointers(library: Any, context: quickjs.Context) -> EnginePointers | 
     return EnginePointers(pointer, int(library.JS_GetRuntime(pointer)))
 
 
+def _pointer(library: Any, context: quickjs.Context, found: EnginePointers | None) -> int | None:
+    """`context`'s `JSContext *`: as `found` for it, else looked up."""
+    return _context_pointer(library, context) if found is None else found.context
+
+
 def collect_cycles_from(library: Any, pointers: EnginePointers | None, size: int) -> None:
     """Let `context`'s heap reach `size` bytes before the engine next looks for garbage in
     cycles (it looks each time its heap has grown by half since the last look; a fresh context
@@ -149,9 +154,7 @@ class PreludeLoader:
         """`dispatch`, the value of the prelude, evaluated in `context` (whose `pointers` the
         caller may have found)."""
         if self.fast and self._bytecode is not None:
-            pointer = (
-                _context_pointer(self._library, context) if pointers is None else pointers.context
-            )
+            pointer = _pointer(self._library, context, pointers)
             if pointer is not None:
                 function = self._library.JS_ReadObject(
                     pointer, self._bytecode, len(self._bytecode), _BYTECODE
@@ -235,7 +238,7 @@ class BundleCode:
         (else the text itself, which is hashed each time: ~0.1 ms for 400 kB)."""
         if self._library is None:
             return False
-        pointer = _context_pointer(self._library, context) if pointers is None else pointers.context
+        pointer = _pointer(self._library, context, pointers)
         kept = text if key is None else key
         code = self._kept.pop(kept, None) or self._compile(text, memory_bytes)
         if pointer is None or code is None:
@@ -285,6 +288,11 @@ class BundleCode:
             return False
         self._library.JS_FreeValue(pointer, function)
         return True
+
+    def forget(self, key: str) -> None:
+        """Drop the bytecode kept under `key` (its text is no longer held: sandbox/executor.py,
+        `BundleTexts`)."""
+        self._kept.pop(key, None)
 
     def _keep(self, key: str, code: ctypes.Array[ctypes.c_char]) -> None:
         self._kept[key] = code

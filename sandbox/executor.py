@@ -127,15 +127,18 @@ LastBundle = tuple[str, str, int]
 class BundleTexts:
     """The bundles' texts this executor holds, by digest: the parent sends a text with the
     first drive of it, then only its digest, and says which to forget (`_Executor.bundles`
-    in sandbox/pool.py is its mirror)."""
+    in sandbox/pool.py is its mirror). A text forgotten takes its bytecode with it, so the
+    parent alone decides which bundles' code this process keeps."""
 
-    def __init__(self) -> None:
+    def __init__(self, bundles: BundleCode) -> None:
         self._texts: dict[str, str] = {}
+        self._bundles = bundles
 
     def take(self, message: dict[str, Any]) -> tuple[str, str] | None:
         """The drive message's bundle, as (digest, text); None if it names one not held."""
         for key in message.get("forget") or ():
             self._texts.pop(key, None)
+            self._bundles.forget(key)
         key = message["bundleKey"]
         text = message.get("bundle")
         if text is not None:
@@ -419,7 +422,7 @@ def serve(
     first = Prepared(prelude)
     plan = first.plan
     prepared: Prepared | None = first
-    texts = BundleTexts()
+    texts = BundleTexts(bundles)
     last: LastBundle | None = None
     while (payload := read()) is not None:
         message = loads(payload, max_depth=None)

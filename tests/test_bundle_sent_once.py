@@ -1,5 +1,6 @@
 """An executor is sent a bundle's text once: later drives of it name it by its digest, the pool
-tells the executor which texts to forget, and a mirror gone wrong fails one drive clearly."""
+tells the executor which texts to forget (their bytecode goes with them), and a mirror gone
+wrong fails one drive clearly."""
 
 from __future__ import annotations
 
@@ -8,12 +9,15 @@ from typing import Any
 
 import orjson
 import pytest
+import quickjs
 
 from qjsflow.bridge.digest import bundle_digest
 from qjsflow.bridge.types import Completed, Failed
 from qjsflow.runner import Runner, StartRunInput
 from qjsflow.sandbox import ExecutorPool, PoolConfig
 from qjsflow.sandbox import pool as pool_module
+from qjsflow.sandbox.bytecode import BundleCode, PreludeLoader
+from qjsflow.sandbox.executor import PRELUDE, BundleTexts
 from tests.conftest import bundle_of
 from tests.memory_host import MemoryHost
 
@@ -136,3 +140,18 @@ async def test_a_runner_names_a_stored_bundle_by_its_checksum(
     drives = [m for m in sent if not m["request"]["inspect"]]
     assert [m["bundleKey"] for m in drives] == [stored.digest] * 2
     assert stored.digest == bundle_digest(stored.code)
+
+
+def test_a_text_forgotten_takes_its_bytecode_with_it() -> None:
+    """The pool alone decides which bundles' code an executor keeps: what it is told to
+    forget goes with its bytecode, and is not found again until sent again."""
+    bundles = BundleCode(PreludeLoader(PRELUDE))
+    texts = BundleTexts(bundles)
+    code = "var __qjsflow_module = 1;"
+    assert texts.take({"bundleKey": "a", "bundle": code}) == ("a", code)
+    assert bundles.define(quickjs.Context(), code, 2**26, key="a")
+    assert "a" in bundles._kept
+    other = texts.take({"bundleKey": "b", "bundle": "var x;", "forget": ["a"]})
+    assert other == ("b", "var x;")
+    assert "a" not in bundles._kept
+    assert texts.take({"bundleKey": "a"}) is None
