@@ -12,7 +12,10 @@ write (its end, for a drive that only replays to where it waits), or after
 `RunDriver.take_after_s` if none comes sooner. Taking it checks the epoch the drive read: if
 another driver took the run meanwhile, nothing of this drive is written, as for a lease taken
 over. Nothing reaches the outside world before the lease is taken, as every effect is
-recorded first.
+recorded first. Such a drive that sent nothing and suspended where it began, on a run still as
+it read it, takes no lease at all: its end only reads the run, and its events and usage are
+written behind the answer (`_end_unchanged`; docs/ARCHITECTURE.md, "An end that changed
+nothing").
 """
 
 from __future__ import annotations
@@ -374,11 +377,28 @@ class RunDriver:
             # (an op the host serviced may have taken it: the end's fence then finds it held).
             watch.end_takes = watch.unwritten and not host.ops_seen
             watch.unwritten = False
-            finish = partial(_finish, lease=lease, outcome=outcome, host=host, now=now,
-                             charges=self._charges(outcome, host, now),
-                             taking=watch.end_takes, ttl_ms=self._ttl_ms)  # fmt: skip
-            fence = None if watch.end_takes else lease  # (`_finish` checks it then)
+            charges = self._charges(outcome, host, now)
             as_found = _left_as_found(outcome, host)
+            if watch.end_takes and as_found and not unsynced:
+                # Nothing written yet, nothing to write: if the run is still as it was read,
+                # the end only reads, and its records are written behind the answer.
+                unchanged = await self.store.read_here(
+                    partial(_end_unchanged, found=run, epoch=lease.epoch - 1,
+                            outcome=outcome, host=host, now=now)
+                )  # fmt: skip
+                if unchanged is not None:
+                    watch.end_takes = False
+                    self.store.write_behind(
+                        partial(_record_unchanged_end, run=unchanged, worker_id=lease.worker_id,
+                                charges=charges, now=now)
+                    )  # fmt: skip
+                    return await self._ended(
+                        unchanged, lease.epoch - 1, host, (journal, unsettled), keep=keep
+                    )
+            finish = partial(_finish, lease=lease, outcome=outcome, host=host, now=now,
+                             charges=charges, taking=watch.end_takes,
+                             ttl_ms=self._ttl_ms)  # fmt: skip
+            fence = None if watch.end_takes else lease  # (`_finish` checks it then)
             durable = unsynced or not as_found
             # A lone drive's durable end commits on this thread at once
             # (`JournalStore.commit_here`): the executor prepares its next context meanwhile,
@@ -396,16 +416,38 @@ class RunDriver:
                 ended = await self.store.transact(finish, fence, durable=durable)
             watch.end_takes = False  # the lease is written: released, or kept to drive again
             unsynced = False  # this end was fsynced if the caller's change was not yet
+            if ended is not None:
+                beginning = (journal, unsettled)
+                return await self._ended(
+                    ended, lease.epoch, host, beginning, keep=keep and as_found,
+                    prepared=prepare_first,
+                )  # fmt: skip
             await host.flush()
             if not prepare_first:
                 asyncio.get_running_loop().call_soon(self.pool.prepare_idle)
-            if ended is not None:
-                if keep and as_found:
-                    chars = host.journal_bytes
-                    self._kept.keep(Kept(ended, lease.epoch, journal, unsettled, chars))
-                return ended
         # Still due after this many drives: leave the rest to the next call or a worker.
         return await self.store.transact(partial(_release, lease=lease), lease, durable=False)
+
+    async def _ended(
+        self,
+        run: RunRecord,
+        epoch: int,
+        host: DriveHost,
+        beginning: tuple[tuple[JournalEntry, ...], OpenSteps],
+        *,
+        keep: bool,
+        prepared: bool = False,
+    ) -> RunRecord:
+        """A drive's last steps once its end is recorded (the run left as `run`, at `epoch`):
+        the host's writes are in, idle executors prepare (unless they were told `prepared`),
+        and, with `keep`, the run's beginning is kept for its next drive (runner/kept.py)."""
+        await host.flush()
+        if not prepared:
+            asyncio.get_running_loop().call_soon(self.pool.prepare_idle)
+        if keep:
+            journal, unsettled = beginning
+            self._kept.keep(Kept(run, epoch, journal, unsettled, host.journal_bytes))
+        return run
 
     async def _drive_once(
         self,
@@ -566,7 +608,7 @@ def _read_begin(
     found = tx.unleased_run(run_id, _WAKE_UPS)
     if found is None:
         return None
-    run, epoch, woken = found
+    run, epoch, woken = found.run, found.epoch, found.woken
     if run.status in TERMINAL or run.status == "paused":
         return None
     if run.cancel_requested or run.pause_requested:
@@ -849,6 +891,47 @@ def _finish(
                 return None
             return _release(tx, lease, **left)
     raise AssertionError("unreachable")
+
+
+def _end_unchanged(
+    tx: JournalTransaction,
+    *,
+    found: RunRecord,
+    epoch: int,
+    outcome: DriveOutcome,
+    host: DriveHost,
+    now: int,
+) -> RunRecord | None:
+    """The end of a drive that took no lease and left its run as it found it
+    (`_left_as_found`), read only: the run, when its end would change nothing of it — its
+    row and epoch as the drive read them, no lease held and no wake-up to serve, and what it
+    waits on neither arrived nor due — nor of its compute or console count. None: the end is
+    written in full (`_finish`), as it may have to drive the run again."""
+    if not isinstance(outcome, Suspended) or outcome.cpu_s or host.throttle is not None:
+        return None
+    events = tuple(sorted({m.event for m in outcome.markers if m.kind == "event" and m.event}))
+    if not events or host.blocked_on is not None or host.logs_count > found.logs_count:
+        return None
+    now_at = tx.unleased_run(found.run_id, _WAKE_UPS, waits=events)
+    if now_at is None or now_at.run != found or now_at.epoch != epoch or now_at.woken:
+        return None
+    current = now_at.run
+    if current.status != "waiting" or current.waiting_for != ",".join(events):
+        return None
+    due = now_at.due
+    if now_at.arrived or due != current.wake_at or (due is not None and due <= now):
+        return None
+    return current
+
+
+def _record_unchanged_end(
+    tx: JournalTransaction, *, run: RunRecord, worker_id: str, charges: Charges, now: int
+) -> None:
+    """What a drive that changed nothing of its run records (`_end_unchanged`): its two
+    events, with no lease's epoch (it took none), and what its scope used."""
+    _mark_begun(tx, run.run_id, worker_id, run.snapshot_id, now, woken=False)
+    tx.append_event(run.run_id, "run_suspended", now, None)
+    tx.charge_usage(run.scope, charges.rows, charges.forget)
 
 
 def _drive_again(

@@ -25,16 +25,24 @@ export default async (event, step) => {
 
 @pytest.fixture
 def ends(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
-    """Whether each drive's end was committed durably (fsynced), in order."""
+    """Whether each drive's end was committed durably (fsynced), in order (the records of an
+    end that changed nothing are written behind it, never fsynced: tests/test_quiet_end.py)."""
     seen: list[bool] = []
     original = JournalStore.transact
+    behind = JournalStore.write_behind
 
     async def watching(self: JournalStore, work: Any, *args: Any, **kwargs: Any) -> Any:
         if getattr(work, "func", None) is not None and work.func.__name__ == "_finish":
             seen.append(kwargs.get("durable", True))
         return await original(self, work, *args, **kwargs)
 
+    def written_behind(self: JournalStore, work: Any) -> None:
+        if work.func.__name__ == "_record_unchanged_end":
+            seen.append(False)
+        behind(self, work)
+
     monkeypatch.setattr(JournalStore, "transact", watching)
+    monkeypatch.setattr(JournalStore, "write_behind", written_behind)
     return seen
 
 

@@ -43,6 +43,7 @@ class Backend(Protocol):
 
     async def run(self, work: Callable[[Any], T]) -> T: ...
     async def transaction(self, work: Callable[[Any], T], *, here: bool) -> T: ...
+    async def read(self, work: Callable[[Any], T], *, here: bool) -> T: ...
     async def all(self, sql: str, args: tuple[Any, ...] = ()) -> list[Any]: ...
     def begin(self, connection: Any, full: bool, write: bool = True) -> None: ...
     async def close(self) -> None: ...
@@ -138,6 +139,19 @@ class SqliteBackend:
                 pass  # nothing ran
         return await self.run(work)
 
+    async def read(self, work: Callable[[Any], T], *, here: bool) -> T:
+        """`work` that only reads, outside any transaction: with `here`, as `transaction`
+        (on the calling thread while the journal's has no job; a reader that would wait,
+        as while another process recovers the journal, goes to the journal's thread)."""
+        if here and self._thread.idle:
+            self._wait_for_locks(False)
+            try:
+                return work(self._db)
+            except sqlite3.OperationalError as error:
+                if "locked" not in str(error):
+                    raise
+        return await self.run(work)
+
     async def all(self, sql: str, args: tuple[Any, ...] = ()) -> list[Any]:
         return await self.run(lambda c: c.execute(sql, args).fetchall())
 
@@ -227,6 +241,10 @@ class PostgresBackend:
     async def transaction(self, work: Callable[[Any], T], *, here: bool) -> T:
         """Always on the backend's thread: on the event loop's, a server's round trips would
         stall every other task."""
+        return await self.run(work)
+
+    async def read(self, work: Callable[[Any], T], *, here: bool) -> T:
+        """Always on the backend's thread (`transaction`)."""
         return await self.run(work)
 
     def _with_connection(self, work: Callable[[Any], T]) -> T:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
@@ -57,6 +58,7 @@ __all__ = [
 ]
 
 T = TypeVar("T")
+_log = logging.getLogger("qjsflow.journal")
 _MAX_BATCH = 256
 DEFAULT_RETRY_S = 60.0
 _FIRST_RETRY_S = 0.05
@@ -180,6 +182,7 @@ class JournalStore:
         # wake-ups (`SqliteBackend.transaction`): the runner says yes while at most one drive
         # is in progress, when the loop would only wait for it.
         self.commit_here: Callable[[], bool] = _never
+        self._behind: set[asyncio.Future[Any]] = set()  # `write_behind` work not yet committed
 
     @classmethod
     async def open(cls, location: str | Path, *, create: bool = True) -> JournalStore:
@@ -192,6 +195,7 @@ class JournalStore:
         return () if self.path is None else (self.path,)
 
     async def aclose(self) -> None:
+        await self.caught_up()
         if self._committer is not None:
             await asyncio.gather(self._committer, return_exceptions=True)
         await self._backend.close()
@@ -258,6 +262,25 @@ class JournalStore:
                 return await self.transact(work, fence, durable=durable)
 
         return asyncio.ensure_future(committed())
+
+    def write_behind(self, work: Callable[[JournalTransaction], object]) -> None:
+        """`work`, queued now as `transact_soon` (not fsynced), and not awaited: for records
+        nothing waits on (a drive that changed nothing of its run: runner/driver.py). Every
+        read of this store waits for it first, so this process reads what it wrote; a failure
+        is logged (nothing depends on it)."""
+        written = self.transact_soon(work, durable=False)
+        self._behind.add(written)
+        written.add_done_callback(self._written_behind)
+
+    def _written_behind(self, written: asyncio.Future[Any]) -> None:
+        self._behind.discard(written)
+        if not written.cancelled() and written.exception() is not None:
+            _log.warning("a record written behind was lost: %s", str(written.exception())[:200])
+
+    async def caught_up(self) -> None:
+        """Wait for the work written behind so far (`write_behind`)."""
+        if self._behind:
+            await asyncio.wait(list(self._behind))
 
     async def _transact_once(
         self,
@@ -327,15 +350,30 @@ class JournalStore:
                     job.future.set_exception(value)
 
     async def _all(self, sql: str, args: tuple[Any, ...] = ()) -> list[Any]:
+        await self.caught_up()
         return await self._retrying(lambda: self._backend.all(sql, args))
 
     async def read(self, work: Callable[[JournalTransaction], T]) -> T:
         """A read the write transactions also make, outside any transaction: one statement
         for both, written once in `JournalTransaction` (`work` runs on the journal's thread)."""
+        await self.caught_up()
         dialect = self._backend.dialect
         return await self._retrying(
             lambda: self._backend.run(
                 lambda c: work(JournalTransaction(c, None, dialect, reading=True))
+            )
+        )
+
+    async def read_here(self, work: Callable[[JournalTransaction], T]) -> T:
+        """`read`, run on the event loop's thread when a transaction could be
+        (`commit_here`, SQLite, the journal's thread idle): each statement of `work` then
+        sees the journal as of its own moment. For a drive's end that only reads."""
+        await self.caught_up()
+        dialect = self._backend.dialect
+        here = self.commit_here()
+        return await self._retrying(
+            lambda: self._backend.read(
+                lambda c: work(JournalTransaction(c, None, dialect, reading=True)), here=here
             )
         )
 

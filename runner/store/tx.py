@@ -74,6 +74,17 @@ class Lease:
     take: Callable[[JournalTransaction, bool], None] | None = field(default=None, compare=False)
 
 
+@dataclass(frozen=True, slots=True)
+class Unleased:
+    """A run no driver holds (`JournalTransaction.unleased_run`)."""
+
+    run: RunRecord
+    epoch: int  # its lease's, as the last driver left it
+    woken: bool  # it has a timer of the keys asked (a wake-up to serve)
+    arrived: bool = False  # an event of the waits asked waits unconsumed in its inbox
+    due: int | None = None  # its next timer (asked with the waits)
+
+
 class LeaseLost(QjsflowError):
     """Another driver took the run over: this driver must stop without writing."""
 
@@ -457,21 +468,34 @@ class JournalTransaction:
         return run
 
     def unleased_run(
-        self, run_id: str, timer_keys: tuple[str, ...]
-    ) -> tuple[RunRecord, int, bool] | None:
-        """The run, its lease's epoch, and whether it has a timer of one of `timer_keys`, if
-        no driver holds the lease (none, or the last one released it); None when one does,
-        or there is no such run. Not kept: the row is not locked (a drive reads it before it
-        takes the lease: runner/driver.py)."""
+        self, run_id: str, timer_keys: tuple[str, ...], waits: tuple[str, ...] = ()
+    ) -> Unleased | None:
+        """The run, if no driver holds its lease (none, or the last one released it); None
+        when one does, or there is no such run. In the same statement: whether it has a timer
+        of one of `timer_keys`, and, for the event types of its `waits`, whether one waits
+        unconsumed in its inbox, and its next timer. Not kept: the row is not locked (a drive
+        reads it before it takes the lease: runner/driver.py)."""
         keys = ", ".join("?" * len(timer_keys))
+        looks = ""
+        if waits:
+            types = ", ".join("?" * len(waits))
+            looks = (
+                f", EXISTS (SELECT 1 FROM inbox WHERE inbox.run_id = runs.run_id AND type IN"
+                f" ({types}) AND consumed_by IS NULL),"
+                " (SELECT min(due_at) FROM timers WHERE timers.run_id = runs.run_id)"
+            )
         row = self._one(
             f"SELECT epoch, worker_id, EXISTS (SELECT 1 FROM timers WHERE timers.run_id ="
-            f" runs.run_id AND step_key IN ({keys})), {RUN_COLUMNS} FROM runs WHERE run_id = ?",
-            (*timer_keys, run_id),
+            f" runs.run_id AND step_key IN ({keys})){looks}, {RUN_COLUMNS} FROM runs"
+            " WHERE run_id = ?",
+            (*timer_keys, *waits, run_id),
         )
         if row is None or row[1] is not None:
             return None
-        return run_record(row[3:]), int(row[0]), bool(row[2])
+        if not waits:
+            return Unleased(run_record(row[3:]), int(row[0]), bool(row[2]))
+        due = None if row[4] is None else int(row[4])
+        return Unleased(run_record(row[5:]), int(row[0]), bool(row[2]), bool(row[3]), due)
 
     def created(self, run_id: str) -> bool:
         """Whether this transaction inserted the run: nothing else is recorded of it but what
