@@ -121,7 +121,7 @@ class RunDriver:
         self._swept: dict[str, int] = {}  # scope -> the minute its old usage was last dropped
         self._maps: dict[BundleRecord, SourceMap] = {}  # read on a bundle's first error
         # Drives in progress in this process, to stop one at once when its run is taken away.
-        self._active: dict[str, tuple[asyncio.Event, asyncio.Task[object]]] = {}
+        self._active: dict[str, tuple[_LeaseWatch, asyncio.Task[object]]] = {}
         self._kept = KeptBeginnings()  # waiting runs' beginnings, from their last drive here
 
     def now_ms(self) -> int:
@@ -249,14 +249,13 @@ class RunDriver:
         self._kept.forget(run_id)
         active = self._active.get(run_id)
         if active is not None:
-            lost, task = active
-            lost.set()
+            watch, task = active
+            watch.lost = True
             task.cancel()
 
     async def _drive_leased(
         self, lease: Lease, bindings: Bindings, begun: _Begun, wrote: bool, *, keep: bool
     ) -> RunRecord:
-        lost = asyncio.Event()
         task = asyncio.current_task()
         watch = _LeaseWatch(unwritten=lease.take is not None)
         # The heartbeat's task is made when its first take or renewal is due: a short drive
@@ -265,14 +264,14 @@ class RunDriver:
         beating: list[asyncio.Task[None]] = []
         first_beat = loop.call_later(
             self.take_after_s if watch.unwritten else self.config.lease_ttl_s / 3,
-            lambda: beating.append(loop.create_task(self._heartbeat(lease, watch, lost, task))),
+            lambda: beating.append(loop.create_task(self._heartbeat(lease, watch, task))),
         )
         if task is not None:
-            self._active[lease.run_id] = (lost, task)
+            self._active[lease.run_id] = (watch, task)
         try:
             return await self._drive_loop(lease, watch, bindings, begun, wrote, keep=keep)
         except asyncio.CancelledError:
-            if not lost.is_set():
+            if not watch.lost:
                 raise
             # The heartbeat cancelled this (possibly the caller's) task: undo that request,
             # so that the caller's own timeouts and task groups are not confused by it.
@@ -292,7 +291,6 @@ class RunDriver:
         self,
         lease: Lease,
         watch: _LeaseWatch,
-        lost: asyncio.Event,
         drive: asyncio.Task[object] | None,
     ) -> None:
         """Take the lease (if no write has) or renew it, then every third of its TTL."""
@@ -309,7 +307,7 @@ class RunDriver:
             except (JournalUnavailable, LeaseLost):
                 renewed = False  # stop writing: another driver may take the run over
             if not renewed:
-                lost.set()
+                watch.lost = True
                 if drive is not None:
                     drive.cancel()  # stops the executor; nothing more is written
                 return
@@ -553,12 +551,14 @@ class RunDriver:
 
 @dataclasses.dataclass(slots=True)
 class _LeaseWatch:
-    """A drive's lease read with none held (`Lease.take`): `unwritten` while no write has
+    """A drive's lease: read with none held (`Lease.take`), `unwritten` while no write has
     been asked to take it (the heartbeat asks after `RunDriver.take_after_s`); `end_takes`
-    while the drive's end is taking it in its own last update (none to renew meanwhile)."""
+    while the drive's end is taking it in its own last update (none to renew meanwhile);
+    `lost` once the drive is stopped for it (its heartbeat failed, or `RunDriver.stop`)."""
 
     unwritten: bool
     end_takes: bool = False
+    lost: bool = False
 
 
 # The run, its journal, its unsettled steps, and what its scope had used of its budgets when

@@ -91,13 +91,19 @@ def _parent(traceparent: str | None) -> Any:
     return api["trace"].set_span_in_context(api["NonRecordingSpan"](context))
 
 
+_NO_SPAN: contextlib.AbstractContextManager[Any] = contextlib.nullcontext()
+
+
+def drive_span(
+    traceparent: str | None, attributes: Callable[[], dict[str, Any]]
+) -> contextlib.AbstractContextManager[Any]:
+    """The span of one drive, current while it runs (None without OpenTelemetry: one shared
+    context that does nothing); its `attributes` are made only for a span."""
+    return _drive_span(traceparent, attributes) if tracing() else _NO_SPAN
+
+
 @contextlib.contextmanager
-def drive_span(traceparent: str | None, attributes: Callable[[], dict[str, Any]]) -> Iterator[Any]:
-    """The span of one drive, current while it runs (None without OpenTelemetry); its
-    `attributes` are made only for a span."""
-    if not tracing():
-        yield None
-        return
+def _drive_span(traceparent: str | None, attributes: Callable[[], dict[str, Any]]) -> Iterator[Any]:
     with _api()["tracer"].start_as_current_span(
         "qjsflow.drive", context=_parent(traceparent), attributes=attributes()
     ) as span:

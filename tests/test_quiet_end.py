@@ -129,3 +129,22 @@ async def test_a_record_written_behind_that_fails_is_logged_and_nothing_else_fai
     assert "a record written behind was lost: refused by the test" in caplog.text
     again = await runner.resume(run.run_id, scope="acme")
     assert again.status == "waiting"
+
+
+def _after(run_id: str, tx: JournalTransaction) -> None:
+    tx.append_event(run_id, "after", 2, None)
+
+
+async def test_a_transaction_asked_for_after_a_record_written_behind_commits_after_it(
+    runner: Runner,
+) -> None:
+    """Written behind means queued once the caller has gone on, or as soon as anything else
+    is asked of the journal: the journal's order is the order things were asked for."""
+    run = await start_source(runner, WAITER)
+    key = f"acme/{run.run_id}"
+    runner.store.write_behind(partial(_noted, key))
+    await runner.store.transact(partial(_after, key))  # nothing queued: it could commit here
+    runner.store.write_behind(partial(_noted, key))
+    await runner.store.transact_soon(partial(_after, key))
+    types = [e.type for e in await runner.store.list_events(key)]
+    assert types[-4:] == ["noted", "after", "noted", "after"]

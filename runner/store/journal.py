@@ -183,6 +183,7 @@ class JournalStore:
         # is in progress, when the loop would only wait for it.
         self.commit_here: Callable[[], bool] = _never
         self._behind: set[asyncio.Future[Any]] = set()  # `write_behind` work not yet committed
+        self._unqueued: list[Callable[[JournalTransaction], object]] = []  # nor queued yet
 
     @classmethod
     async def open(cls, location: str | Path, *, create: bool = True) -> JournalStore:
@@ -221,6 +222,8 @@ class JournalStore:
         up to `retry_s`: a tool's result, say, is kept and written once the fault clears,
         never lost and the tool run again. Past that, `JournalUnavailable` says why.
         """
+        if self._unqueued:
+            self._queue_behind()  # (committed before this, as it was asked for before)
         return await self._retrying(lambda: self._transact_once(work, fence, durable, writes))
 
     async def _retrying(self, attempt: Callable[[], Awaitable[T]]) -> T:
@@ -250,6 +253,8 @@ class JournalStore:
     ) -> asyncio.Future[T]:
         """`transact`, queued now — committed before any transaction queued after this call —
         and awaited later (a write behind an answer already given)."""
+        if self._unqueued:
+            self._queue_behind()
         first = self._enqueue(work, fence, durable)
 
         async def committed() -> T:
@@ -264,13 +269,21 @@ class JournalStore:
         return asyncio.ensure_future(committed())
 
     def write_behind(self, work: Callable[[JournalTransaction], object]) -> None:
-        """`work`, queued now as `transact_soon` (not fsynced), and not awaited: for records
-        nothing waits on (a drive that changed nothing of its run: runner/driver.py). Every
-        read of this store waits for it first, so this process reads what it wrote; a failure
-        is logged (nothing depends on it)."""
-        written = self.transact_soon(work, durable=False)
-        self._behind.add(written)
-        written.add_done_callback(self._written_behind)
+        """`work`, committed as `transact_soon` would (not fsynced), queued once the caller
+        has gone on (or before any transaction asked for after this), and not awaited: for
+        records nothing waits on (a drive that changed nothing of its run: runner/driver.py).
+        Every read of this store waits for it first, so this process reads what it wrote; a
+        failure is logged (nothing depends on it)."""
+        self._unqueued.append(work)
+        if len(self._unqueued) == 1:
+            asyncio.get_running_loop().call_soon(self._queue_behind)
+
+    def _queue_behind(self) -> None:
+        unqueued, self._unqueued = self._unqueued, []
+        for work in unqueued:
+            written = self.transact_soon(work, durable=False)
+            self._behind.add(written)
+            written.add_done_callback(self._written_behind)
 
     def _written_behind(self, written: asyncio.Future[Any]) -> None:
         self._behind.discard(written)
@@ -279,6 +292,8 @@ class JournalStore:
 
     async def caught_up(self) -> None:
         """Wait for the work written behind so far (`write_behind`)."""
+        if self._unqueued:
+            self._queue_behind()
         if self._behind:
             await asyncio.wait(list(self._behind))
 
