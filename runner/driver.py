@@ -345,7 +345,7 @@ class RunDriver:
             attributes = partial(_span_attributes, run, lease, journal)
             with tracing.drive_span(run.traceparent, attributes) as span:
                 outcome, host = await self._drive_once(
-                    run, journal, unsettled, lease, bindings, used=used
+                    run, journal, unsettled, lease, bindings, used=used, traced=span is not None
                 )
                 _observe(span, run.run_id, outcome, time.monotonic() - began)
             if isinstance(outcome, Failed) and outcome.retryable:
@@ -456,13 +456,14 @@ class RunDriver:
         bindings: Bindings,
         *,
         used: dict[str, float],
+        traced: bool,
     ) -> tuple[DriveOutcome, DriveHost]:
         recorded = sum(len(e.value or "") for e in journal)
         host = DriveHost(
             self.store, lease, bindings, self.config.limits, self.now_ms, scopes=self.scopes,
             journal_bytes=recorded, monotonic=self.config.monotonic,
             environment=self.config.environments.get(run.scope), generation=run.generation,
-            budgets=self.config.scope_budgets.get(run.scope), used=used,
+            budgets=self.config.scope_budgets.get(run.scope), used=used, traced=traced,
         )  # fmt: skip
         try:
             bundle = await self.bundle_of(run)

@@ -127,6 +127,7 @@ class DriveHost:
         generation: int = 0,
         budgets: Budgets | None = None,
         used: Mapping[str, float] | None = None,
+        traced: bool = True,
     ) -> None:
         # A restarted run's calls to its scope database and its console lines are new ones:
         # `generation` (how many restarts) tells them from those of the attempts before.
@@ -150,7 +151,8 @@ class DriveHost:
         # judged by how long it really took, whatever the wall clock does meanwhile.
         # and its timeout, and when it began on the wall clock (for its trace span)
         self._attempts: dict[tuple[str, int, int], tuple[float, int, int]] = {}
-        self.trace = tracing.current()  # the drive's span: the parent of those made here
+        # The drive's span, the parent of those made here (none when the drive has none).
+        self.trace = tracing.current() if traced else None
         self.recording = tracing.recording(self.trace)
         self._effectful: set[str] = set()  # keys of steps whose body made an effect
         self._behind: list[asyncio.Future[bool]] = []  # batches answered ahead, being written

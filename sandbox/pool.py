@@ -258,8 +258,7 @@ class _Executor:
 class _Watch:
     executor: _Executor
     cpu_start: float
-    budget_s: float
-    name: str
+    request: DriveRequest  # its compute budget (`_budget`), looked at by the watchdog only
 
 
 class ExecutorPool:
@@ -336,7 +335,7 @@ class ExecutorPool:
             executor = await self._take()
             executor.prepared = True  # if it was not, it prepares as the drive arrives
             keep = False
-            watch = _Watch(executor, executor.cpu_seconds(), *_budget(request))
+            watch = _Watch(executor, executor.cpu_seconds(), request)
             self._watches[id(watch)] = watch
             try:
                 outcome, keep = await self._converse(executor, request, host)
@@ -498,8 +497,9 @@ class ExecutorPool:
             await asyncio.sleep(self.config.watchdog_interval_s)
             for watch in list(self._watches.values()):
                 used = watch.executor.cpu_seconds() - watch.cpu_start
-                if used > watch.budget_s + grace:
-                    watch.executor.kill(watch.name)
+                budget_s, name = _budget(watch.request)
+                if used > budget_s + grace:
+                    watch.executor.kill(name)
 
 
 def _budget(request: DriveRequest) -> tuple[float, str]:

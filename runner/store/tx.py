@@ -9,6 +9,7 @@ hop however many statements it holds. Every method assumes the caller holds the 
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -72,6 +73,26 @@ class Lease:
     # with this, if the run is as read (`check_fence`): it writes the drive's beginning, and
     # the lease too unless the drive's end gives it up in the same transaction (`written`).
     take: Callable[[JournalTransaction, bool], None] | None = field(default=None, compare=False)
+
+
+@functools.lru_cache(maxsize=16)
+def _unleased_sql(timer_keys: int, waits: int) -> str:
+    """`JournalTransaction.unleased_run`'s statement, for so many timer keys and wait types
+    (made once: the statement is the same each drive)."""
+    keys = ", ".join("?" * timer_keys)
+    looks = ""
+    if waits:
+        types = ", ".join("?" * waits)
+        looks = (
+            f", EXISTS (SELECT 1 FROM inbox WHERE inbox.run_id = runs.run_id AND type IN"
+            f" ({types}) AND consumed_by IS NULL),"
+            " (SELECT min(due_at) FROM timers WHERE timers.run_id = runs.run_id)"
+        )
+    return (
+        f"SELECT epoch, worker_id, EXISTS (SELECT 1 FROM timers WHERE timers.run_id ="
+        f" runs.run_id AND step_key IN ({keys})){looks}, {RUN_COLUMNS} FROM runs"
+        " WHERE run_id = ?"
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -475,21 +496,7 @@ class JournalTransaction:
         of one of `timer_keys`, and, for the event types of its `waits`, whether one waits
         unconsumed in its inbox, and its next timer. Not kept: the row is not locked (a drive
         reads it before it takes the lease: runner/driver.py)."""
-        keys = ", ".join("?" * len(timer_keys))
-        looks = ""
-        if waits:
-            types = ", ".join("?" * len(waits))
-            looks = (
-                f", EXISTS (SELECT 1 FROM inbox WHERE inbox.run_id = runs.run_id AND type IN"
-                f" ({types}) AND consumed_by IS NULL),"
-                " (SELECT min(due_at) FROM timers WHERE timers.run_id = runs.run_id)"
-            )
-        row = self._one(
-            f"SELECT epoch, worker_id, EXISTS (SELECT 1 FROM timers WHERE timers.run_id ="
-            f" runs.run_id AND step_key IN ({keys})){looks}, {RUN_COLUMNS} FROM runs"
-            " WHERE run_id = ?",
-            (*timer_keys, *waits, run_id),
-        )
+        row = self._one(_unleased_sql(len(timer_keys), len(waits)), (*timer_keys, *waits, run_id))
         if row is None or row[1] is not None:
             return None
         if not waits:
