@@ -375,7 +375,6 @@ class RunDriver:
             # (an op the host serviced may have taken it: the end's fence then finds it held).
             watch.end_takes = watch.unwritten and not host.ops_seen
             watch.unwritten = False
-            charges = self._charges(outcome, host, now)
             as_found = _left_as_found(outcome, host)
             if watch.end_takes and as_found and not unsynced:
                 # Nothing written yet, nothing to write: if the run is still as it was read,
@@ -387,12 +386,13 @@ class RunDriver:
                 if unchanged is not None:
                     watch.end_takes = False
                     self.store.write_behind(
-                        partial(_record_unchanged_end, run=unchanged, worker_id=lease.worker_id,
-                                charges=charges, now=now)
+                        partial(self._unchanged_records, unchanged, lease.worker_id, outcome,
+                                host, now)
                     )  # fmt: skip
                     return await self._ended(
                         unchanged, lease.epoch - 1, host, (journal, unsettled), keep=keep
                     )
+            charges = self._charges(outcome, host, now)
             finish = partial(_finish, lease=lease, outcome=outcome, host=host, now=now,
                              charges=charges, taking=watch.end_takes,
                              ttl_ms=self._ttl_ms)  # fmt: skip
@@ -425,6 +425,15 @@ class RunDriver:
                 asyncio.get_running_loop().call_soon(self.pool.prepare_idle)
         # Still due after this many drives: leave the rest to the next call or a worker.
         return await self.store.transact(partial(_release, lease=lease), lease, durable=False)
+
+    def _unchanged_records(
+        self, run: RunRecord, worker_id: str, outcome: DriveOutcome, host: DriveHost, now: int
+    ) -> partial[None]:
+        """What a drive that changed nothing records (`_record_unchanged_end`), with what it
+        used charged: made once its caller has the answer (`JournalStore.write_behind`)."""
+        charges = self._charges(outcome, host, now)
+        return partial(_record_unchanged_end, run=run, worker_id=worker_id, charges=charges,
+                       now=now)  # fmt: skip
 
     async def _ended(
         self,

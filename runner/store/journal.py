@@ -183,7 +183,7 @@ class JournalStore:
         # is in progress, when the loop would only wait for it.
         self.commit_here: Callable[[], bool] = _never
         self._behind: set[asyncio.Future[Any]] = set()  # `write_behind` work not yet committed
-        self._unqueued: list[Callable[[JournalTransaction], object]] = []  # nor queued yet
+        self._unqueued: list[Callable[[], Callable[[JournalTransaction], object]]] = []
 
     @classmethod
     async def open(cls, location: str | Path, *, create: bool = True) -> JournalStore:
@@ -268,19 +268,24 @@ class JournalStore:
 
         return asyncio.ensure_future(committed())
 
-    def write_behind(self, work: Callable[[JournalTransaction], object]) -> None:
-        """`work`, committed as `transact_soon` would (not fsynced), queued once the caller
-        has gone on (or before any transaction asked for after this), and not awaited: for
-        records nothing waits on (a drive that changed nothing of its run: runner/driver.py).
-        Every read of this store waits for it first, so this process reads what it wrote; a
-        failure is logged (nothing depends on it)."""
-        self._unqueued.append(work)
+    def write_behind(self, make: Callable[[], Callable[[JournalTransaction], object]]) -> None:
+        """The work `make` returns, made and queued once the caller has gone on (or before any
+        transaction asked for after this), committed as `transact_soon` would (not fsynced),
+        and not awaited: for records nothing waits on (a drive that changed nothing of its
+        run: runner/driver.py). Every read of this store waits for it first, so this process
+        reads what it wrote; a failure is logged (nothing depends on it)."""
+        self._unqueued.append(make)
         if len(self._unqueued) == 1:
             asyncio.get_running_loop().call_soon(self._queue_behind)
 
     def _queue_behind(self) -> None:
         unqueued, self._unqueued = self._unqueued, []
-        for work in unqueued:
+        for make in unqueued:
+            try:
+                work = make()
+            except Exception as error:
+                _log.warning("a record written behind was lost: %s", str(error)[:200])
+                continue
             written = self.transact_soon(work, durable=False)
             self._behind.add(written)
             written.add_done_callback(self._written_behind)
