@@ -379,18 +379,11 @@ class RunDriver:
             if watch.end_takes and as_found and not unsynced:
                 # Nothing written yet, nothing to write: if the run is still as it was read,
                 # the end only reads, and its records are written behind the answer.
-                unchanged = await self.store.read_here(
-                    partial(_end_unchanged, found=run, epoch=lease.epoch - 1,
-                            outcome=outcome, host=host, now=now)
-                )  # fmt: skip
-                if unchanged is not None:
+                left = await self._end_if_unchanged(run, lease, outcome, host, now)
+                if left is not None:
                     watch.end_takes = False
-                    self.store.write_behind(
-                        partial(self._unchanged_records, unchanged, lease.worker_id, outcome,
-                                host, now)
-                    )  # fmt: skip
                     return await self._ended(
-                        unchanged, lease.epoch - 1, host, (journal, unsettled), keep=keep
+                        left, lease.epoch - 1, host, (journal, unsettled), keep=keep
                     )
             charges = self._charges(outcome, host, now)
             finish = partial(_finish, lease=lease, outcome=outcome, host=host, now=now,
@@ -426,14 +419,34 @@ class RunDriver:
         # Still due after this many drives: leave the rest to the next call or a worker.
         return await self.store.transact(partial(_release, lease=lease), lease, durable=False)
 
+    async def _end_if_unchanged(
+        self, found: RunRecord, lease: Lease, outcome: DriveOutcome, host: DriveHost, now: int
+    ) -> RunRecord | None:
+        """The end of a drive that took no lease and left its run as it `found` it, if the
+        run is still so (`_end_unchanged`): its records written behind the answer, and the run
+        as it is once they are. None: the end is to be written in full."""
+        unchanged = await self.store.read_here(
+            partial(_end_unchanged, found=found, epoch=lease.epoch - 1, outcome=outcome,
+                    host=host, now=now)
+        )  # fmt: skip
+        if unchanged is None:
+            return None
+        self.store.write_behind(
+            partial(self._unchanged_records, unchanged, lease.worker_id, outcome, host, now)
+        )
+        if not outcome.cpu_s:
+            return unchanged
+        used_s = unchanged.cpu_used_s + outcome.cpu_s  # as added behind the answer
+        return dataclasses.replace(unchanged, cpu_used_s=used_s)
+
     def _unchanged_records(
         self, run: RunRecord, worker_id: str, outcome: DriveOutcome, host: DriveHost, now: int
     ) -> partial[None]:
         """What a drive that changed nothing records (`_record_unchanged_end`), with what it
         used charged: made once its caller has the answer (`JournalStore.write_behind`)."""
         charges = self._charges(outcome, host, now)
-        return partial(_record_unchanged_end, run=run, worker_id=worker_id, charges=charges,
-                       now=now)  # fmt: skip
+        return partial(_record_unchanged_end, run=run, worker_id=worker_id,
+                       cpu_s=outcome.cpu_s, charges=charges, now=now)  # fmt: skip
 
     async def _ended(
         self,
@@ -913,11 +926,12 @@ def _end_unchanged(
     now: int,
 ) -> RunRecord | None:
     """The end of a drive that took no lease and left its run as it found it
-    (`_left_as_found`), read only: the run, when its end would change nothing of it — its
-    row and epoch as the drive read them, no lease held and no wake-up to serve, and what it
-    waits on neither arrived nor due — nor of its compute or console count. None: the end is
-    written in full (`_finish`), as it may have to drive the run again."""
-    if not isinstance(outcome, Suspended) or outcome.cpu_s or host.throttle is not None:
+    (`_left_as_found`), read only: the run, when its end would change nothing of it but its
+    compute (added behind the answer: `_record_unchanged_end`) — its row and epoch as the
+    drive read them, no lease held and no wake-up to serve, what it waits on neither arrived
+    nor due, and no console line written. None: the end is written in full (`_finish`), as
+    it may have to drive the run again."""
+    if not isinstance(outcome, Suspended) or host.throttle is not None:
         return None
     events = tuple(sorted({m.event for m in outcome.markers if m.kind == "event" and m.event}))
     if not events or host.blocked_on is not None or host.logs_count > found.logs_count:
@@ -935,12 +949,21 @@ def _end_unchanged(
 
 
 def _record_unchanged_end(
-    tx: JournalTransaction, *, run: RunRecord, worker_id: str, charges: Charges, now: int
+    tx: JournalTransaction,
+    *,
+    run: RunRecord,
+    worker_id: str,
+    cpu_s: float,
+    charges: Charges,
+    now: int,
 ) -> None:
     """What a drive that changed nothing of its run records (`_end_unchanged`): its two
-    events, with no lease's epoch (it took none), and what its scope used."""
+    events, with no lease's epoch (it took none), its compute added to the run's, and what
+    its scope used."""
     _mark_begun(tx, run.run_id, worker_id, run.snapshot_id, now, woken=False)
     tx.append_event(run.run_id, "run_suspended", now, None)
+    if cpu_s:
+        tx.add_compute(run.run_id, cpu_s)
     tx.charge_usage(run.scope, charges.rows, charges.forget)
 
 

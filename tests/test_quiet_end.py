@@ -56,6 +56,43 @@ async def test_a_drive_that_changed_nothing_writes_nothing_before_its_answer(
         assert _drives_used(journal) == drives + 1
 
 
+BUSY_WAITER = """
+export default async (event, step) => {
+  let spin = 0;
+  for (let i = 0; i < 4e6; i++) spin += i % 7;  // compute enough for the clock's ticks
+  return (await step.waitForEvent("go", { type: "go" })).payload;
+};
+"""
+
+
+def _cpu_used(journal: str, key: str) -> float:
+    return float(query(journal, "SELECT cpu_used_s FROM runs WHERE run_id = ?", (key,))[0][0])
+
+
+async def test_a_drive_that_used_compute_adds_it_behind_its_answer_and_ends_quietly_again(
+    tmp_path: Path,
+) -> None:
+    """Its compute is the one thing of the run such a drive changes: added to the run's row
+    behind the answer, and to the row kept, so the next such drive finds the run as kept."""
+    journal = str(tmp_path / "journal.db")
+    async with Runner.open(journal) as runner:
+        # (A drive that goes on past `take_after_s` takes its lease, so ends in full.)
+        runner._driver.take_after_s = 30.0
+        run = await start_source(runner, BUSY_WAITER)
+        await runner.resume(run.run_id, scope="acme")  # keeps its beginning
+        await runner.store.caught_up()
+        key = f"acme/{run.run_id}"
+        for _ in range(2):
+            used = _cpu_used(journal, key)
+            with statements(runner) as seen:
+                again = await runner.resume(run.run_id, scope="acme")
+            assert again.status == "waiting"
+            written = [sql for _, sql in seen if sql.lstrip().upper().startswith(_WRITES)]
+            assert written == []  # found as kept, compute and all
+            await runner.store.caught_up()
+            assert _cpu_used(journal, key) > used  # its compute, added behind the answer
+
+
 async def test_an_event_delivered_elsewhere_while_the_drive_ran_is_taken(
     journal: str, tmp_path: Path
 ) -> None:

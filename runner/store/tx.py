@@ -623,6 +623,18 @@ class JournalTransaction:
         if known is not None:
             self._runs[run_id] = _as_read(known, **fields)
 
+    def add_compute(self, run_id: str, seconds: float) -> None:
+        """Add a drive's compute to what the run's row holds now, whatever that is (the
+        records of a drive that took no lease, written behind it: runner/driver.py)."""
+        self._db.execute(
+            "UPDATE runs SET cpu_used_s = cpu_used_s + ? WHERE run_id = ?", (seconds, run_id)
+        )
+        self.runs_written = True
+        self._locked.add(run_id)
+        known = self._runs.get(run_id)
+        if known is not None:
+            self._runs[run_id] = _as_read(known, cpu_used_s=known.cpu_used_s + seconds)
+
     # -- steps -------------------------------------------------------------------------------
 
     def get_step(self, run_id: str, kind: str, name: str, count: int) -> StepRow | None:
