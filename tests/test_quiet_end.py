@@ -8,6 +8,7 @@ behind."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Callable
 from functools import partial
@@ -15,12 +16,12 @@ from pathlib import Path
 
 import pytest
 
-from qjsflow.runner import Runner
+from qjsflow.runner import Runner, RunnerConfig
 from qjsflow.runner.control import request_pause
 from qjsflow.runner.store import JournalTransaction
 from tests.conftest import WAITER, start_source, statements
 from tests.journal_reads import query
-from tests.test_kept_beginnings import kept_run
+from tests.test_kept_beginnings import executor_drives, kept_run
 from tests.test_leases_taken_late import event_types, held_at_the_executor
 
 _WRITES = ("BEGIN IMMEDIATE", "INSERT", "UPDATE", "DELETE")
@@ -65,30 +66,43 @@ export default async (event, step) => {
 """
 
 
+def _epoch(journal: str, key: str) -> int:
+    return int(query(journal, "SELECT epoch FROM runs WHERE run_id = ?", (key,))[0][0])
+
+
 def _cpu_used(journal: str, key: str) -> float:
     return float(query(journal, "SELECT cpu_used_s FROM runs WHERE run_id = ?", (key,))[0][0])
 
 
 async def test_a_drive_that_used_compute_adds_it_behind_its_answer_and_ends_quietly_again(
-    tmp_path: Path,
+    journal: str, tmp_path: Path
 ) -> None:
     """Its compute is the one thing of the run such a drive changes: added to the run's row
-    behind the answer, and to the row kept, so the next such drive finds the run as kept."""
-    journal = str(tmp_path / "journal.db")
-    async with Runner.open(journal) as runner:
+    behind the answer, and to the row kept, so the next such drive finds the run as kept
+    (the same sum, on either journal)."""
+    config = RunnerConfig(scope_root=tmp_path / "scopes")
+    async with Runner.open(journal, config) as runner:
         # (A drive that goes on past `take_after_s` takes its lease, so ends in full.)
         runner._driver.take_after_s = 30.0
         run = await start_source(runner, BUSY_WAITER)
         await runner.resume(run.run_id, scope="acme")  # keeps its beginning
         await runner.store.caught_up()
         key = f"acme/{run.run_id}"
-        for _ in range(2):
-            used = _cpu_used(journal, key)
-            with statements(runner) as seen:
+        made = executor_drives(runner)
+        sqlite = journal.endswith(".db")
+        for drives in (1, 2):
+            used, epoch = _cpu_used(journal, key), _epoch(journal, key)
+            traced: contextlib.AbstractContextManager[list[tuple[bool, str]]] = (
+                statements(runner) if sqlite else contextlib.nullcontext([])
+            )
+            with traced as seen:
                 again = await runner.resume(run.run_id, scope="acme")
             assert again.status == "waiting"
-            written = [sql for _, sql in seen if sql.lstrip().upper().startswith(_WRITES)]
-            assert written == []  # found as kept, compute and all
+            # Found as kept, compute and all: no lease taken, nothing written before the
+            # answer (a server journal's statements are not traced: its epoch says it).
+            assert _epoch(journal, key) == epoch
+            assert [sql for _, sql in seen if sql.lstrip().upper().startswith(_WRITES)] == []
+            assert made == [1] * drives  # one drive each
             await runner.store.caught_up()
             assert _cpu_used(journal, key) > used  # its compute, added behind the answer
 
