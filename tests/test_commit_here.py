@@ -7,11 +7,13 @@ from __future__ import annotations
 import asyncio
 import itertools
 import sqlite3
+import threading
 import time
 from pathlib import Path
 from typing import Any
 
 from qjsflow.runner import Runner, StartRunInput
+from qjsflow.runner.store import JournalTransaction, RunRecord
 from qjsflow.runner.store.connection import JobThread
 from tests.conftest import WAITER, start_source, statements
 
@@ -129,3 +131,28 @@ async def test_a_job_counts_until_it_is_done_even_if_its_waiter_left() -> None:
         assert thread.idle
     finally:
         thread.stop()
+
+
+async def test_a_read_here_that_finds_the_journal_locked_goes_to_the_journals_thread(
+    tmp_path: Path,
+) -> None:
+    """A drive's end that only reads (tests/test_quiet_end.py) reads on the loop's thread with
+    no busy timeout; a journal another process holds (in WAL mode, only while it recovers
+    the journal; here the error is raised as SQLite would) sends the read to the journal's
+    thread, which waits as usual (not the loop's again, after a retry's back-off)."""
+    async with Runner.open(tmp_path / "journal.db") as runner:
+        run = await start_source(runner, WAITER)
+        key = f"acme/{run.run_id}"
+        threads: list[int] = []
+
+        def work(tx: JournalTransaction) -> RunRecord | None:
+            threads.append(threading.get_ident())
+            if len(threads) == 1:
+                raise sqlite3.OperationalError("database is locked")
+            return tx.get_run(key)
+
+        found = await runner.store.read_here(work)
+        assert found is not None
+        assert found.run_id == key
+        assert threads[0] == threading.get_ident()  # first on the loop's thread
+        assert threads[1] != threading.get_ident()  # then on the journal's
