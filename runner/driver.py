@@ -432,7 +432,7 @@ class RunDriver:
         if unchanged is None:
             return None
         self.store.write_behind(
-            partial(self._unchanged_records, unchanged, lease.worker_id, outcome, host, now)
+            partial(self._unchanged_records, unchanged, lease, outcome, host, now)
         )
         if not outcome.cpu_s:
             return unchanged
@@ -440,13 +440,14 @@ class RunDriver:
         return dataclasses.replace(unchanged, cpu_used_s=used_s)
 
     def _unchanged_records(
-        self, run: RunRecord, worker_id: str, outcome: DriveOutcome, host: DriveHost, now: int
+        self, run: RunRecord, lease: Lease, outcome: DriveOutcome, host: DriveHost, now: int
     ) -> partial[None]:
         """What a drive that changed nothing records (`_record_unchanged_end`), with what it
         used charged: made once its caller has the answer (`JournalStore.write_behind`)."""
         charges = self._charges(outcome, host, now)
-        return partial(_record_unchanged_end, run=run, worker_id=worker_id,
-                       cpu_s=outcome.cpu_s, charges=charges, now=now)  # fmt: skip
+        return partial(_record_unchanged_end, run=run, epoch=lease.epoch - 1,
+                       worker_id=lease.worker_id, cpu_s=outcome.cpu_s, charges=charges,
+                       now=now)  # fmt: skip
 
     async def _ended(
         self,
@@ -952,18 +953,22 @@ def _record_unchanged_end(
     tx: JournalTransaction,
     *,
     run: RunRecord,
+    epoch: int,
     worker_id: str,
     cpu_s: float,
     charges: Charges,
     now: int,
 ) -> None:
-    """What a drive that changed nothing of its run records (`_end_unchanged`): its two
-    events, with no lease's epoch (it took none), its compute added to the run's, and what
-    its scope used."""
-    _mark_begun(tx, run.run_id, worker_id, run.snapshot_id, now, woken=False)
-    tx.append_event(run.run_id, "run_suspended", now, None)
+    """What a drive that changed nothing of its run records (`_end_unchanged`), fenced by the
+    `epoch` it read: its compute added to the run's, its two events (with no lease's epoch:
+    it took none), and what its scope used. Nothing, if a driver has taken the run since
+    (as for a drive whose lease was taken over)."""
+    if not tx.still_unleased(run.run_id, epoch):
+        return
     if cpu_s:
         tx.add_compute(run.run_id, cpu_s)
+    _mark_begun(tx, run.run_id, worker_id, run.snapshot_id, now, woken=False)
+    tx.append_event(run.run_id, "run_suspended", now, None)
     tx.charge_usage(run.scope, charges.rows, charges.forget)
 
 

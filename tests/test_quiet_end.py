@@ -20,7 +20,7 @@ from qjsflow.runner import Runner, RunnerConfig
 from qjsflow.runner.control import request_pause
 from qjsflow.runner.store import JournalTransaction
 from tests.conftest import WAITER, start_source, statements
-from tests.journal_reads import query
+from tests.journal_reads import execute, query
 from tests.test_kept_beginnings import executor_drives, kept_run
 from tests.test_leases_taken_late import event_types, held_at_the_executor
 
@@ -105,6 +105,23 @@ async def test_a_drive_that_used_compute_adds_it_behind_its_answer_and_ends_quie
             assert made == [1] * drives  # one drive each
             await runner.store.caught_up()
             assert _cpu_used(journal, key) > used  # its compute, added behind the answer
+
+
+async def test_records_written_behind_are_fenced_by_the_epoch_the_drive_read(
+    journal: str, tmp_path: Path
+) -> None:
+    """A driver elsewhere takes the run (its epoch moves on) after the answer, before the
+    drive's records are queued: they are written as a drive's writes are, fenced, so none."""
+    async with kept_run(journal, tmp_path, WAITER) as kept:
+        runner, key = kept.first, kept.key
+        events, used = event_types(journal, key), _cpu_used(journal, key)
+        again = await runner.resume(kept.run_id, scope="acme")
+        assert again.status == "waiting"
+        # (no await since the answer: the records are not queued yet)
+        assert execute(journal, "UPDATE runs SET epoch = epoch + 1 WHERE run_id = ?", (key,))
+        await runner.store.caught_up()
+        assert event_types(journal, key) == events
+        assert _cpu_used(journal, key) == used
 
 
 async def test_an_event_delivered_elsewhere_while_the_drive_ran_is_taken(

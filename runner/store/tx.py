@@ -623,9 +623,23 @@ class JournalTransaction:
         if known is not None:
             self._runs[run_id] = _as_read(known, **fields)
 
+    def still_unleased(self, run_id: str, epoch: int) -> bool:
+        """Whether the run is still at the `epoch` a drive that took no lease read it at, with
+        no lease held; its row then locked for the rest of this transaction. Such a drive's
+        records, written behind it, are fenced by this as any drive's writes are by its
+        lease (runner/driver.py)."""
+        row = self._one(
+            f"SELECT epoch, worker_id FROM runs WHERE run_id = ?{self._dialect.lock_run}",
+            (run_id,),
+        )
+        if row is None or row[0] != epoch or row[1] is not None:
+            return False
+        self._locked.add(run_id)
+        return True
+
     def add_compute(self, run_id: str, seconds: float) -> None:
         """Add a drive's compute to what the run's row holds now, whatever that is (the
-        records of a drive that took no lease, written behind it: runner/driver.py)."""
+        records of a drive that took no lease, written behind it: `still_unleased`)."""
         self._db.execute(
             "UPDATE runs SET cpu_used_s = cpu_used_s + ? WHERE run_id = ?", (seconds, run_id)
         )
