@@ -425,29 +425,22 @@ class RunDriver:
         """The end of a drive that took no lease and left its run as it `found` it, if the
         run is still so (`_end_unchanged`): its records written behind the answer, and the run
         as it is once they are. None: the end is to be written in full."""
-        unchanged = await self.store.read_here(
+        unchanged = await self.store.read(
             partial(_end_unchanged, found=found, epoch=lease.epoch - 1, outcome=outcome,
-                    host=host, now=now)
+                    now=now),
+            here=True,
         )  # fmt: skip
         if unchanged is None:
             return None
         self.store.write_behind(
-            partial(self._unchanged_records, unchanged, lease, outcome, host, now)
-        )
+            partial(_record_unchanged_end, run=unchanged, epoch=lease.epoch - 1,
+                    worker_id=lease.worker_id, cpu_s=outcome.cpu_s,
+                    charges=self._charges(outcome, host, now), now=now)
+        )  # fmt: skip
         if not outcome.cpu_s:
             return unchanged
         used_s = unchanged.cpu_used_s + outcome.cpu_s  # as added behind the answer
         return dataclasses.replace(unchanged, cpu_used_s=used_s)
-
-    def _unchanged_records(
-        self, run: RunRecord, lease: Lease, outcome: DriveOutcome, host: DriveHost, now: int
-    ) -> partial[None]:
-        """What a drive that changed nothing records (`_record_unchanged_end`), with what it
-        used charged: made once its caller has the answer (`JournalStore.write_behind`)."""
-        charges = self._charges(outcome, host, now)
-        return partial(_record_unchanged_end, run=run, epoch=lease.epoch - 1,
-                       worker_id=lease.worker_id, cpu_s=outcome.cpu_s, charges=charges,
-                       now=now)  # fmt: skip
 
     async def _ended(
         self,
@@ -923,19 +916,19 @@ def _end_unchanged(
     found: RunRecord,
     epoch: int,
     outcome: DriveOutcome,
-    host: DriveHost,
     now: int,
 ) -> RunRecord | None:
     """The end of a drive that took no lease and left its run as it found it
-    (`_left_as_found`), read only: the run, when its end would change nothing of it but its
+    (`_left_as_found`: it sent nothing, so wrote no console line, met no budget and no
+    missing tool), read only: the run, when its end would change nothing of it but its
     compute (added behind the answer: `_record_unchanged_end`) — its row and epoch as the
-    drive read them, no lease held and no wake-up to serve, what it waits on neither arrived
-    nor due, and no console line written. None: the end is written in full (`_finish`), as
-    it may have to drive the run again."""
-    if not isinstance(outcome, Suspended) or host.throttle is not None:
+    drive read them, no lease held and no wake-up to serve, and what it waits on neither
+    arrived nor due. None: the end is written in full (`_finish`), as it may have to drive
+    the run again."""
+    if not isinstance(outcome, Suspended):
         return None
     events = tuple(sorted({m.event for m in outcome.markers if m.kind == "event" and m.event}))
-    if not events or host.blocked_on is not None or host.logs_count > found.logs_count:
+    if not events:
         return None
     now_at = tx.unleased_run(found.run_id, _WAKE_UPS, waits=events)
     if now_at is None or now_at.run != found or now_at.epoch != epoch or now_at.woken:

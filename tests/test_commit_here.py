@@ -133,7 +133,7 @@ async def test_a_job_counts_until_it_is_done_even_if_its_waiter_left() -> None:
         thread.stop()
 
 
-async def test_a_read_here_that_finds_the_journal_locked_goes_to_the_journals_thread(
+async def test_a_read_on_the_loops_thread_that_finds_the_journal_locked_goes_to_the_journals_thread(
     tmp_path: Path,
 ) -> None:
     """A drive's end that only reads (tests/test_quiet_end.py) reads on the loop's thread with
@@ -151,7 +151,7 @@ async def test_a_read_here_that_finds_the_journal_locked_goes_to_the_journals_th
                 raise sqlite3.OperationalError("database is locked")
             return tx.get_run(key)
 
-        found = await runner.store.read_here(work)
+        found = await runner.store.read(work, here=True)
         assert found is not None
         assert found.run_id == key
         assert threads[0] == threading.get_ident()  # first on the loop's thread

@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 
@@ -169,19 +168,14 @@ def _noted(run_id: str, tx: JournalTransaction) -> None:
     tx.append_event(run_id, "noted", 1, None)
 
 
-def _noting(run_id: str) -> Callable[[], Callable[[JournalTransaction], None]]:
-    """What `write_behind` is given: made once the caller has gone on."""
-    return lambda: partial(_noted, run_id)
-
-
 async def test_what_is_written_behind_is_read_by_this_store_at_once(runner: Runner) -> None:
     run = await start_source(runner, WAITER)
     key = f"acme/{run.run_id}"
     before = len(await runner.store.list_events(key))
-    runner.store.write_behind(_noting(key))
+    runner.store.write_behind(partial(_noted, key))
     # Queued, not yet committed: the read waits for it.
     assert [e.type for e in await runner.store.list_events(key)][before:] == ["noted"]
-    runner.store.write_behind(_noting(key))
+    runner.store.write_behind(partial(_noted, key))
     assert await runner.store.get_run(key) is not None
     assert [e.type for e in await runner.store.list_events(key)][before:] == ["noted", "noted"]
 
@@ -196,8 +190,8 @@ async def test_a_record_written_behind_that_fails_is_logged_and_nothing_else_fai
     run = await start_source(runner, WAITER)
     key = f"acme/{run.run_id}"
     with caplog.at_level(logging.WARNING, logger="qjsflow.journal"):
-        runner.store.write_behind(lambda: _refused)
-        runner.store.write_behind(_noting(key))  # its own job: not rolled back with it
+        runner.store.write_behind(_refused)
+        runner.store.write_behind(partial(_noted, key))  # its own job: not rolled back with it
         events = await runner.store.list_events(key)
     assert events[-1].type == "noted"
     assert "a record written behind was lost: refused by the test" in caplog.text
@@ -216,9 +210,9 @@ async def test_a_transaction_asked_for_after_a_record_written_behind_commits_aft
     is asked of the journal: the journal's order is the order things were asked for."""
     run = await start_source(runner, WAITER)
     key = f"acme/{run.run_id}"
-    runner.store.write_behind(_noting(key))
+    runner.store.write_behind(partial(_noted, key))
     await runner.store.transact(partial(_after, key))  # nothing queued: it could commit here
-    runner.store.write_behind(_noting(key))
+    runner.store.write_behind(partial(_noted, key))
     await runner.store.transact_soon(partial(_after, key))
     types = [e.type for e in await runner.store.list_events(key)]
     assert types[-4:] == ["noted", "after", "noted", "after"]

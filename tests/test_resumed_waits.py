@@ -37,7 +37,7 @@ def ends(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
         return await original(self, work, *args, **kwargs)
 
     def written_behind(self: JournalStore, work: Any) -> None:
-        if work.func.__name__ == "_unchanged_records":
+        if work.func.__name__ == "_record_unchanged_end":
             seen.append(False)
         behind(self, work)
 

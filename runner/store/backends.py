@@ -140,17 +140,18 @@ class SqliteBackend:
         return await self.run(work)
 
     async def read(self, work: Callable[[Any], T], *, here: bool) -> T:
-        """`work` that only reads, outside any transaction: with `here`, as `transaction`
-        (on the calling thread while the journal's has no job; a reader that would wait,
-        as while another process recovers the journal, goes to the journal's thread)."""
-        if here and self._thread.idle:
-            self._wait_for_locks(False)
-            try:
-                return work(self._db)
-            except sqlite3.OperationalError as error:
-                if "locked" not in str(error):
-                    raise
-        return await self.run(work)
+        """`work` that only reads, outside any transaction: with `here`, where `transaction`
+        would run it (a reader that would wait, as while another process recovers the
+        journal, goes to the journal's thread, as a locked `begin` does)."""
+        return await self.transaction(partial(self._read_no_wait, work), here=here)
+
+    def _read_no_wait(self, work: Callable[[Any], T], connection: Any) -> T:
+        try:
+            return work(connection)
+        except sqlite3.OperationalError as error:
+            if not self._waits and "locked" in str(error):
+                raise _LockedHere from error  # nothing ran: to the journal's thread
+            raise
 
     async def all(self, sql: str, args: tuple[Any, ...] = ()) -> list[Any]:
         return await self.run(lambda c: c.execute(sql, args).fetchall())
@@ -244,7 +245,7 @@ class PostgresBackend:
         return await self.run(work)
 
     async def read(self, work: Callable[[Any], T], *, here: bool) -> T:
-        """Always on the backend's thread (`transaction`)."""
+        """Always on the backend's thread (as `transaction`)."""
         return await self.run(work)
 
     def _with_connection(self, work: Callable[[Any], T]) -> T:

@@ -183,7 +183,7 @@ class JournalStore:
         # is in progress, when the loop would only wait for it.
         self.commit_here: Callable[[], bool] = _never
         self._behind: set[asyncio.Future[Any]] = set()  # `write_behind` work not yet committed
-        self._unqueued: list[Callable[[], Callable[[JournalTransaction], object]]] = []
+        self._unqueued: list[Callable[[JournalTransaction], object]] = []  # nor yet queued
 
     @classmethod
     async def open(cls, location: str | Path, *, create: bool = True) -> JournalStore:
@@ -222,8 +222,7 @@ class JournalStore:
         up to `retry_s`: a tool's result, say, is kept and written once the fault clears,
         never lost and the tool run again. Past that, `JournalUnavailable` says why.
         """
-        if self._unqueued:
-            self._queue_behind()  # (committed before this, as it was asked for before)
+        self._queue_behind()  # (committed before this, as it was asked for before)
         return await self._retrying(lambda: self._transact_once(work, fence, durable, writes))
 
     async def _retrying(self, attempt: Callable[[], Awaitable[T]]) -> T:
@@ -253,8 +252,7 @@ class JournalStore:
     ) -> asyncio.Future[T]:
         """`transact`, queued now — committed before any transaction queued after this call —
         and awaited later (a write behind an answer already given)."""
-        if self._unqueued:
-            self._queue_behind()
+        self._queue_behind()
         first = self._enqueue(work, fence, durable)
 
         async def committed() -> T:
@@ -268,24 +266,20 @@ class JournalStore:
 
         return asyncio.ensure_future(committed())
 
-    def write_behind(self, make: Callable[[], Callable[[JournalTransaction], object]]) -> None:
-        """The work `make` returns, made and queued once the caller has gone on (or before any
-        transaction asked for after this), committed as `transact_soon` would (not fsynced),
-        and not awaited: for records nothing waits on (a drive that changed nothing of its
-        run: runner/driver.py). Every read of this store waits for it first, so this process
+    def write_behind(self, work: Callable[[JournalTransaction], object]) -> None:
+        """`work`, queued once the caller has gone on (or before any transaction asked for
+        after this), committed as `transact_soon` would (not fsynced), and not awaited: for
+        records nothing waits on (a drive that changed nothing of its run:
+        runner/driver.py). Every read of this store waits for it first, so this process
         reads what it wrote; a failure is logged (nothing depends on it)."""
-        self._unqueued.append(make)
+        self._unqueued.append(work)
         if len(self._unqueued) == 1:
             asyncio.get_running_loop().call_soon(self._queue_behind)
 
     def _queue_behind(self) -> None:
+        """Queue the work written behind and not queued yet (none: nothing to do)."""
         unqueued, self._unqueued = self._unqueued, []
-        for make in unqueued:
-            try:
-                work = make()
-            except Exception as error:
-                _log.warning("a record written behind was lost: %s", str(error)[:200])
-                continue
+        for work in unqueued:
             written = self.transact_soon(work, durable=False)
             self._behind.add(written)
             written.add_done_callback(self._written_behind)
@@ -297,8 +291,7 @@ class JournalStore:
 
     async def caught_up(self) -> None:
         """Wait for the work written behind so far (`write_behind`)."""
-        if self._unqueued:
-            self._queue_behind()
+        self._queue_behind()
         if self._behind:
             await asyncio.wait(list(self._behind))
 
@@ -373,27 +366,18 @@ class JournalStore:
         await self.caught_up()
         return await self._retrying(lambda: self._backend.all(sql, args))
 
-    async def read(self, work: Callable[[JournalTransaction], T]) -> T:
+    async def read(self, work: Callable[[JournalTransaction], T], *, here: bool = False) -> T:
         """A read the write transactions also make, outside any transaction: one statement
-        for both, written once in `JournalTransaction` (`work` runs on the journal's thread)."""
+        for both, written once in `JournalTransaction`. `work` runs on the journal's thread,
+        or, `here`, on the event loop's when a transaction could (`commit_here`; a drive's
+        end that only reads): each of its statements then sees the journal as of its own
+        moment."""
         await self.caught_up()
         dialect = self._backend.dialect
-        return await self._retrying(
-            lambda: self._backend.run(
-                lambda c: work(JournalTransaction(c, None, dialect, reading=True))
-            )
-        )
-
-    async def read_here(self, work: Callable[[JournalTransaction], T]) -> T:
-        """`read`, run on the event loop's thread when a transaction could be
-        (`commit_here`, SQLite, the journal's thread idle): each statement of `work` then
-        sees the journal as of its own moment. For a drive's end that only reads."""
-        await self.caught_up()
-        dialect = self._backend.dialect
-        here = self.commit_here()
+        on_loop = here and self.commit_here()
         return await self._retrying(
             lambda: self._backend.read(
-                lambda c: work(JournalTransaction(c, None, dialect, reading=True)), here=here
+                lambda c: work(JournalTransaction(c, None, dialect, reading=True)), here=on_loop
             )
         )
 
