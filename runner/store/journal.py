@@ -278,6 +278,8 @@ class JournalStore:
 
     def _queue_behind(self) -> None:
         """Queue the work written behind and not queued yet (none: nothing to do)."""
+        if not self._unqueued:  # (asked before every transaction: most have none)
+            return
         unqueued, self._unqueued = self._unqueued, []
         for work in unqueued:
             written = self.transact_soon(work, durable=False)
@@ -363,7 +365,8 @@ class JournalStore:
                     job.future.set_exception(value)
 
     async def _all(self, sql: str, args: tuple[Any, ...] = ()) -> list[Any]:
-        await self.caught_up()
+        if self._unqueued or self._behind:
+            await self.caught_up()
         return await self._retrying(lambda: self._backend.all(sql, args))
 
     async def read(self, work: Callable[[JournalTransaction], T], *, here: bool = False) -> T:
@@ -372,7 +375,8 @@ class JournalStore:
         or, `here`, on the event loop's when a transaction could (`commit_here`; a drive's
         end that only reads): each of its statements then sees the journal as of its own
         moment."""
-        await self.caught_up()
+        if self._unqueued or self._behind:
+            await self.caught_up()
         dialect = self._backend.dialect
         on_loop = here and self.commit_here()
         return await self._retrying(
