@@ -137,6 +137,14 @@ async def clocked_runner(journal: str, tmp_path: Path, clock: FakeClock) -> Asyn
         yield opened
 
 
+def never_leased_early(runner: Runner) -> Runner:
+    """A drive that goes on past `RunDriver.take_after_s` (5 ms) takes its lease, so ends in
+    full, as a loaded machine's drive may: for tests of drives that end quietly
+    (tests/test_quiet_end.py)."""
+    runner._driver.take_after_s = 30.0
+    return runner
+
+
 async def start_source(
     runner: Runner,
     source: str,

@@ -15,7 +15,7 @@ from typing import Any
 from qjsflow.runner import Runner, StartRunInput
 from qjsflow.runner.store import JournalTransaction, RunRecord
 from qjsflow.runner.store.connection import JobThread
-from tests.conftest import WAITER, start_source, statements
+from tests.conftest import WAITER, never_leased_early, start_source, statements
 
 TEN = """
 export default async (event, step) => {
@@ -47,6 +47,7 @@ async def test_a_lone_transaction_is_committed_by_the_task_that_asks(tmp_path: P
     thread, before any committer task runs: the one made is for what is written behind the
     answer (tests/test_quiet_end.py)."""
     async with Runner.open(tmp_path / "journal.db") as runner:
+        never_leased_early(runner)
         run = await start_source(runner, WAITER)
         loop = asyncio.get_running_loop()
         made: list[str] = []

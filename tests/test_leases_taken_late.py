@@ -19,7 +19,7 @@ from qjsflow.runner.budgets import Budgets
 from qjsflow.runner.scopes import run_key
 from qjsflow.runner.store import JournalTransaction, Lease
 from qjsflow.sandbox import PoolConfig
-from tests.conftest import WAITER, start_source, statements
+from tests.conftest import WAITER, never_leased_early, start_source, statements
 from tests.journal_reads import query, table_counts
 
 
@@ -145,6 +145,7 @@ async def test_a_resumed_waiting_run_is_read_not_written_before_its_drive(
     behind it touches no timer, and no column of the run's row but its compute (when a clock
     tick landed in the drive): not its status, epoch or lease, nor the indexes on them."""
     async with Runner.open(tmp_path / "journal.db") as runner:
+        never_leased_early(runner)
         run = await start_source(runner, WAITER)
         with statements(runner) as seen:
             again = await runner.resume(run.run_id, scope="acme")

@@ -18,7 +18,7 @@ import pytest
 from qjsflow.runner import Runner, RunnerConfig
 from qjsflow.runner.control import request_pause
 from qjsflow.runner.store import JournalTransaction
-from tests.conftest import WAITER, start_source, statements
+from tests.conftest import WAITER, never_leased_early, start_source, statements
 from tests.journal_reads import execute, query
 from tests.test_kept_beginnings import executor_drives, kept_run
 from tests.test_leases_taken_late import event_types, held_at_the_executor
@@ -36,6 +36,7 @@ async def test_a_drive_that_changed_nothing_writes_nothing_before_its_answer(
 ) -> None:
     journal = str(tmp_path / "journal.db")
     async with Runner.open(journal) as runner:
+        never_leased_early(runner)
         run = await start_source(runner, WAITER)
         await runner.resume(run.run_id, scope="acme")  # keeps its beginning
         await runner.store.caught_up()
@@ -81,8 +82,7 @@ async def test_a_drive_that_used_compute_adds_it_behind_its_answer_and_ends_quie
     (the same sum, on either journal)."""
     config = RunnerConfig(scope_root=tmp_path / "scopes")
     async with Runner.open(journal, config) as runner:
-        # (A drive that goes on past `take_after_s` takes its lease, so ends in full.)
-        runner._driver.take_after_s = 30.0
+        never_leased_early(runner)
         run = await start_source(runner, BUSY_WAITER)
         await runner.resume(run.run_id, scope="acme")  # keeps its beginning
         await runner.store.caught_up()
@@ -112,7 +112,7 @@ async def test_records_written_behind_are_fenced_by_the_epoch_the_drive_read(
     """A driver elsewhere takes the run (its epoch moves on) after the answer, before the
     drive's records are queued: they are written as a drive's writes are, fenced, so none."""
     async with kept_run(journal, tmp_path, WAITER) as kept:
-        runner, key = kept.first, kept.key
+        runner, key = never_leased_early(kept.first), kept.key
         events, used = event_types(journal, key), _cpu_used(journal, key)
         again = await runner.resume(kept.run_id, scope="acme")
         assert again.status == "waiting"
@@ -129,7 +129,7 @@ async def test_an_event_delivered_elsewhere_while_the_drive_ran_is_taken(
     """The drive from what was kept replays to the wait before the event is there; its end,
     finding it arrived, is written in full and drives the run again to take it."""
     async with kept_run(journal, tmp_path, WAITER) as kept:
-        first, second, run = kept.first, kept.second, kept
+        first, second, run = never_leased_early(kept.first), kept.second, kept
         arrived, go_on = held_at_the_executor(first)
         resumed = asyncio.create_task(first.resume(run.run_id, scope="acme"))
         try:
@@ -147,7 +147,7 @@ async def test_a_pause_asked_elsewhere_while_the_drive_ran_is_lifted_by_the_resu
     """A pause asked mid-drive changes the run's row and no epoch: the end, finding the row
     changed, is written in full; the resume reads the run afresh and lifts the pause."""
     async with kept_run(journal, tmp_path, WAITER) as kept:
-        first, second, run, key = kept.first, kept.second, kept, kept.key
+        first, second, run, key = never_leased_early(kept.first), kept.second, kept, kept.key
         arrived, go_on = held_at_the_executor(first)
         resumed = asyncio.create_task(first.resume(run.run_id, scope="acme"))
         try:
