@@ -67,7 +67,11 @@ class DriveStopped(Exception):
 
 
 _PREPARE_TIME_LIMIT_S = 5.0
-_COMPUTE_STOPPED = '"message":"compute limit exceeded"'  # the prelude's, 30-errors-and-config
+# The drive's end when the engine stopped the body (the prelude's `fail` of its COMPUTE_STOPPED,
+# 30-errors-and-config.js): only where the outcome begins, never in a value of the author's.
+_COMPUTE_STOPPED = (
+    '{"outcome":{"status":"failed","retryable":false,"message":"compute limit exceeded"'
+)
 _LAST_LOOK_S = 0.05  # reading the prelude's outcome after the budget ran out
 _LAST_LOOK_JOBS = 16
 _NO_TEXT = "the executor was not sent the workflow's code (an internal error)"
@@ -97,6 +101,7 @@ class Prepared:
         plan: str = "",
         bundles: BundleCode | None = None,
         last: LastBundle | None = None,
+        limits: DriveLimits | None = None,
     ) -> None:
         self.library = prelude.library
         try:
@@ -117,6 +122,26 @@ class Prepared:
             key, text, memory = last
             if bundles.define(self.context, text, memory, key=key, pointers=self.pointers):
                 self.defined = key
+        # The engine's limits of the drive before, set now, as the next drive most likely
+        # has the same: its own start then only compares them (`limit`).
+        self.limits: DriveLimits | None = None
+        if limits is not None:
+            self.limit(*limits)
+
+    def limit(self, memory_bytes: int, stack_bytes: int) -> None:
+        """Set the context's memory and stack limits for a drive (and the heap it may reach
+        before the engine looks for garbage in cycles: half its memory limit), unless they
+        are set already."""
+        if self.limits == (memory_bytes, stack_bytes):
+            return
+        self.context.set_memory_limit(memory_bytes)
+        collect_cycles_from(self.library, self.pointers, memory_bytes // 2)
+        self.context.set_max_stack_size(stack_bytes)
+        self.limits = (memory_bytes, stack_bytes)
+
+
+# A drive's memory and stack limits, in bytes.
+DriveLimits = tuple[int, int]
 
 
 # The bundle a drive ran, for the next context to define ahead: its key, its text, and the
@@ -165,13 +190,8 @@ class Drive:
         self.frames_out = frames_out
         limits = request["limits"]
         self.limits = limits
-        run_left = limits["compute_per_run_s"] - request["cpuUsedS"]
-        self.budget_s = min(limits["compute_per_drive_s"], run_left)
-        self.budget_name = (
-            f"compute limit per drive of {limits['compute_per_drive_s']:g} s"
-            if limits["compute_per_drive_s"] <= run_left
-            else f"compute limit per run of {limits['compute_per_run_s']:g} s"
-        )
+        self.run_left_s = limits["compute_per_run_s"] - request["cpuUsedS"]
+        self.budget_s = min(limits["compute_per_drive_s"], self.run_left_s)
         self.started = time.process_time()
         self.wall_started = time.monotonic()
         self.wall_budget_s = float(limits["drive_wall_s"])
@@ -181,9 +201,16 @@ class Drive:
         self.from_bytecode = False  # its bundle was loaded from bytecode (see `_load`)
         self.pointers = prepared.pointers
         self.dispatch = prepared.dispatch
-        self.context.set_memory_limit(limits["memory_bytes"])
-        collect_cycles_from(prepared.library, self.pointers, limits["memory_bytes"] // 2)
-        self.context.set_max_stack_size(limits["stack_bytes"])
+        prepared.limit(limits["memory_bytes"], limits["stack_bytes"])
+
+    @property
+    def budget_name(self) -> str:
+        """The compute budget that runs out first (named only when it has: a drive that
+        stays within it never formats it)."""
+        limits = self.limits
+        if limits["compute_per_drive_s"] <= self.run_left_s:
+            return f"compute limit per drive of {limits['compute_per_drive_s']:g} s"
+        return f"compute limit per run of {limits['compute_per_run_s']:g} s"
 
     def run(self) -> bytes:
         """The outcome frame payload: ASCII JSON from the prelude, or a failure built here."""
@@ -216,19 +243,16 @@ class Drive:
         while True:
             self._drain()
             ops = self._call("next")  # one call a turn (`nextTurn`, sandbox/prelude/70-body.js)
-            if ops.startswith("{"):
-                outcome = ops
-                if _COMPUTE_STOPPED in outcome:  # name the budget the prelude cannot know
-                    stopped = loads(outcome, max_depth=None)
+            if ops.startswith("{"):  # the drive's end: its outcome, and its last ops
+                if ops.startswith(_COMPUTE_STOPPED):  # name the budget the prelude cannot know
+                    stopped = loads(ops, max_depth=None)["outcome"]
                     raise DriveStopped(
                         f"{self.budget_name} exceeded", limit=True, stack=stopped.get("stack")
                     )
-                # The drive's last ops (pure steps' results, console lines: none awaits an
-                # answer) go with the outcome, in one frame.
-                return _outcome(outcome, self._call("takeLogs"))
+                return _outcome(ops)
             if ops in ("1", "+"):  # a replayed step settled, or pure steps settled by the prelude
                 continue
-            if not ops:
+            if not ops:  # a timer is set
                 if self._wait_for_timer():
                     continue
                 return _outcome(self._call("finish"))
@@ -353,9 +377,9 @@ class Drive:
         )
 
 
-def _outcome(text: str, last_ops: str = "") -> bytes:
-    ops = b',"ops":' + last_ops.encode("ascii") if last_ops else b""
-    return b'{"type":"outcome","outcome":' + text.encode("ascii") + ops + b"}"
+def _outcome(ended: str) -> bytes:
+    """The outcome frame of the prelude's `ended` text ({"outcome": …, "ops": …})."""
+    return b'{"type":"outcome",' + ended[1:].encode("ascii")
 
 
 def _failed(message: str, *, recycle: bool, stack: str | None = None) -> bytes:
@@ -424,10 +448,11 @@ def serve(
     prepared: Prepared | None = first
     texts = BundleTexts(bundles)
     last: LastBundle | None = None
+    limits: DriveLimits | None = None
     while (payload := read()) is not None:
         message = loads(payload, max_depth=None)
         if prepared is None:
-            prepared = Prepared(prelude, plan, bundles, last)
+            prepared = Prepared(prelude, plan, bundles, last, limits)
             plan = prepared.plan
         if message.get("type") == "prepare":
             continue
@@ -444,6 +469,7 @@ def serve(
         # Defined ahead in the next context only if its bytecode served (not a bundle that
         # does not compile: that would be compiled again at each preparation).
         last = (key, text, int(drive.limits["memory_bytes"])) if drive.from_bytecode else None
+        limits = (int(drive.limits["memory_bytes"]), int(drive.limits["stack_bytes"]))
         _write_all(frames_out, frame(result))
         del drive  # its context, freed once the parent has the outcome
 

@@ -43,6 +43,7 @@ from qjsflow.bridge.wire import (
     parse_outcome,
     request_to_wire,
 )
+from qjsflow.sandbox.cpu_clock import CpuClock
 from qjsflow.sandbox.frames import FrameError, frame, read_frame_async
 
 __all__ = ["FORBIDDEN_CALL", "ExecutorPool", "Host", "PoolConfig", "remove_stale_workdirs"]
@@ -54,7 +55,6 @@ FORBIDDEN_CALL = (
 _log = logging.getLogger("qjsflow.sandbox")
 
 Host = Callable[[Sequence[OpEnvelope]], Awaitable[Sequence[Answer]]]
-_CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 # Nothing of the host's environment; only the time zone, fixed so that local-time reads in JS
 # (getHours, getTimezoneOffset, toString) are the same on every worker and on every replay.
 _EXECUTOR_ENV = {"TZ": "UTC"}
@@ -142,10 +142,9 @@ class _Executor:
         # The bundles' texts it holds, by digest, oldest first (with their lengths): it keeps
         # what it is sent and forgets what it is told to, so this is its store's mirror.
         self.bundles: collections.OrderedDict[str, int] = collections.OrderedDict()
-        # Its /proc stat file, opened at the first read and kept for its life: read at offset
-        # 0 it is made anew (one call, not three), and it never names another process that
-        # reuses the pid (`cpu_seconds`).
-        self._stat: int | None = None
+        # Its compute as /proc counts it, opened at the first read and kept for its life
+        # (sandbox/cpu_clock.py).
+        self._clock: CpuClock | None = None
 
     @classmethod
     async def spawn(cls, config: PoolConfig, cpu_limit_s: int) -> _Executor:
@@ -188,16 +187,15 @@ class _Executor:
 
     def cpu_seconds(self) -> float:
         try:  # read twice a drive, and by the watchdog
-            if self._stat is None:
+            if self._clock is None:
                 # Opened at the first read (at the next, if opening failed: out of descriptors,
                 # say), and only while the process is not reaped: its pid is still its own.
                 if self.process.returncode is not None:
                     return 0.0
-                self._stat = os.open(f"/proc/{self.process.pid}/stat", os.O_RDONLY)
-            fields = os.pread(self._stat, 4096, 0).rsplit(b")", 1)[1].split()
+                self._clock = CpuClock(self.process.pid)
+            return self._clock.seconds()
         except OSError:
             return 0.0
-        return (int(fields[11]) + int(fields[12])) / _CLOCK_TICKS
 
     def bundle_fields(self, request: DriveRequest) -> dict[str, Any]:
         """What a drive message says of its bundle: its digest, and its text only if this
@@ -248,9 +246,9 @@ class _Executor:
         with contextlib.suppress(ProcessLookupError):
             self.process.kill()
         await self.process.wait()
-        if self._stat is not None:
-            os.close(self._stat)
-            self._stat = None
+        if self._clock is not None:
+            self._clock.close()
+            self._clock = None
         shutil.rmtree(self.workdir, ignore_errors=True)
 
 

@@ -217,7 +217,7 @@ async def test_executors_are_recycled_after_n_drives() -> None:
 
 
 async def test_an_executors_cpu_clock_is_read_through_one_descriptor_closed_with_it() -> None:
-    """The pool reads each executor's compute from its /proc stat file, kept open for the
+    """The pool reads each executor's compute from its /proc file, kept open for the
     executor's life (so a pid reused later can never be read in its place): recycling
     executors and closing the pool leave no such descriptor behind."""
     code = await bundle_of(WELL_BEHAVED)
@@ -242,7 +242,7 @@ async def test_an_executors_cpu_clock_opened_in_vain_is_opened_again(
     refused: list[str] = []
 
     def out_of_descriptors(path: str, flags: int, *rest: Any, **named: Any) -> int:
-        if path.endswith("/stat") and not refused:  # the first try, wherever it is made
+        if path.endswith("stat") and not refused:  # the first try, wherever it is made
             refused.append(path)
             raise OSError(24, "Too many open files")
         return real_open(path, flags, *rest, **named)
@@ -259,11 +259,47 @@ async def test_an_executors_cpu_clock_opened_in_vain_is_opened_again(
     assert executor.cpu_seconds() == 0.0  # reaped: its pid may be another's now
 
 
+@pytest.mark.parametrize("schedstat", [True, False])
+async def test_an_executors_compute_is_counted_in_nanoseconds_where_the_kernel_can(
+    schedstat: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """From the kernel's count of the time the executor's thread ran (a drive's compute, not
+    a multiple of the 10 ms clock tick); from its user and system ticks where that count is
+    missing. Either way the drive is charged what it spent."""
+    if not schedstat:
+        real_open = os.open
+
+        def no_schedstat(path: str, flags: int, *rest: Any, **named: Any) -> int:
+            if path.endswith("/schedstat"):
+                raise FileNotFoundError(2, "No such file or directory")
+            return real_open(path, flags, *rest, **named)
+
+        monkeypatch.setattr(os, "open", no_schedstat)
+    code = await bundle_of(
+        "export default async () => { let n = 0; while (n < 3e6) n++; return n; };"
+    )
+    charged = []
+    async with ExecutorPool(PoolConfig(size=1)) as one:
+        for _ in range(3):
+            host = MemoryHost()
+            outcome = await one.drive(host.request(code), host)
+            assert isinstance(outcome, Completed)
+            assert outcome.output == "3000000"
+            charged.append(outcome.cpu_s)
+    ticks = [round(cpu_s * os.sysconf("SC_CLK_TCK"), 6) for cpu_s in charged]
+    if schedstat:
+        assert all(0 < cpu_s < 5 for cpu_s in charged), charged
+        assert any(tick != int(tick) for tick in ticks), charged  # finer than a tick
+    else:
+        assert all(tick == int(tick) for tick in ticks), charged
+        assert sum(charged) > 0, charged
+
+
 def _stat_files_open() -> int:
     count = 0
     for fd in os.listdir("/proc/self/fd"):
         with contextlib.suppress(OSError):  # the listing's own, closed by now
-            count += os.readlink(f"/proc/self/fd/{fd}").endswith("/stat")
+            count += os.readlink(f"/proc/self/fd/{fd}").endswith(("/stat", "/schedstat"))
     return count
 
 
@@ -399,6 +435,55 @@ def test_preparing_a_context_looks_for_no_garbage_in_cycles() -> None:
     first = Prepared(loader)
     for prepared in (first, Prepared(loader, first.plan)):  # a walk, then a plan followed
         assert _gc_threshold(loader, prepared) == bytecode.PREPARING_HEAP
+
+
+ALLOCATES_20_MIB = """
+export default async () => {
+  const held = [];
+  for (let i = 0; i < 20; i++) held.push(new Uint8Array(2 ** 20));
+  return held.length;
+};
+"""
+RECURSES = """
+const deeper = (n) => (n === 0 ? 0 : 1 + deeper(n - 1));
+export default async () => deeper(400);
+"""
+
+
+async def test_each_drive_has_its_own_limits_whatever_the_drive_before_it_had() -> None:
+    """An executor sets the limits of its last drive on the next context as it prepares it
+    (the next drive most likely has the same): a drive with other limits still gets its own,
+    tighter or looser, one after the other on the one executor."""
+    tight = Limits(memory_bytes=8 * 2**20, stack_bytes=64 * 2**10)
+    loose = Limits(memory_bytes=64 * 2**20, stack_bytes=2**20)
+    allocates, recurses = await bundle_of(ALLOCATES_20_MIB), await bundle_of(RECURSES)
+    order = (loose, tight, tight, loose, loose, tight)
+    seen = []
+    async with ExecutorPool(PoolConfig(size=1)) as one:
+        for limits in order:
+            for bundle in (allocates, recurses):
+                host = MemoryHost()
+                outcome = await one.drive(host.request(bundle, limits=limits), host)
+                assert isinstance(outcome, Completed | Failed)
+                ended = outcome.output if isinstance(outcome, Completed) else outcome.message
+                seen.append(ended.split(" exceeded")[0])
+    loose_ends = ["20", "400"]
+    tight_ends = ["memory limit of 8388608 bytes", "stack limit of 65536 bytes"]
+    assert seen == [
+        end for limits in order for end in (loose_ends if limits is loose else tight_ends)
+    ]
+
+
+def test_a_context_prepared_with_the_last_drives_limits_has_them_set() -> None:
+    """Set as it is prepared, so that a drive with the same limits sets nothing."""
+    loader = PreludeLoader(PRELUDE)
+    assert loader.library is not None
+    prepared = Prepared(loader, limits=(16 * 2**20, 2**20))
+    assert prepared.limits == (16 * 2**20, 2**20)
+    assert _gc_threshold(loader, prepared) == 8 * 2**20
+    limits = Limits(memory_bytes=16 * 2**20, stack_bytes=2**20)
+    Drive(request_to_wire(MemoryHost().request("", limits=limits)), "", -1, prepared)
+    assert _gc_threshold(loader, prepared) == 8 * 2**20
 
 
 def _drive_here(loader: PreludeLoader, request: DriveRequest) -> tuple[Drive, Prepared]:

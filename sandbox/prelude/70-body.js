@@ -217,12 +217,23 @@ function popHit() {
 }
 
 // The executor's turn, in one call (each call from the executor costs as much as a step's
-// own work): the outcome (an object) once the body has one; "1" when a replayed step was
-// settled (its jobs run next); else what `take` returns: "+", "" or the ops (a list).
+// own work): the drive's end (an object: `ended`) once the body has an outcome, or once
+// nothing is left to send and no timer is set; "1" when a replayed step was settled (its
+// jobs run next); else what `take` returns: "+", the ops (a list), or "" (a timer is set:
+// the executor sleeps until it is due).
 function nextTurn() {
-  if (outcome !== null) return outcomeText();
+  if (outcome !== null) return ended(outcome, true);
   if (nextHit()) return "1";
-  return take();
+  const ops = take();
+  if (ops !== "" || earliestTimer() >= 0) return ops;
+  return ended(finish(), false);
+}
+// The drive's end, for the executor's last frame: its outcome, and `withOps`, the last ops
+// (pure steps' results and console lines, none awaiting an answer), if there are any.
+function ended(last, withOps) {
+  const text = `{"outcome":${asciiJSON(withReplayed(last))}`;
+  const ops = withOps ? takeLast() : "";
+  return ops === "" ? text + "}" : `${text},"ops":${ops}}`;
 }
 // The body's outcome, as the executor reads it ("" while there is none).
 function outcomeText() {

@@ -15,8 +15,7 @@ return function dispatch(command, argument) {
       case "fireTimer": fireTimer(); return "{}";
       case "answer": answer(parseJSON(argument)); return "{}";
       case "outcome": return outcomeText();
-      case "takeLogs": return takeLast();
-      case "finish": return asciiJSON(withReplayed(finish()));
+      case "finish": return ended(finish(), false);
     }
     return asciiJSON({ error: { name: "DriveError", message: "unknown command " + command } });
   } catch (thrown) {
