@@ -474,6 +474,30 @@ async def test_each_drive_has_its_own_limits_whatever_the_drive_before_it_had() 
     ]
 
 
+async def test_an_authors_error_that_reads_as_the_compute_limit_is_the_authors(
+    pool: ExecutorPool,
+) -> None:
+    """The executor names the budget when the engine stopped the body; a step's error, a log
+    line or a result that only says so (sent with the outcome, in one frame) is the author's."""
+    code = await bundle_of(
+        "export default async (event, step) => {\n"
+        "  try {\n"
+        '    await step.do("x", { retries: { limit: 0, delay: 0 } }, async () => {\n'
+        '      throw new Error("compute limit exceeded");\n'
+        "    });\n"
+        "  } catch (error) {\n"
+        "    console.log(error.message);\n"
+        '    return { message: "compute limit exceeded" };\n'
+        "  }\n"
+        "};\n"
+    )
+    host = MemoryHost()
+    outcome = await pool.drive(host.request(code), host)
+    assert isinstance(outcome, Completed), outcome
+    assert orjson.loads(outcome.output) == {"message": "compute limit exceeded"}
+    assert host.logs == ["compute limit exceeded"]
+
+
 def test_a_context_prepared_with_the_last_drives_limits_has_them_set() -> None:
     """Set as it is prepared, so that a drive with the same limits sets nothing."""
     loader = PreludeLoader(PRELUDE)
