@@ -321,7 +321,7 @@ def _suspend(marker: dict[str, Any]) -> Suspend:
     event = _optional_text(marker, "event", 256)
     if event is not None and not is_event_type(event):
         raise ProtocolError(f"a marker's event must be {RULES.event_type_rule}")
-    return Suspend(cast(Literal["sleep", "event", "retry"], kind), event)
+    return Suspend(cast('Literal["sleep", "event", "retry"]', kind), event)
 
 
 def _object(value: object, what: str) -> dict[str, Any]:

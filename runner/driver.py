@@ -78,6 +78,7 @@ from qjsflow.runner.store import (
     Lease,
     LeaseLost,
     RunRecord,
+    with_compute,
 )
 from qjsflow.sandbox import ExecutorPool
 
@@ -437,10 +438,8 @@ class RunDriver:
                     worker_id=lease.worker_id, cpu_s=outcome.cpu_s,
                     charges=self._charges(outcome, host, now), now=now)
         )  # fmt: skip
-        if not outcome.cpu_s:
-            return unchanged
-        used_s = unchanged.cpu_used_s + outcome.cpu_s  # as added behind the answer
-        return dataclasses.replace(unchanged, cpu_used_s=used_s)
+        # As its compute is added behind the answer.
+        return with_compute(unchanged, outcome.cpu_s) if outcome.cpu_s else unchanged
 
     async def _ended(
         self,

@@ -257,6 +257,7 @@ class _Watch:
     executor: _Executor
     cpu_start: float
     request: DriveRequest  # its compute budget (`_budget`), looked at by the watchdog only
+    spent: float | None = None  # the executor's compute when the outcome came
 
 
 class ExecutorPool:
@@ -336,7 +337,7 @@ class ExecutorPool:
             watch = _Watch(executor, executor.cpu_seconds(), request)
             self._watches[id(watch)] = watch
             try:
-                outcome, keep = await self._converse(executor, request, host)
+                outcome, keep = await self._converse(watch, host)
             except (FrameError, ConnectionError, BrokenPipeError):
                 outcome = await self._died(executor)
             except CodecError as error:
@@ -344,14 +345,15 @@ class ExecutorPool:
                 outcome = Failed(False, f"the sandbox broke the protocol: {error}", 0.0)
             finally:
                 del self._watches[id(watch)]
-                spent = executor.cpu_seconds()
+                spent = executor.cpu_seconds() if watch.spent is None else watch.spent
                 used = max(0.0, spent - watch.cpu_start)
                 await self._give_back(executor, keep, spent)
-            return dataclasses.replace(outcome, cpu_s=used)
+            if outcome.cpu_s != used:  # an outcome parsed with its compute has it already
+                outcome = dataclasses.replace(outcome, cpu_s=used)
+            return outcome
 
-    async def _converse(
-        self, executor: _Executor, request: DriveRequest, host: Host
-    ) -> tuple[DriveOutcome, bool]:
+    async def _converse(self, watch: _Watch, host: Host) -> tuple[DriveOutcome, bool]:
+        executor, request = watch.executor, watch.request
         limits = request.limits
         message = {"type": "drive", "request": request_to_wire(request),
                    **executor.bundle_fields(request)}  # fmt: skip
@@ -361,9 +363,12 @@ class ExecutorPool:
             kind = reply.get("type") if isinstance(reply, dict) else None
             try:
                 if kind == "outcome":
+                    # Its compute, read as it arrives: the outcome is made with it.
+                    watch.spent = executor.cpu_seconds()
+                    used = max(0.0, watch.spent - watch.cpu_start)
                     await self._last_ops(executor, reply.get("ops"), limits, host)
                     recycle = reply.get("recycle") is True
-                    return parse_outcome(reply.get("outcome"), limits, 0.0), not recycle
+                    return parse_outcome(reply.get("outcome"), limits, used), not recycle
                 if kind != "ops" or not isinstance(reply.get("ops"), list):
                     raise ProtocolError(f"unexpected frame {str(kind)[:40]!r}")
                 ops = [parse_op(raw, limits) for raw in reply["ops"]]

@@ -18,6 +18,7 @@ from qjsflow.runner.store.records import (
     RunRecord,
     StepRow,
     ToolCallRecord,
+    with_compute,
 )
 from qjsflow.runner.store.tx import JournalTransaction, Lease, LeaseLost, SettledStep
 
@@ -41,4 +42,5 @@ __all__ = [
     "ToolCallRecord",
     "WorkflowRecord",
     "snapshot_records",
+    "with_compute",
 ]
