@@ -41,6 +41,7 @@ from qjsflow.sandbox.bytecode import (
 )
 from qjsflow.sandbox.confine import confine
 from qjsflow.sandbox.frames import frame, read_frame_fd
+from qjsflow.sandbox.messages import Message, read_message
 
 
 def load_prelude() -> str:
@@ -175,7 +176,7 @@ class BundleTexts:
 class Drive:
     def __init__(
         self,
-        request: dict[str, Any],
+        message: Message,
         bundle: str,
         frames_out: int,
         prepared: Prepared,
@@ -183,14 +184,16 @@ class Drive:
         *,
         bundle_key: str | None = None,
     ) -> None:
-        self.request = request
+        """A drive of `message`: its header, and its request's text for the prelude
+        (sandbox/messages.py)."""
+        head, self.request = message
         self.bundle = bundle
         self.bundle_key = bundle_key
         self.bundles = bundles
         self.frames_out = frames_out
-        limits = request["limits"]
+        limits = head["limits"]
         self.limits = limits
-        self.run_left_s = limits["compute_per_run_s"] - request["cpuUsedS"]
+        self.run_left_s = limits["compute_per_run_s"] - head["cpuUsedS"]
         self.budget_s = min(limits["compute_per_drive_s"], self.run_left_s)
         self.started = time.process_time()
         self.wall_started = time.monotonic()
@@ -217,7 +220,7 @@ class Drive:
         try:
             if self.budget_s <= 0:
                 raise DriveStopped(f"{self.budget_name} exceeded", limit=False)
-            self._call("boot", dumps_text(self.request))
+            self._call("boot", self.request)
             self._load()
             self._call("start", "", what="starting the workflow")
             return self._loop()
@@ -450,20 +453,21 @@ def serve(
     last: LastBundle | None = None
     limits: DriveLimits | None = None
     while (payload := read()) is not None:
-        message = loads(payload, max_depth=None)
+        message = read_message(payload)
         if prepared is None:
             prepared = Prepared(prelude, plan, bundles, last, limits)
             plan = prepared.plan
-        if message.get("type") == "prepare":
+        head = message[0]
+        if head.get("type") == "prepare":
             continue
         if before_drive is not None:
             before_drive()
-        bundle = texts.take(message)
+        bundle = texts.take(head)
         if bundle is None:  # the parent's mirror is wrong: say so, and be replaced
             _write_all(frames_out, frame(_failed(_NO_TEXT, recycle=True)))
             continue
         key, text = bundle
-        drive = Drive(message["request"], text, frames_out, prepared, bundles, bundle_key=key)
+        drive = Drive(message, text, frames_out, prepared, bundles, bundle_key=key)
         prepared = None
         result = drive.run()
         # Defined ahead in the next context only if its bytecode served (not a bundle that

@@ -45,6 +45,7 @@ from qjsflow.bridge.wire import (
 )
 from qjsflow.sandbox.cpu_clock import CpuClock
 from qjsflow.sandbox.frames import FrameError, frame, read_frame_async
+from qjsflow.sandbox.messages import drive_message
 
 __all__ = ["FORBIDDEN_CALL", "ExecutorPool", "Host", "PoolConfig", "remove_stale_workdirs"]
 
@@ -355,9 +356,8 @@ class ExecutorPool:
     async def _converse(self, watch: _Watch, host: Host) -> tuple[DriveOutcome, bool]:
         executor, request = watch.executor, watch.request
         limits = request.limits
-        message = {"type": "drive", "request": request_to_wire(request),
-                   **executor.bundle_fields(request)}  # fmt: skip
-        await executor.send(dumps(message))
+        message = drive_message(request_to_wire(request), **executor.bundle_fields(request))
+        await executor.send(message)
         while True:
             reply = await executor.receive()
             kind = reply.get("type") if isinstance(reply, dict) else None

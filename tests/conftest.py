@@ -9,13 +9,17 @@ import sqlite3
 import threading
 from collections.abc import AsyncIterator, Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from qjsflow.bridge.types import Answer, OpEnvelope
+from qjsflow.bridge.codec import dumps
+from qjsflow.bridge.types import Answer, DriveRequest, OpEnvelope
+from qjsflow.bridge.wire import request_to_wire
 from qjsflow.bundles import build_snapshot
 from qjsflow.runner import Bindings, Runner, RunnerConfig, RunView, StartRunInput
 from qjsflow.sandbox import ExecutorPool, PoolConfig
+from qjsflow.sandbox.messages import Message, drive_message, read_message
 from tests.postgres import PostgresServer, postgres_server
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
@@ -181,3 +185,17 @@ def executor_pids() -> list[int]:
                 if b"sandbox.executor" in Path(f"/proc/{child}/cmdline").read_bytes():
                     pids.append(int(child))
     return pids
+
+
+def executor_payload(message: dict[str, Any]) -> bytes:
+    """A message to an executor written as the pool writes it (sandbox/messages.py): a drive's
+    `request` (as `request_to_wire` makes it) after its header, any other message alone."""
+    if message.get("type") != "drive":
+        return dumps(message)
+    fields = {key: value for key, value in message.items() if key not in ("type", "request")}
+    return drive_message(message["request"], **fields)
+
+
+def drive_read(request: DriveRequest) -> Message:
+    """A drive message of `request`, as an executor reads it."""
+    return read_message(drive_message(request_to_wire(request)))

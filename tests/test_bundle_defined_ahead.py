@@ -11,14 +11,13 @@ from typing import Any
 import orjson
 import pytest
 
-from qjsflow.bridge.codec import dumps
 from qjsflow.bridge.digest import bundle_digest
 from qjsflow.bridge.limits import Limits
 from qjsflow.bridge.wire import request_to_wire
 from qjsflow.sandbox import executor as executor_module
 from qjsflow.sandbox.bytecode import BundleCode, PreludeLoader
 from qjsflow.sandbox.executor import PRELUDE, Prepared, serve
-from tests.conftest import bundle_of
+from tests.conftest import bundle_of, executor_payload
 from tests.memory_host import MemoryHost
 
 
@@ -58,7 +57,12 @@ class Served:
         monkeypatch.setattr(executor_module, "_write_all", write)
         frames: Iterator[dict[str, Any]] = iter(messages)
         prelude = PreludeLoader(PRELUDE)
-        serve(lambda: next((dumps(m) for m in frames), None), -1, prelude, BundleCode(prelude))
+        serve(
+            lambda: next((executor_payload(m) for m in frames), None),
+            -1,
+            prelude,
+            BundleCode(prelude),
+        )
 
 
 async def test_the_last_bundle_is_defined_ahead_and_not_read_by_its_next_drive(

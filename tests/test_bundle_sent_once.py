@@ -18,6 +18,7 @@ from qjsflow.sandbox import ExecutorPool, PoolConfig
 from qjsflow.sandbox import pool as pool_module
 from qjsflow.sandbox.bytecode import BundleCode, PreludeLoader
 from qjsflow.sandbox.executor import PRELUDE, BundleTexts
+from qjsflow.sandbox.messages import read_message
 from tests.conftest import bundle_of
 from tests.memory_host import MemoryHost
 
@@ -33,9 +34,9 @@ def sent(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
     original = pool_module._Executor.send
 
     async def send(self: Any, payload: bytes) -> None:
-        message = orjson.loads(payload)
-        if message.get("type") == "drive":
-            messages.append(message)
+        head, request = read_message(payload)
+        if head.get("type") == "drive":
+            messages.append({**head, "request": orjson.loads(request)})
         await original(self, payload)
 
     monkeypatch.setattr(pool_module._Executor, "send", send)

@@ -10,7 +10,6 @@ from typing import Any
 
 import pytest
 
-from qjsflow.bridge.codec import dumps
 from qjsflow.bridge.digest import bundle_digest
 from qjsflow.bridge.types import Answer, Completed, OpEnvelope, Suspended
 from qjsflow.bridge.wire import request_to_wire
@@ -21,7 +20,7 @@ from qjsflow.sandbox import executor as executor_module
 from qjsflow.sandbox import pool as pool_module
 from qjsflow.sandbox.bytecode import BundleCode, PreludeLoader
 from qjsflow.sandbox.executor import PRELUDE, Drive, Prepared, serve
-from tests.conftest import bundle_of
+from tests.conftest import bundle_of, executor_payload
 from tests.memory_host import MemoryHost
 
 ANSWER = "export default async () => 42;"
@@ -58,7 +57,7 @@ def _served(messages: list[dict[str, Any]], monkeypatch: pytest.MonkeyPatch) -> 
     def read() -> bytes | None:
         message = next(frames, None)
         events.append(f"read {message['type'] if message else 'end'}")
-        return None if message is None else dumps(message)
+        return None if message is None else executor_payload(message)
 
     prelude = PreludeLoader(PRELUDE)
     serve(read, -1, prelude, BundleCode(prelude))

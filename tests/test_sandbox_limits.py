@@ -28,12 +28,11 @@ from qjsflow.bridge.types import (
     Failed,
     OpEnvelope,
 )
-from qjsflow.bridge.wire import request_to_wire
 from qjsflow.sandbox import ExecutorPool, PoolConfig, bytecode
 from qjsflow.sandbox import pool as pool_module
 from qjsflow.sandbox.bytecode import PreludeLoader
 from qjsflow.sandbox.executor import PRELUDE, Drive, Prepared
-from tests.conftest import bundle_of, executor_pids, fan_out_source
+from tests.conftest import bundle_of, drive_read, executor_pids, fan_out_source
 from tests.memory_host import MemoryHost
 
 BUDGET_S = 0.5
@@ -506,14 +505,14 @@ def test_a_context_prepared_with_the_last_drives_limits_has_them_set() -> None:
     assert prepared.limits == (16 * 2**20, 2**20)
     assert _gc_threshold(loader, prepared) == 8 * 2**20
     limits = Limits(memory_bytes=16 * 2**20, stack_bytes=2**20)
-    Drive(request_to_wire(MemoryHost().request("", limits=limits)), "", -1, prepared)
+    Drive(drive_read(MemoryHost().request("", limits=limits)), "", -1, prepared)
     assert _gc_threshold(loader, prepared) == 8 * 2**20
 
 
 def _drive_here(loader: PreludeLoader, request: DriveRequest) -> tuple[Drive, Prepared]:
     """A drive of `request` in this process, in a context of its own."""
     prepared = Prepared(loader)
-    return Drive(request_to_wire(request), request.bundle, -1, prepared), prepared
+    return Drive(drive_read(request), request.bundle, -1, prepared), prepared
 
 
 async def test_a_fan_out_of_live_steps_is_not_searched_for_garbage() -> None:

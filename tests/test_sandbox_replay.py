@@ -17,11 +17,10 @@ from qjsflow.bridge.types import (
     StepWaitForEvent,
     Suspended,
 )
-from qjsflow.bridge.wire import request_to_wire
 from qjsflow.sandbox import ExecutorPool
 from qjsflow.sandbox.bytecode import PreludeLoader
 from qjsflow.sandbox.executor import PRELUDE, Drive, Prepared
-from tests.conftest import bundle_of, fan_out_source
+from tests.conftest import bundle_of, drive_read, fan_out_source
 from tests.memory_host import MemoryHost
 
 STORY = """
@@ -186,6 +185,33 @@ async def test_values_round_trip_through_the_journal(pool: ExecutorPool) -> None
     assert recorded.isascii()
     replayed = await pool.drive(host.request(code), host)
     assert isinstance(replayed, Completed)
+    assert replayed.output == outcome.output
+
+
+ECHO = """
+export default async (event, step) => {
+  const again = await step.do("again", async () => event.payload.text + "\\n\\u2028" + "é");
+  return { input: event.payload.text, again };
+};
+"""
+
+
+async def test_a_request_whose_text_holds_line_breaks_reaches_the_prelude_whole(
+    pool: ExecutorPool,
+) -> None:
+    """The executor passes a drive's request on as it came, after the header's first line
+    break: line breaks in the run's input and its journal (and any non-ASCII text) are
+    escaped or kept whole, never read as the header's end."""
+    code = await bundle_of(ECHO)
+    text = "line one\nline two\r\n\u2028 \u00e9 \U0001f600"
+    host = MemoryHost()
+    outcome = await pool.drive(host.request(code, orjson.dumps({"text": text}).decode()), host)
+    assert isinstance(outcome, Completed), outcome
+    assert host.entries[0].value is not None
+    assert "\n" not in host.entries[0].value  # recorded as JSON: escaped
+    replayed = await pool.drive(host.request(code, orjson.dumps({"text": text}).decode()), host)
+    assert isinstance(replayed, Completed), replayed
+    assert orjson.loads(replayed.output) == {"input": text, "again": text + "\n\u2028é"}
     assert replayed.output == outcome.output
 
 
@@ -381,7 +407,7 @@ async def test_each_turn_of_a_drive_is_one_call_into_the_prelude(pool: ExecutorP
 
 def _counted_drive(code: str, host: MemoryHost) -> tuple[Drive, list[str]]:
     """A drive run in this process, its calls into the prelude counted."""
-    drive = Drive(request_to_wire(host.request(code)), code, -1, Prepared(PreludeLoader(PRELUDE)))
+    drive = Drive(drive_read(host.request(code)), code, -1, Prepared(PreludeLoader(PRELUDE)))
     calls: list[str] = []
     original = drive._call
 
