@@ -78,6 +78,7 @@ from qjsflow.runner.store import (
     Lease,
     LeaseLost,
     RunRecord,
+    Unleased,
     with_compute,
 )
 from qjsflow.sandbox import ExecutorPool
@@ -153,7 +154,8 @@ class RunDriver:
             kept = self._kept.take(run_id, self.now_ms())  # dropped: the end keeps it again
             read_first = read_first and self._may_read_first(run_id)
             if kept is not None and read_first:
-                final = await self._drive_taken(self._from_kept(kept), bindings, keep=True)
+                begun = self._from_kept(kept)
+                final = await self._drive_taken(begun, bindings, keep=True, mark=kept.mark)
                 if final is not None:
                     return final
                 # Taken since it was kept (by another driver, or an operator): read afresh.
@@ -199,10 +201,11 @@ class RunDriver:
         return lease, (run, kept.journal, kept.open, {}), False
 
     async def _drive_taken(
-        self, taken: _Taken, bindings: Bindings, *, keep: bool
+        self, taken: _Taken, bindings: Bindings, *, keep: bool, mark: bytes | None = None
     ) -> RunRecord | None:
-        """Drive a run whose beginning is `taken`; the run as the drive left it, or None when
-        its lease was lost (another driver has the run, or took it since it was read)."""
+        """Drive a run whose beginning is `taken` (kept, and certified at the journal's `mark`:
+        `_end_if_unchanged`); the run as the drive left it, or None when its lease was lost
+        (another driver has the run, or took it since it was read)."""
         lease, begun, wrote = taken
         if lease.taken_from is not None:
             _log.warning("run %s: taken over from %s, whose lease lapsed", lease.run_id,
@@ -211,7 +214,7 @@ class RunDriver:
             return begun  # over, cancelled or paused: released with its beginning
         final: RunRecord | None = None
         try:
-            final = await self._drive_leased(lease, bindings, begun, wrote, keep=keep)
+            final = await self._drive_leased(lease, bindings, begun, wrote, keep=keep, mark=mark)
         except LeaseLost:
             pass  # another driver has the run now; it writes the rest
         finally:
@@ -255,7 +258,14 @@ class RunDriver:
             task.cancel()
 
     async def _drive_leased(
-        self, lease: Lease, bindings: Bindings, begun: _Begun, wrote: bool, *, keep: bool
+        self,
+        lease: Lease,
+        bindings: Bindings,
+        begun: _Begun,
+        wrote: bool,
+        *,
+        keep: bool,
+        mark: bytes | None,
     ) -> RunRecord:
         task = asyncio.current_task()
         watch = _LeaseWatch(unwritten=lease.take is not None)
@@ -270,7 +280,9 @@ class RunDriver:
         if task is not None:
             self._active[lease.run_id] = (watch, task)
         try:
-            return await self._drive_loop(lease, watch, bindings, begun, wrote, keep=keep)
+            return await self._drive_loop(
+                lease, watch, bindings, begun, wrote, keep=keep, mark=mark
+            )
         except asyncio.CancelledError:
             if not watch.lost:
                 raise
@@ -323,6 +335,7 @@ class RunDriver:
         wrote: bool,
         *,
         keep: bool,
+        mark: bytes | None,
     ) -> RunRecord:
         """Drive until the run suspends on something not yet due or ends; the last transaction
         also releases the lease and returns the run as it was left. `first` is the drive's
@@ -380,7 +393,9 @@ class RunDriver:
             if watch.end_takes and as_found and not unsynced:
                 # Nothing written yet, nothing to write: if the run is still as it was read,
                 # the end only reads, and its records are written behind the answer.
-                left = await self._end_if_unchanged(run, lease, outcome, host, now)
+                certified = mark if drives == 0 else None
+                left = await self._end_if_unchanged(run, lease, outcome, host, now=now,
+                                                    mark=certified)  # fmt: skip
                 if left is not None:
                     watch.end_takes = False
                     return await self._ended(
@@ -421,25 +436,51 @@ class RunDriver:
         return await self.store.transact(partial(_release, lease=lease), lease, durable=False)
 
     async def _end_if_unchanged(
-        self, found: RunRecord, lease: Lease, outcome: DriveOutcome, host: DriveHost, now: int
+        self,
+        found: RunRecord,
+        lease: Lease,
+        outcome: DriveOutcome,
+        host: DriveHost,
+        *,
+        now: int,
+        mark: bytes | None,
     ) -> RunRecord | None:
         """The end of a drive that took no lease and left its run as it `found` it, if the
         run is still so (`_end_unchanged`): its records written behind the answer, and the run
-        as it is once they are. None: the end is to be written in full."""
-        unchanged = await self.store.read(
-            partial(_end_unchanged, found=found, epoch=lease.epoch - 1, outcome=outcome,
-                    now=now),
-            here=True,
-        )  # fmt: skip
+        as it is once they are. None: the end is to be written in full. A run kept from a
+        drive whose records certified it at the journal's `mark` is not read while the
+        journal's mark is still that one: nothing was committed since."""
+        epoch = lease.epoch - 1
+        events = _waits(outcome)
+        if not events:
+            return None
+        if mark is not None and self.store.journal_mark() == mark:
+            as_certified = Unleased(found, epoch, woken=False, arrived=False, due=found.wake_at)
+            unchanged = _as_found(as_certified, found, epoch, events, now)
+        else:
+            unchanged = await self.store.read(
+                partial(_end_unchanged, found=found, epoch=epoch, events=events, now=now),
+                here=True,
+            )  # fmt: skip
         if unchanged is None:
             return None
-        self.store.write_behind(
-            partial(_record_unchanged_end, run=unchanged, epoch=lease.epoch - 1,
-                    worker_id=lease.worker_id, cpu_s=outcome.cpu_s,
-                    charges=self._charges(outcome, host, now), now=now)
-        )  # fmt: skip
         # As its compute is added behind the answer.
-        return with_compute(unchanged, outcome.cpu_s) if outcome.cpu_s else unchanged
+        left = with_compute(unchanged, outcome.cpu_s) if outcome.cpu_s else unchanged
+        self.store.write_behind(
+            partial(_record_unchanged_end, run=left, epoch=epoch, worker_id=lease.worker_id,
+                    cpu_s=outcome.cpu_s, events=events,
+                    charges=self._charges(outcome, host, now), now=now),
+            then=partial(self._certified, left, epoch),
+        )  # fmt: skip
+        return left
+
+    def _certified(
+        self, run: RunRecord, epoch: int, found_as_kept: bool, mark: bytes | None
+    ) -> None:
+        """A quiet end's records are written: if they found the run as kept, in a commit
+        that `mark`s the journal, what is kept of it is certified at that mark."""
+        if found_as_kept and mark is not None:
+            self._kept.certify(run, epoch, mark)
 
     async def _ended(
         self,
@@ -909,27 +950,31 @@ def _finish(
     raise AssertionError("unreachable")
 
 
+def _waits(outcome: DriveOutcome) -> tuple[str, ...]:
+    """The event types a suspended drive waits on, in order (none for any other outcome)."""
+    if not isinstance(outcome, Suspended):
+        return ()
+    return tuple(sorted({m.event for m in outcome.markers if m.kind == "event" and m.event}))
+
+
 def _end_unchanged(
-    tx: JournalTransaction,
-    *,
-    found: RunRecord,
-    epoch: int,
-    outcome: DriveOutcome,
-    now: int,
+    tx: JournalTransaction, *, found: RunRecord, epoch: int, events: tuple[str, ...], now: int
 ) -> RunRecord | None:
     """The end of a drive that took no lease and left its run as it found it
     (`_left_as_found`: it sent nothing, so wrote no console line, met no budget and no
     missing tool), read only: the run, when its end would change nothing of it but its
-    compute (added behind the answer: `_record_unchanged_end`) — its row and epoch as the
-    drive read them, no lease held and no wake-up to serve, and what it waits on neither
-    arrived nor due. None: the end is written in full (`_finish`), as it may have to drive
-    the run again."""
-    if not isinstance(outcome, Suspended):
-        return None
-    events = tuple(sorted({m.event for m in outcome.markers if m.kind == "event" and m.event}))
-    if not events:
-        return None
-    now_at = tx.unleased_run(found.run_id, _WAKE_UPS, waits=events)
+    compute (added behind the answer: `_record_unchanged_end`). None: the end is written in
+    full (`_finish`), as it may have to drive the run again."""
+    return _as_found(tx.unleased_run(found.run_id, _WAKE_UPS, waits=events), found, epoch,
+                     events, now)  # fmt: skip
+
+
+def _as_found(
+    now_at: Unleased | None, found: RunRecord, epoch: int, events: tuple[str, ...], now: int
+) -> RunRecord | None:
+    """The run, if the journal holds it (`now_at`) as `found` at `epoch`: no lease held and
+    no wake-up to serve, still waiting on `events`, none of which arrived, and no timer due.
+    """
     if now_at is None or now_at.run != found or now_at.epoch != epoch or now_at.woken:
         return None
     current = now_at.run
@@ -948,20 +993,25 @@ def _record_unchanged_end(
     epoch: int,
     worker_id: str,
     cpu_s: float,
+    events: tuple[str, ...],
     charges: Charges,
     now: int,
-) -> None:
+) -> bool:
     """What a drive that changed nothing of its run records (`_end_unchanged`), fenced by the
     `epoch` it read: its compute added to the run's, its two events (with no lease's epoch:
     it took none), and what its scope used. Nothing, if a driver has taken the run since
-    (as for a drive whose lease was taken over)."""
+    (as for a drive whose lease was taken over). True if the journal then holds the run as
+    `run` (its compute added), waiting as it did: what the driver keeps of it is certified
+    by this commit (`RunDriver._certified`)."""
     if not tx.still_unleased(run.run_id, epoch):
-        return
+        return False
     if cpu_s:
         tx.add_compute(run.run_id, cpu_s)
     _mark_begun(tx, run.run_id, worker_id, run.snapshot_id, now, woken=False)
     tx.append_event(run.run_id, "run_suspended", now, None)
     tx.charge_usage(run.scope, charges.rows, charges.forget)
+    now_at = tx.unleased_run(run.run_id, _WAKE_UPS, waits=events)
+    return _as_found(now_at, run, epoch, events, now) is not None
 
 
 def _drive_again(

@@ -12,6 +12,7 @@ again (docs/ARCHITECTURE.md, "A beginning kept").
 from __future__ import annotations
 
 import collections
+import dataclasses
 from dataclasses import dataclass
 
 from qjsflow.bridge.types import JournalEntry
@@ -36,6 +37,10 @@ class Kept:
     journal: tuple[JournalEntry, ...]
     open: OpenSteps
     chars: int  # the journal's values' length, counted against `KeptBeginnings` bound
+    # The journal's mark once a commit certified the run as kept (`KeptBeginnings.certify`):
+    # while the journal's mark is still this, nothing was committed since, and the next
+    # drive's end need not read the run (runner/driver.py, "An end already certified").
+    mark: bytes | None = None
 
 
 # Bounds of what one driver keeps: a beginning costs what its journal holds.
@@ -63,6 +68,13 @@ class KeptBeginnings:
         while len(self._kept) > RUNS_KEPT or self._chars > CHARS_KEPT:
             _, dropped = self._kept.popitem(last=False)
             self._chars -= dropped.chars
+
+    def certify(self, run: RunRecord, epoch: int, mark: bytes) -> None:
+        """Note the `mark` of the commit that found the journal holding `run` at `epoch` as
+        kept (no lease, wake-up or event since), if that is still what is kept of it."""
+        kept = self._kept.get(run.run_id)
+        if kept is not None and kept.epoch == epoch and kept.run == run:
+            self._kept[run.run_id] = dataclasses.replace(kept, mark=mark)
 
     def forget(self, run_id: str) -> Kept | None:
         """Drop (and return) what is kept of `run_id`: a drive of it begins, or what is kept

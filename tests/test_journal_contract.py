@@ -176,7 +176,7 @@ def test_a_batchs_usage_is_written_last_and_only_for_jobs_that_succeed(tmp_path:
         def begin(self, connection: Any, full: bool, write: bool = True) -> None:
             connection.execute("BEGIN IMMEDIATE")
 
-    outcomes = _run_batch(Logged(), jobs, Backend())  # type: ignore[arg-type]
+    outcomes, _ = _run_batch(Logged(), jobs, Backend())  # type: ignore[arg-type]
     loop.close()
     assert [ok for ok, _ in outcomes] == [True, False, True]
     assert statements[-2:] == ["many usage", "COMMIT"]

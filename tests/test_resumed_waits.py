@@ -36,10 +36,10 @@ def ends(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
             seen.append(kwargs.get("durable", True))
         return await original(self, work, *args, **kwargs)
 
-    def written_behind(self: JournalStore, work: Any) -> None:
+    def written_behind(self: JournalStore, work: Any, then: Any = None) -> None:
         if work.func.__name__ == "_record_unchanged_end":
             seen.append(False)
-        behind(self, work)
+        behind(self, work, then)
 
     monkeypatch.setattr(JournalStore, "transact", watching)
     monkeypatch.setattr(JournalStore, "write_behind", written_behind)

@@ -234,7 +234,7 @@ def test_a_fence_is_trusted_only_while_no_job_wrote_a_run(tmp_path: Any) -> None
         loop = asyncio.new_event_loop()
         try:
             jobs = [_Job(work, lease, False, loop.create_future()) for work in works]
-            return _run_batch(Logged(), jobs, Backend())  # type: ignore[arg-type]
+            return _run_batch(Logged(), jobs, Backend())[0]  # type: ignore[arg-type]
         finally:
             loop.close()
 

@@ -20,7 +20,7 @@ from qjsflow.runner.store.records import (
     ToolCallRecord,
     with_compute,
 )
-from qjsflow.runner.store.tx import JournalTransaction, Lease, LeaseLost, SettledStep
+from qjsflow.runner.store.tx import JournalTransaction, Lease, LeaseLost, SettledStep, Unleased
 
 __all__ = [
     "ENDED",
@@ -40,6 +40,7 @@ __all__ = [
     "SnapshotRecord",
     "StepRow",
     "ToolCallRecord",
+    "Unleased",
     "WorkflowRecord",
     "snapshot_records",
     "with_compute",

@@ -23,6 +23,7 @@ from qjsflow.runner.store.connection import JobThread, connect_sqlite
 from qjsflow.runner.store.dialect import POSTGRES, SQLITE, Dialect
 from qjsflow.runner.store.migrations import migrate
 from qjsflow.runner.store.pg_schema import PG_MIGRATIONS
+from qjsflow.runner.store.wal_mark import WalMarks
 
 __all__ = ["Backend", "Dialect", "is_postgres_url", "open_backend"]
 
@@ -46,6 +47,7 @@ class Backend(Protocol):
     async def read(self, work: Callable[[Any], T], *, here: bool) -> T: ...
     async def all(self, sql: str, args: tuple[Any, ...] = ()) -> list[Any]: ...
     def begin(self, connection: Any, full: bool, write: bool = True) -> None: ...
+    def mark(self) -> bytes | None: ...
     async def close(self) -> None: ...
 
 
@@ -81,9 +83,10 @@ class SqliteBackend:
             fault in text for fault in _SQLITE_TRANSIENT
         )
 
-    def __init__(self, thread: JobThread, connection: sqlite3.Connection) -> None:
+    def __init__(self, thread: JobThread, connection: sqlite3.Connection, path: Path) -> None:
         self._thread = thread
         self._db = connection
+        self._marks = WalMarks(path)
         self._full = True  # connect_sqlite() sets synchronous=FULL
         # How long the connection waits for another process's lock (connect_sqlite's busy
         # timeout), and whether it does now: not while used on the event loop's thread.
@@ -102,7 +105,7 @@ class SqliteBackend:
         except BaseException:
             thread.stop()
             raise
-        backend = cls(thread, connection)
+        backend = cls(thread, connection, path)
         try:
             await backend.run(partial(migrate, location=str(path), dialect=SQLITE, create=create))
         except BaseException:
@@ -169,9 +172,15 @@ class SqliteBackend:
                 raise _LockedHere from error  # journal's, which waits (`transaction`)
             raise
 
+    def mark(self) -> bytes | None:
+        """The journal's WAL-index header now (runner/store/wal_mark.py): the same later only
+        if nothing was committed between."""
+        return self._marks.mark()
+
     async def close(self) -> None:
         await self._thread.run(self._db.close)
         self._thread.stop()
+        self._marks.close()
 
 
 def _psycopg() -> ModuleType:
@@ -268,6 +277,10 @@ class PostgresBackend:
         connection.execute("BEGIN")
         if not full:
             connection.execute("SET LOCAL synchronous_commit = off")
+
+    def mark(self) -> bytes | None:
+        """None: a server tells no one what was committed since (every check reads)."""
+        return None
 
     async def close(self) -> None:
         await self._thread.run(self._close_connection)

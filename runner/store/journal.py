@@ -45,6 +45,7 @@ from qjsflow.runner.store.tx import (
     run_record,
     write_batch_usage,
 )
+from qjsflow.runner.store.wal_mark import follows
 
 if TYPE_CHECKING:  # only publishing builds one: reading the journal loads no esbuild driver
     from qjsflow.bundles import Snapshot
@@ -101,10 +102,20 @@ class _Job:
     durable: bool
     future: asyncio.Future[Any]
     writes: bool = True  # False: it only reads (a batch of such opens no write transaction)
+    # Told, on the event loop's thread, the work's result and the commit's mark: the journal's
+    # WAL-index header right after it, when no other commit came between (else None).
+    then: Callable[[Any, bytes | None], None] | None = None
 
 
-def _run_batch(connection: Any, batch: list[_Job], backend: Backend) -> list[tuple[bool, Any]]:
-    """On the connection's thread: the whole batch in one transaction and one commit.
+# Told a job's result and its commit's mark (`_Job.then`).
+_Then = Callable[[Any, bytes | None], None]
+# A batch's outcomes, one a job, and the mark of its commit (for jobs told `then`).
+_Batch = tuple[list[tuple[bool, Any]], bytes | None]
+
+
+def _run_batch(connection: Any, batch: list[_Job], backend: Backend) -> _Batch:
+    """On the connection's thread: the whole batch in one transaction and one commit, and,
+    for a job told `then`, the commit's mark (runner/store/wal_mark.py).
 
     The commit is fsynced (`synchronous=FULL`) when any job of the batch is durable. A job that
     is not (the start of an attempt, a drive or a lease) still commits before it is answered;
@@ -122,6 +133,8 @@ def _run_batch(connection: Any, batch: list[_Job], backend: Backend) -> list[tup
         full=any(job.durable for job in batch),
         write=any(job.writes for job in batch),
     )
+    # Read holding the write lock: no other commit comes before this batch's.
+    before = backend.mark() if any(job.then is not None for job in batch) else None
     try:
         for job in batch:
             if not alone:
@@ -157,7 +170,10 @@ def _run_batch(connection: Any, batch: list[_Job], backend: Backend) -> list[tup
         if connection.in_transaction:
             connection.execute("ROLLBACK")
         raise
-    return outcomes
+    if before is None:
+        return outcomes, None
+    after = backend.mark()
+    return outcomes, after if follows(before, after) else None
 
 
 def _never() -> bool:
@@ -183,7 +199,7 @@ class JournalStore:
         # is in progress, when the loop would only wait for it.
         self.commit_here: Callable[[], bool] = _never
         self._behind: set[asyncio.Future[Any]] = set()  # `write_behind` work not yet committed
-        self._unqueued: list[Callable[[JournalTransaction], object]] = []  # nor yet queued
+        self._unqueued: list[tuple[Callable[[JournalTransaction], Any], _Then | None]] = []
 
     @classmethod
     async def open(cls, location: str | Path, *, create: bool = True) -> JournalStore:
@@ -249,11 +265,13 @@ class JournalStore:
         fence: Lease | None = None,
         *,
         durable: bool = True,
+        then: Callable[[T, bytes | None], None] | None = None,
     ) -> asyncio.Future[T]:
         """`transact`, queued now — committed before any transaction queued after this call —
-        and awaited later (a write behind an answer already given)."""
+        and awaited later (a write behind an answer already given). `then` is told the result
+        and the commit's mark (`_Job.then`; not if the commit has to be made again)."""
         self._queue_behind()
-        first = self._enqueue(work, fence, durable)
+        first = self._enqueue(work, fence, durable, then=then)
 
         async def committed() -> T:
             try:
@@ -266,13 +284,17 @@ class JournalStore:
 
         return asyncio.ensure_future(committed())
 
-    def write_behind(self, work: Callable[[JournalTransaction], object]) -> None:
+    def write_behind(
+        self,
+        work: Callable[[JournalTransaction], T],
+        then: Callable[[T, bytes | None], None] | None = None,
+    ) -> None:
         """`work`, queued once the caller has gone on (or before any transaction asked for
-        after this), committed as `transact_soon` would (not fsynced), and not awaited: for
-        records nothing waits on (a drive that changed nothing of its run:
-        runner/driver.py). Every read of this store waits for it first, so this process
-        reads what it wrote; a failure is logged (nothing depends on it)."""
-        self._unqueued.append(work)
+        after this), committed as `transact_soon` would (not fsynced, `then` told its result
+        and mark), and not awaited: for records nothing waits on (a drive that changed nothing
+        of its run: runner/driver.py). Every read of this store waits for it first, so this
+        process reads what it wrote; a failure is logged (nothing depends on it)."""
+        self._unqueued.append((work, then))
         if len(self._unqueued) == 1:
             asyncio.get_running_loop().call_soon(self._queue_behind)
 
@@ -281,8 +303,8 @@ class JournalStore:
         if not self._unqueued:  # (asked before every transaction: most have none)
             return
         unqueued, self._unqueued = self._unqueued, []
-        for work in unqueued:
-            written = self.transact_soon(work, durable=False)
+        for work, then in unqueued:
+            written = self.transact_soon(work, durable=False, then=then)
             self._behind.add(written)
             written.add_done_callback(self._written_behind)
 
@@ -290,6 +312,11 @@ class JournalStore:
         self._behind.discard(written)
         if not written.cancelled() and written.exception() is not None:
             _log.warning("a record written behind was lost: %s", str(written.exception())[:200])
+
+    def journal_mark(self) -> bytes | None:
+        """The journal's mark now (runner/store/wal_mark.py), the same as a commit's only if
+        nothing was committed since it; None where there is none (a server)."""
+        return self._backend.mark()
 
     async def caught_up(self) -> None:
         """Wait for the work written behind so far (`write_behind`)."""
@@ -308,7 +335,7 @@ class JournalStore:
             # Nothing queued or being committed, and the loop would only wait for this: it
             # commits now, in the caller's task (no committer task, no turns of the loop).
             job = _Job(work, fence, durable, asyncio.get_running_loop().create_future(), writes)
-            ok, value = (await self._commit([job]))[0]
+            ok, value = (await self._commit([job]))[0][0]
             if not ok:
                 raise value
             return cast(T, value)
@@ -321,16 +348,18 @@ class JournalStore:
         fence: Lease | None,
         durable: bool,
         writes: bool = True,
+        then: Callable[[Any, bytes | None], None] | None = None,
     ) -> asyncio.Future[Any]:
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Any] = loop.create_future()
-        self._queue.append(_Job(work, fence, durable, future, writes))
+        self._queue.append(_Job(work, fence, durable, future, writes, then))
         if self._committer is None or self._committer.done():
             self._committer = loop.create_task(self._commit_queued())
         return future
 
-    async def _commit(self, batch: list[_Job]) -> list[tuple[bool, Any]]:
-        """One batch in one transaction; each job's outcome (raises if the commit failed)."""
+    async def _commit(self, batch: list[_Job]) -> _Batch:
+        """One batch in one transaction; each job's outcome (raises if the commit failed), and
+        the commit's mark for the jobs told `then`."""
         began = time.monotonic()
         self._busy = True
         try:
@@ -348,7 +377,7 @@ class JournalStore:
         while self._queue:
             batch, self._queue = self._queue[:_MAX_BATCH], self._queue[_MAX_BATCH:]
             try:
-                outcomes = await self._commit(batch)
+                outcomes, mark = await self._commit(batch)
             except BaseException as error:  # the commit itself failed: no writes of the batch
                 for job in batch:
                     if not job.future.done():
@@ -357,6 +386,8 @@ class JournalStore:
                     raise
                 continue
             for job, (ok, value) in zip(batch, outcomes, strict=True):
+                if ok and job.then is not None:
+                    job.then(value, mark)
                 if job.future.done():
                     continue
                 if ok:
