@@ -81,15 +81,11 @@ async def test_a_change_before_the_records_are_written_is_not_certified(tmp_path
         # (no await since the answer: the records are not queued yet)
         assert execute(journal, "UPDATE runs SET pause_requested = 1 WHERE run_id = ?", (key,))
         await runner.store.caught_up()
-        assert query(journal, "SELECT pause_requested FROM runs WHERE run_id = ?", (key,)) == [
-            (1,)
-        ]
+        assert query(journal, "SELECT pause_requested FROM runs WHERE run_id = ?", (key,)) == [(1,)]
         with statements(runner) as seen:
             assert (await runner.resume(kept.run_id, scope="acme")).status == "waiting"
         assert _reads_of_runs(seen)
-        assert query(journal, "SELECT pause_requested FROM runs WHERE run_id = ?", (key,)) == [
-            (0,)
-        ]
+        assert query(journal, "SELECT pause_requested FROM runs WHERE run_id = ?", (key,)) == [(0,)]
         assert "run_resumed" in event_types(journal, key)
 
 
