@@ -15,7 +15,9 @@ over. Nothing reaches the outside world before the lease is taken, as every effe
 recorded first. Such a drive that sent nothing and suspended where it began, on a run still as
 it read it, takes no lease at all: its end only reads the run, and its events and usage are
 written behind the answer (`_end_unchanged`; docs/ARCHITECTURE.md, "An end that changed
-nothing").
+nothing"). Those records also certify what is kept of the run, at the journal's mark: the
+next such end, while nothing has been committed since, reads nothing at all
+(`_end_if_unchanged`; docs/ARCHITECTURE.md, "An end already certified").
 """
 
 from __future__ import annotations
