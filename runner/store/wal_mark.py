@@ -36,15 +36,25 @@ class WalMarks:
     """Reads the WAL-index header of the journal at `path` (opened at the first read)."""
 
     def __init__(self, path: Path) -> None:
-        self._path = Path(f"{path}-shm")
+        # Made absolute now, as the connection was opened: a later change of the working
+        # folder must not point it at another journal's.
+        self._path = Path(f"{path}-shm").absolute()
         self._fd: int | None = None
+        self._open()  # now, on the thread that opens the journal (else at a first read)
+
+    def _open(self) -> int | None:
+        if self._fd is None:
+            with contextlib.suppress(OSError):
+                self._fd = os.open(self._path, os.O_RDONLY)
+        return self._fd
 
     def mark(self) -> bytes | None:
         """The header as it is now, if a whole valid one can be read; else None."""
+        fd = self._open()
+        if fd is None:
+            return None
         try:
-            if self._fd is None:
-                self._fd = os.open(self._path, os.O_RDONLY)
-            both = os.pread(self._fd, 2 * _HEADER_BYTES, 0)
+            both = os.pread(fd, 2 * _HEADER_BYTES, 0)
         except OSError:
             return None
         first = both[:_HEADER_BYTES]
