@@ -199,6 +199,28 @@ async def test_a_record_written_behind_that_fails_is_logged_and_nothing_else_fai
     assert again.status == "waiting"
 
 
+def _failing_follow_up(written: object, mark: bytes | None) -> None:
+    raise RuntimeError("follow-up refused by the test")
+
+
+async def test_a_follow_up_that_fails_is_logged_and_the_batch_is_still_answered(
+    runner: Runner, caplog: pytest.LogCaptureFixture
+) -> None:
+    """What is told a record's commit (a quiet end's certification: tests/test_certified_end
+    .py) runs as the batch's answers are given; one that fails stops none of them."""
+    run = await start_source(runner, WAITER)
+    key = f"acme/{run.run_id}"
+    with caplog.at_level(logging.ERROR, logger="qjsflow.journal"):
+        runner.store.write_behind(partial(_noted, key), then=_failing_follow_up)
+        runner.store.write_behind(partial(_noted, key))
+        await asyncio.wait_for(runner.store.caught_up(), 30)
+        after = await asyncio.wait_for(runner.store.transact(partial(_after, key)), 30)
+    assert after is None
+    types = [e.type for e in await runner.store.list_events(key)]
+    assert types[-3:] == ["noted", "noted", "after"]
+    assert "a committed job's follow-up failed" in caplog.text
+
+
 def _after(run_id: str, tx: JournalTransaction) -> None:
     tx.append_event(run_id, "after", 2, None)
 

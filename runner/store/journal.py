@@ -180,6 +180,15 @@ def _never() -> bool:
     return False
 
 
+def _tell(then: _Then, value: Any, mark: bytes | None) -> None:
+    """Tell a job's `then` its result and mark; a failure there is logged, never let stop the
+    answers of the batch's other jobs."""
+    try:
+        then(value, mark)
+    except Exception:
+        _log.exception("a committed job's follow-up failed")
+
+
 class JournalStore:
     """The journal database of one runner process."""
 
@@ -387,7 +396,7 @@ class JournalStore:
                 continue
             for job, (ok, value) in zip(batch, outcomes, strict=True):
                 if ok and job.then is not None:
-                    job.then(value, mark)
+                    _tell(job.then, value, mark)
                 if job.future.done():
                     continue
                 if ok:
