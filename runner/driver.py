@@ -468,11 +468,12 @@ class RunDriver:
             return None
         # As its compute is added behind the answer.
         left = with_compute(unchanged, outcome.cpu_s) if outcome.cpu_s else unchanged
+        certify = self.store.marks_commits  # (a server journal has no mark to certify at)
         self.store.write_behind(
             partial(_record_unchanged_end, run=left, epoch=epoch, worker_id=lease.worker_id,
-                    cpu_s=outcome.cpu_s, events=events,
+                    cpu_s=outcome.cpu_s, events=events, certify=certify,
                     charges=self._charges(outcome, host, now), now=now),
-            then=partial(self._certified, left, epoch),
+            then=partial(self._certified, left, epoch) if certify else None,
         )  # fmt: skip
         return left
 
@@ -996,15 +997,16 @@ def _record_unchanged_end(
     worker_id: str,
     cpu_s: float,
     events: tuple[str, ...],
+    certify: bool,
     charges: Charges,
     now: int,
 ) -> bool:
     """What a drive that changed nothing of its run records (`_end_unchanged`), fenced by the
     `epoch` it read: its compute added to the run's, its two events (with no lease's epoch:
     it took none), and what its scope used. Nothing, if a driver has taken the run since
-    (as for a drive whose lease was taken over). True if the journal then holds the run as
-    `run` (its compute added), waiting as it did: what the driver keeps of it is certified
-    by this commit (`RunDriver._certified`)."""
+    (as for a drive whose lease was taken over). With `certify`, True if the journal then
+    holds the run as `run` (its compute added), waiting as it did: what the driver keeps of
+    it is certified by this commit (`RunDriver._certified`)."""
     if not tx.still_unleased(run.run_id, epoch):
         return False
     if cpu_s:
@@ -1012,8 +1014,9 @@ def _record_unchanged_end(
     _mark_begun(tx, run.run_id, worker_id, run.snapshot_id, now, woken=False)
     tx.append_event(run.run_id, "run_suspended", now, None)
     tx.charge_usage(run.scope, charges.rows, charges.forget)
-    now_at = tx.unleased_run(run.run_id, _WAKE_UPS, waits=events)
-    return _as_found(now_at, run, epoch, events, now) is not None
+    return (
+        certify and _end_unchanged(tx, found=run, epoch=epoch, events=events, now=now) is not None
+    )
 
 
 def _drive_again(

@@ -10,9 +10,11 @@ from __future__ import annotations
 import os
 import struct
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from qjsflow.runner.store import JournalTransaction
 from qjsflow.runner.store.wal_mark import WalMarks, follows
 from tests.conftest import WAITER, never_leased_early, statements
 from tests.journal_reads import execute, query
@@ -87,6 +89,27 @@ async def test_a_change_before_the_records_are_written_is_not_certified(tmp_path
         assert _reads_of_runs(seen)
         assert query(journal, "SELECT pause_requested FROM runs WHERE run_id = ?", (key,)) == [(0,)]
         assert "run_resumed" in event_types(journal, key)
+
+
+async def test_a_quiet_end_reads_the_run_once_on_either_journal(
+    journal: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Once in all: SQLite's end reads nothing (certified) and its records look at the run to
+    certify it again; a server journal, which has no mark, reads the run at the end and its
+    records do not look again (nothing could be certified by it)."""
+    async with kept_run(journal, tmp_path, WAITER) as kept:
+        runner = never_leased_early(kept.first)
+        reads: list[str] = []
+        unleased_run = JournalTransaction.unleased_run
+
+        def counted(self: JournalTransaction, run_id: str, *args: Any, **named: Any) -> Any:
+            reads.append(run_id)
+            return unleased_run(self, run_id, *args, **named)
+
+        monkeypatch.setattr(JournalTransaction, "unleased_run", counted)
+        assert (await runner.resume(kept.run_id, scope="acme")).status == "waiting"
+        await runner.store.caught_up()
+        assert reads == [kept.key]
 
 
 def _header(change: int, salts: bytes = b"\x01" * 8, init: int = 1) -> bytes:

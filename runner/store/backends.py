@@ -50,6 +50,9 @@ class Backend(Protocol):
     def mark(self) -> bytes | None: ...
     async def close(self) -> None: ...
 
+    @property
+    def marks(self) -> bool: ...
+
 
 def is_postgres_url(location: str | Path) -> bool:
     return str(location).startswith(("postgresql://", "postgres://"))
@@ -75,6 +78,7 @@ _SQLITE_TRANSIENT = (
 
 class SqliteBackend:
     dialect = SQLITE
+    marks = True  # `mark`: its WAL-index header
 
     @staticmethod
     def is_transient(error: BaseException) -> bool:
@@ -219,6 +223,7 @@ class _PgConnection:
 
 class PostgresBackend:
     dialect = POSTGRES
+    marks = False  # `mark` is always None
 
     @staticmethod
     def is_transient(error: BaseException) -> bool:

@@ -95,6 +95,10 @@ class BundleRecord:
     digest: str = ""  # `bundle_digest(code)`, as stored and checked
 
 
+# Told a job's result and its commit's mark (`_Job.then`).
+_Then = Callable[[Any, bytes | None], None]
+
+
 @dataclass(slots=True)
 class _Job:
     work: Callable[[JournalTransaction], Any]
@@ -104,11 +108,9 @@ class _Job:
     writes: bool = True  # False: it only reads (a batch of such opens no write transaction)
     # Told, on the event loop's thread, the work's result and the commit's mark: the journal's
     # WAL-index header right after it, when no other commit came between (else None).
-    then: Callable[[Any, bytes | None], None] | None = None
+    then: _Then | None = None
 
 
-# Told a job's result and its commit's mark (`_Job.then`).
-_Then = Callable[[Any, bytes | None], None]
 # A batch's outcomes, one a job, and the mark of its commit (for jobs told `then`).
 _Batch = tuple[list[tuple[bool, Any]], bytes | None]
 
@@ -322,6 +324,12 @@ class JournalStore:
         if not written.cancelled() and written.exception() is not None:
             _log.warning("a record written behind was lost: %s", str(written.exception())[:200])
 
+    @property
+    def marks_commits(self) -> bool:
+        """Whether this journal has marks (`journal_mark`): SQLite's WAL-index; a server has
+        none, so nothing written here is worth certifying by one."""
+        return self._backend.marks
+
     def journal_mark(self) -> bytes | None:
         """The journal's mark now (runner/store/wal_mark.py), the same as a commit's only if
         nothing was committed since it; None where there is none (a server)."""
@@ -357,7 +365,7 @@ class JournalStore:
         fence: Lease | None,
         durable: bool,
         writes: bool = True,
-        then: Callable[[Any, bytes | None], None] | None = None,
+        then: _Then | None = None,
     ) -> asyncio.Future[Any]:
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Any] = loop.create_future()
