@@ -29,6 +29,7 @@ from qjsflow.bridge.types import (
     OpEnvelope,
 )
 from qjsflow.sandbox import ExecutorPool, PoolConfig, bytecode
+from qjsflow.sandbox import executor as executor_module
 from qjsflow.sandbox import pool as pool_module
 from qjsflow.sandbox.bytecode import PreludeLoader
 from qjsflow.sandbox.executor import PRELUDE, Drive, Prepared
@@ -497,16 +498,27 @@ async def test_an_authors_error_that_reads_as_the_compute_limit_is_the_authors(
     assert host.logs == ["compute limit exceeded"]
 
 
-def test_a_context_prepared_with_the_last_drives_limits_has_them_set() -> None:
-    """Set as it is prepared, so that a drive with the same limits sets nothing."""
+def test_a_context_prepared_with_the_last_drives_limits_has_them_set(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Set as it is prepared, so that a drive with the same limits sets nothing; a drive with
+    others sets its own."""
     loader = PreludeLoader(PRELUDE)
     assert loader.library is not None
     prepared = Prepared(loader, limits=(16 * 2**20, 2**20))
     assert prepared.limits == (16 * 2**20, 2**20)
     assert _gc_threshold(loader, prepared) == 8 * 2**20
-    limits = Limits(memory_bytes=16 * 2**20, stack_bytes=2**20)
-    Drive(drive_read(MemoryHost().request("", limits=limits)), "", -1, prepared)
-    assert _gc_threshold(loader, prepared) == 8 * 2**20
+    thresholds: list[int] = []
+    monkeypatch.setattr(
+        executor_module, "collect_cycles_from", lambda _, __, size: thresholds.append(size)
+    )
+    same = Limits(memory_bytes=16 * 2**20, stack_bytes=2**20)
+    Drive(drive_read(MemoryHost().request("", limits=same)), "", -1, prepared)
+    assert thresholds == []  # nothing set again
+    other = Limits(memory_bytes=32 * 2**20, stack_bytes=2**20)
+    Drive(drive_read(MemoryHost().request("", limits=other)), "", -1, prepared)
+    assert thresholds == [16 * 2**20]
+    assert prepared.limits == (32 * 2**20, 2**20)
 
 
 def _drive_here(loader: PreludeLoader, request: DriveRequest) -> tuple[Drive, Prepared]:
