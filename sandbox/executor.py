@@ -41,19 +41,39 @@ from qjsflow.sandbox.bytecode import (
 )
 from qjsflow.sandbox.confine import confine
 from qjsflow.sandbox.frames import frame, read_frame_fd
+from qjsflow.sandbox.lockdown_plan import plan_part
 from qjsflow.sandbox.messages import Message, read_message
 
 
-def load_prelude() -> str:
+def load_prelude(plan: str = "") -> str:
     """The prelude's parts (sandbox/prelude/*.js, in name order) as one script that evaluates
     to `dispatch`: they share one function scope, so no part is ever on globalThis. The text
-    rules the host checks come first, as `RULES`."""
-    parts = sorted(Path(__file__).with_name("prelude").glob("*.js"))
-    body = RULES.prelude_source() + "\n".join(p.read_text(encoding="utf-8") for p in parts)
+    rules the host checks come first, as `RULES`; `plan`, the lockdown's routes compiled
+    (sandbox/lockdown_plan.py), goes right after the lockdown's part."""
+    parts = []
+    for path in sorted(Path(__file__).with_name("prelude").glob("*.js")):
+        parts.append(path.read_text(encoding="utf-8"))
+        if path.name == _LOCKDOWN_PART and plan:
+            parts.append(plan)
+    body = RULES.prelude_source() + "\n".join(parts)
     return f"(function () {{\n{body}\n}})();\n"
 
 
+_LOCKDOWN_PART = "60-lockdown.js"
 PRELUDE = load_prelude()
+
+
+def planned_prelude(prelude: PreludeLoader) -> PreludeLoader:
+    """`prelude` compiled again with its lockdown's plan (sandbox/lockdown_plan.py), found by
+    preparing one context; `prelude` itself when no plan can be compiled. Done at the
+    executor's start (~10 ms, once): every context it prepares after that follows the plan."""
+    part = plan_part(Prepared(prelude).answer)
+    if part is None:
+        return prelude
+    planned = PreludeLoader(load_prelude(part), fast=prelude.fast)
+    return planned if planned.fast == prelude.fast else prelude
+
+
 _JOB_CHECK_EVERY = 1024
 
 
@@ -92,14 +112,12 @@ class Prepared:
     """A fresh context with the prelude evaluated and the intrinsics locked down: everything a
     drive needs that does not depend on the run, made while the executor waits for work.
 
-    `plan`: the routes to the objects the lockdown freezes, as the first context of this
-    process found them (JSON; "" before): the next contexts follow them instead of searching
-    every intrinsic again (sandbox/prelude/60-lockdown.js, harden)."""
+    `answer`: the prelude's answer to `prepare`, which holds the lockdown's routes when it
+    walked rather than followed a plan compiled in (`planned_prelude`)."""
 
     def __init__(
         self,
         prelude: PreludeLoader,
-        plan: str = "",
         bundles: BundleCode | None = None,
         last: LastBundle | None = None,
         limits: DriveLimits | None = None,
@@ -109,12 +127,10 @@ class Prepared:
             self.context, self.pointers, self.dispatch = _with_prelude(prelude)
         except RuntimeError:  # its bytecode failed to load: the source, in a clean context
             self.context, self.pointers, self.dispatch = _with_prelude(prelude)
-        answer = self.dispatch("prepare", plan)
-        prepared = loads(answer, max_depth=None) if isinstance(answer, str) else None
-        if not isinstance(prepared, dict) or "error" in prepared:
+        answer = self.dispatch("prepare", "")
+        if not isinstance(answer, str) or answer.startswith('{"error":'):
             raise RuntimeError("the prelude failed to prepare a context")
-        found = prepared.get("plan")
-        self.plan = plan if found is None else dumps_text(found)
+        self.answer = answer
         # The bundle this executor drove last, defined ahead (its bytecode read: no code of
         # it runs until the drive's `load`), as the next drive is most likely of it too: a
         # 400 kB bundle's read then costs no drive its time. None: nothing defined.
@@ -417,9 +433,9 @@ def main(before_drive: Callable[[], object] | None = None) -> None:
     `off`). `before_drive` is for the confinement tests only (sandbox/confinement_probe.py)."""
     limit_self(int(sys.argv[1]), int(sys.argv[2]))
     mode = sys.argv[3] if len(sys.argv) > 3 else "best-effort"
-    # Compiled once for every drive of this process; before confinement, as finding the
-    # binding's version and library opens files.
-    prelude = PreludeLoader(PRELUDE)
+    # Compiled once for every drive of this process, with its lockdown's plan; before
+    # confinement, as finding the binding's version and library opens files.
+    prelude = planned_prelude(PreludeLoader(PRELUDE))
     bundles = BundleCode(prelude)
     frames_out = os.dup(1)
     os.dup2(2, 1)
@@ -446,17 +462,14 @@ def serve(
     has recorded the drive before: preparing, ~1-2 ms of compute, would otherwise compete
     with that on a small machine) or, at the latest, when the next drive comes. A drive's
     outcome is sent before its context is freed (~0.4 ms), so its end is never waited on."""
-    first = Prepared(prelude)
-    plan = first.plan
-    prepared: Prepared | None = first
+    prepared: Prepared | None = Prepared(prelude)
     texts = BundleTexts(bundles)
     last: LastBundle | None = None
     limits: DriveLimits | None = None
     while (payload := read()) is not None:
         message = read_message(payload)
         if prepared is None:
-            prepared = Prepared(prelude, plan, bundles, last, limits)
-            plan = prepared.plan
+            prepared = Prepared(prelude, bundles, last, limits)
         head = message[0]
         if head.get("type") == "prepare":
             continue

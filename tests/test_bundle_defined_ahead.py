@@ -106,7 +106,7 @@ async def test_defining_ahead_runs_none_of_the_bundles_code() -> None:
     loader = PreludeLoader(PRELUDE)
     bundles = BundleCode(loader)
     key = bundle_digest(code)
-    prepared = Prepared(loader, "", bundles, (key, code, 2**26))
+    prepared = Prepared(loader, bundles, (key, code, 2**26))
     assert prepared.defined == key
     assert prepared.context.eval("typeof globalThis.__qjsflowBundle") == "function"
     assert prepared.context.eval("typeof globalThis.loaded") == "undefined"

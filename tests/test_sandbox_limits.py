@@ -32,7 +32,7 @@ from qjsflow.sandbox import ExecutorPool, PoolConfig, bytecode
 from qjsflow.sandbox import executor as executor_module
 from qjsflow.sandbox import pool as pool_module
 from qjsflow.sandbox.bytecode import PreludeLoader
-from qjsflow.sandbox.executor import PRELUDE, Drive, Prepared
+from qjsflow.sandbox.executor import PRELUDE, Drive, Prepared, planned_prelude
 from tests.conftest import bundle_of, drive_read, executor_pids, fan_out_source
 from tests.memory_host import MemoryHost
 
@@ -433,7 +433,7 @@ def test_preparing_a_context_looks_for_no_garbage_in_cycles() -> None:
     loader = PreludeLoader(PRELUDE)
     assert loader.library is not None
     first = Prepared(loader)
-    for prepared in (first, Prepared(loader, first.plan)):  # a walk, then a plan followed
+    for prepared in (first, Prepared(planned_prelude(loader))):  # a walk, then a plan followed
         assert _gc_threshold(loader, prepared) == bytecode.PREPARING_HEAP
 
 

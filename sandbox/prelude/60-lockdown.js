@@ -28,14 +28,32 @@ function enableOverride(object, name) {
 // other code relies on. This keeps preparing a context cheap.
 //
 // The walk looks at every property of every object it reaches (about a thousand), most of them
-// plain methods; it returns its plan, the route to each object it froze, which the executor
-// hands to the next context it prepares (`plan`): every fresh context of this prelude has the
-// same shape, so following the routes freezes the same objects without the search. A route is
-// [0, root], [1, object] (its prototype) or [2, object, key, symbol?], objects numbered in
-// the order they were frozen. A route that does not lead to an object (a context of another
-// shape) falls back to the walk. Returns null when the plan was followed.
-function harden(roots, plan) {
-  if (plan !== null && follow(roots, plan)) return null;
+// plain methods; it returns its plan, the route to each object it froze. Every fresh context of
+// this prelude has the same shape: the executor compiles the first context's routes into a
+// function, `planned`, added to the prelude as a part of its own (sandbox/lockdown_plan.py),
+// which the next contexts call instead of walking. A route is [0, root], [1, object] (its
+// prototype) or [2, object, key, symbol?], objects numbered in the order they were frozen. A
+// route that does not lead to an object (a context of another shape) stops `planned`, and the
+// walk freezes the rest. Returns null when `planned` froze everything.
+/** @type {null | ((roots: unknown[], take: (object: unknown) => unknown) => void)} */
+let planned = null;
+const OFF_PLAN = freeze({});
+function takePlanned(object) {
+  if (object === null || object === G || (typeof object !== "object" && typeof object !== "function")) {
+    throw OFF_PLAN;
+  }
+  freeze(object);
+  return object;
+}
+function harden(roots) {
+  if (planned !== null) {
+    try {
+      planned(roots, takePlanned);
+      return null;
+    } catch (error) {
+      if (error !== OFF_PLAN) throw error;
+    }
+  }
   const seen = new RealSet();
   const routes = [];
   const queue = [];
@@ -65,31 +83,7 @@ function keyRoute(at, name) {
   if (typeof name !== "symbol") return [2, at, name];
   const description = name.description || "";
   const known = call(strSlice, description, 7); // "Symbol.iterator" -> "iterator"
-  return RealSymbol[known] === name ? [2, at, known, 1] : [3]; // [3]: no route, walk next time
-}
-function follow(roots, plan) {
-  const objects = [];
-  for (let i = 0; i < plan.length; i++) {
-    const route = plan[i];
-    let object;
-    const from = route[0] === 0 ? undefined : objects[route[1]];
-    if (route[0] === 0) {
-      object = roots[route[1]];
-    } else if (from === undefined) {
-      return false;
-    } else if (route[0] === 1) {
-      object = getPrototypeOf(from);
-    } else if (route[0] === 2) {
-      const desc = getOwnPropertyDescriptor(from, route[3] ? RealSymbol[route[2]] : route[2]);
-      object = desc === undefined ? undefined : desc.value;
-    }
-    if (object === null || object === G || (typeof object !== "object" && typeof object !== "function")) {
-      return false;
-    }
-    freeze(object);
-    append(objects, object);
-  }
-  return true;
+  return RealSymbol[known] === name ? [2, at, known, 1] : [3]; // [3]: no route, walk each time
 }
 // The step scope follows awaits: a callback registered with then() (which is what every
 // compiled await uses, see bundles/driver.mjs) runs in the scope that registered it, so code
@@ -118,7 +112,7 @@ function inScope(scope, callback) {
     }
   };
 }
-function lockdown(runtime, plan) {
+function lockdown(runtime) {
   defineProperty(P.prototype, "then", { value: then, writable: true, configurable: true, enumerable: false });
   for (const name of ["WeakRef", "FinalizationRegistry", "performance", "SharedArrayBuffer", "Atomics"]) {
     delete G[name];
@@ -169,5 +163,5 @@ function lockdown(runtime, plan) {
   append(roots, new RealSet().values());
   append(roots, ""[Symbol.iterator]());
   append(roots, call(RealRegExp.prototype[Symbol.matchAll], /a/g, "a"));
-  return harden(roots, plan);
+  return harden(roots);
 }

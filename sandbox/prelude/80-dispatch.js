@@ -6,7 +6,7 @@
 return function dispatch(command, argument) {
   try {
     switch (command) {
-      case "prepare": return prepare(argument);
+      case "prepare": return prepare();
       case "boot": boot(parseJSON(argument)); return "{}";
       case "load": load(argument); return "{}";
       case "start": start(); return "{}";
