@@ -215,6 +215,55 @@ async def test_a_request_whose_text_holds_line_breaks_reaches_the_prelude_whole(
     assert replayed.output == outcome.output
 
 
+WIDE = "\u00e9 \u20ac \u2028 \U0001f600"
+WIDE_TEXT = """
+export default async (event, step) => {
+  const wide = "\\u00e9 \\u20ac \\u2028 \\u{1F600}";
+  console.log(wide);
+  const first = await step.do(wide, async () => wide);
+  return { first, wide };
+};
+"""
+
+
+async def test_frames_are_ascii_whatever_the_text_past_ascii_in_them() -> None:
+    """The prelude's frames are JSON.stringify's text; the executor escapes what lies past
+    ASCII (a step's name, a log line, a value, the output) before it goes to the host."""
+    code = await bundle_of(WIDE_TEXT)
+    drive = Drive(
+        drive_read(MemoryHost().request(code)), code, -1, Prepared(PreludeLoader(PRELUDE))
+    )
+    payload = drive.run()
+    assert payload.isascii()
+    assert b"\\ud83d\\ude00" in payload  # U+1F600 as a surrogate pair
+    frame = orjson.loads(payload)
+    assert frame["outcome"]["status"] == "completed", frame
+    assert orjson.loads(frame["outcome"]["output"]) == {"first": WIDE, "wide": WIDE}
+    ops = [envelope["op"] for envelope in frame["ops"]]
+    assert [op["step"] for op in ops if op["op"] == "step.record"] == [WIDE]
+    assert [op["text"] for op in ops if op["op"] == "log"] == [WIDE]
+
+
+@pytest.mark.parametrize("size", [10, 600, 5_000, 200_000])
+@pytest.mark.parametrize("with_ops", [False, True])
+async def test_every_answer_of_the_prelude_reaches_the_executor_as_a_flat_string(
+    size: int, with_ops: bool
+) -> None:
+    """A drive's end is made by concatenation, which QuickJS may keep as a rope past a few
+    hundred characters; the binding cannot convert one. Whatever the sizes, the executor gets
+    its text (and before every answer was made flat, some outputs stopped the executor)."""
+    step = 'await step.do("s", async () => "v".repeat(SIZE));' if with_ops else ""
+    source = f"export default async (event, step) => {{ {step} return 'o'.repeat(SIZE); }};"
+    code = await bundle_of(source.replace("SIZE", str(size)))
+    drive = Drive(
+        drive_read(MemoryHost().request(code)), code, -1, Prepared(PreludeLoader(PRELUDE))
+    )
+    frame = orjson.loads(drive.run())
+    assert frame["outcome"]["status"] == "completed", frame["outcome"]
+    assert orjson.loads(frame["outcome"]["output"]) == "o" * size
+    assert len(frame.get("ops", [])) == (1 if with_ops else 0)
+
+
 @pytest.mark.parametrize(
     ("expression", "problem"),
     [

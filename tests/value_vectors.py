@@ -105,6 +105,14 @@ VECTORS: tuple[Vector, ...] = (
         '{"__proto__":1,"toString":2}', {"__proto__": 1, "toString": 2},
         {"__proto__": 1, "toString": 2},
     ),
+    Vector(  # a prototype of Object.prototype makes an object plain, whatever its slots
+        "Date given Object.prototype", "Object.setPrototypeOf(new Date(5), Object.prototype)",
+        "{}", {}, {},
+    ),
+    Vector(  # a Date of another prototype is still a Date
+        "Date given a prototype of its own", "Object.setPrototypeOf(new Date(5), {})",
+        '{"$t":"Date","v":5}', dt.datetime(1970, 1, 1, 0, 0, 0, 5000, tzinfo=dt.UTC), _date(5),
+    ),
     Vector("nested", '({a: [1, {b: null}], "\\u00e9": true})', '{"a":[1,{"b":null}],"\\u00e9":true}',
            {"a": [1, {"b": None}], "é": True}, {"a": [1, {"b": None}], "é": True}),
 )  # fmt: skip

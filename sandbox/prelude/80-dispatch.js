@@ -2,8 +2,13 @@
 
 // ---- dispatch: the executor's only entry point ---------------------------------------------
 
-// Every command returns ASCII JSON: {ok: ...} or {error: {name, message, limit}}.
+// Every command returns JSON text: {ok: ...} or {error: {name, message, limit}}. As a flat
+// string: QuickJS makes a long concatenation a rope, which the binding cannot convert (its
+// call fails with a TypeError, and the executor stops); a slice of the whole is flat.
 return function dispatch(command, argument) {
+  return call(strSlice, answerTo(command, argument), 0);
+};
+function answerTo(command, argument) {
   try {
     switch (command) {
       case "prepare": return prepare();
@@ -23,4 +28,4 @@ return function dispatch(command, argument) {
     const { name, message, stack } = describe(thrown);
     return asciiJSON({ error: { name, message: limit !== null ? limit : message, limit: limit !== null, stack } });
   }
-};
+}
