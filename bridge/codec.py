@@ -6,14 +6,13 @@ decoded here, so that a limit or a strictness rule holds everywhere at once.
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 import orjson
 
 from qjsflow.bridge.errors import CodecError
 
-__all__ = ["DEFAULT_MAX_DEPTH", "ascii_json", "dumps", "dumps_text", "loads"]
+__all__ = ["DEFAULT_MAX_DEPTH", "dumps", "dumps_text", "loads"]
 
 DEFAULT_MAX_DEPTH = 64
 
@@ -34,26 +33,6 @@ def dumps(value: Any, *, sort_keys: bool = False) -> bytes:
 def dumps_text(value: Any, *, sort_keys: bool = False) -> str:
     """Like `dumps`, as `str`."""
     return dumps(value, sort_keys=sort_keys).decode("utf-8")
-
-
-_PAST_ASCII = re.compile("[^\x00-\x7f]")
-
-
-def ascii_json(text: str) -> bytes:
-    """JSON text as ASCII bytes: every character past ASCII written as a `\\u` escape (two,
-    a surrogate pair, past U+FFFF). JSON text holds such a character only inside a string,
-    where the escape means the same character."""
-    if text.isascii():
-        return text.encode("ascii")
-    return _PAST_ASCII.sub(_escaped, text).encode("ascii")
-
-
-def _escaped(match: re.Match[str]) -> str:
-    code = ord(match.group())
-    if code <= 0xFFFF:
-        return f"\\u{code:04x}"
-    code -= 0x10000
-    return f"\\u{0xD800 + (code >> 10):04x}\\u{0xDC00 + (code & 0x3FF):04x}"
 
 
 def loads(

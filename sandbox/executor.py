@@ -28,7 +28,7 @@ from typing import Any
 
 import quickjs
 
-from qjsflow.bridge.codec import ascii_json, dumps, dumps_text, loads
+from qjsflow.bridge.codec import dumps, dumps_text, loads
 from qjsflow.bridge.errors import CodecError
 from qjsflow.bridge.rules import RULES
 from qjsflow.sandbox.bytecode import (
@@ -232,7 +232,7 @@ class Drive:
         return f"compute limit per run of {limits['compute_per_run_s']:g} s"
 
     def run(self) -> bytes:
-        """The outcome frame payload: the prelude's JSON made ASCII, or a failure built here."""
+        """The outcome frame payload: ASCII JSON from the prelude, or a failure built here."""
         try:
             if self.budget_s <= 0:
                 raise DriveStopped(f"{self.budget_name} exceeded", limit=False)
@@ -303,7 +303,7 @@ class Drive:
         """Send a batch of ops to the parent and return its answers (none for an empty batch)."""
         if not ops:
             return []
-        _write_all(self.frames_out, frame(b'{"type":"ops","ops":' + ascii_json(ops) + b"}"))
+        _write_all(self.frames_out, frame(b'{"type":"ops","ops":' + ops.encode("ascii") + b"}"))
         reply = read_frame_fd(0)
         if reply is None:
             raise SystemExit(0)  # the parent went away
@@ -398,7 +398,7 @@ class Drive:
 
 def _outcome(ended: str) -> bytes:
     """The outcome frame of the prelude's `ended` text ({"outcome": …, "ops": …})."""
-    return b'{"type":"outcome",' + ascii_json(ended[1:])
+    return b'{"type":"outcome",' + ended[1:].encode("ascii")
 
 
 def _failed(message: str, *, recycle: bool, stack: str | None = None) -> bytes:

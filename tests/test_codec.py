@@ -5,7 +5,6 @@ from __future__ import annotations
 import pytest
 
 from qjsflow.bridge import CodecError, dumps, loads
-from qjsflow.bridge.codec import ascii_json, dumps_text
 
 
 def test_round_trip() -> None:
@@ -53,15 +52,3 @@ def test_the_shortest_text_one_level_too_deep_is_refused(depth: int) -> None:
     assert loads('{"a":' * depth + "1" + "}" * depth, max_depth=depth) is not None
     with pytest.raises(CodecError, match="deeper"):
         loads("[" * (depth + 1) + "]" * (depth + 1), max_depth=depth)
-
-
-def test_ascii_json_escapes_every_character_past_ascii() -> None:
-    value = {"bmp": "é€\u2028\x7f", "astral": "😀", "quote": 'a"b\\', "plain": "text"}
-    text = dumps_text(value)
-    assert not text.isascii()
-    written = ascii_json(text)
-    assert written.isascii()
-    assert b"\\u00e9\\u20ac\\u2028" in written
-    assert b"\\ud83d\\ude00" in written  # a surrogate pair, as JSON writes U+1F600
-    assert loads(written) == value
-    assert ascii_json('{"a":"b"}') == b'{"a":"b"}'

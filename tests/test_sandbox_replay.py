@@ -227,8 +227,8 @@ export default async (event, step) => {
 
 
 async def test_frames_are_ascii_whatever_the_text_past_ascii_in_them() -> None:
-    """The prelude's frames are JSON.stringify's text; the executor escapes what lies past
-    ASCII (a step's name, a log line, a value, the output) before it goes to the host."""
+    """Only ASCII crosses from JS to Python (DESIGN.md, Lockdown): what lies past ASCII in a
+    step's name, a log line, a value or the output reaches the host escaped."""
     code = await bundle_of(WIDE_TEXT)
     drive = Drive(
         drive_read(MemoryHost().request(code)), code, -1, Prepared(PreludeLoader(PRELUDE))

@@ -125,7 +125,7 @@ function release(more) {
   for (let i = 0; i < more.length; i++) append(sent, more[i]);
   held = [];
   heldChars = 0;
-  return sent.length === 0 ? "" : stringify(sent); // made ASCII by the executor
+  return sent.length === 0 ? "" : asciiJSON(sent);
 }
 // At the end of a drive: what was settled here, and console output. A step call nobody
 // awaited must not run after the body has finished.

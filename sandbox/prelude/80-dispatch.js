@@ -2,7 +2,7 @@
 
 // ---- dispatch: the executor's only entry point ---------------------------------------------
 
-// Every command returns JSON text: {ok: ...} or {error: {name, message, limit}}. As a flat
+// Every command returns ASCII JSON: {ok: ...} or {error: {name, message, limit}}. As a flat
 // string: QuickJS makes a long concatenation a rope, which the binding cannot convert (its
 // call fails with a TypeError, and the executor stops); a slice of the whole is flat.
 return function dispatch(command, argument) {
