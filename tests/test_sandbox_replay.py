@@ -271,6 +271,12 @@ async def test_every_answer_of_the_prelude_reaches_the_executor_as_a_flat_string
         ("Symbol('s')", "holds a symbol"),
         ("(() => { const a = {}; a.self = a; return a; })()", "holds a cycle"),
         ("Promise.resolve(1).then(() => ({ p: Promise.resolve(2) }))", "holds a Promise"),
+        # Given Object.prototype, still refused (plain objects skip only the stored kinds' checks)
+        ("({ p: Object.setPrototypeOf(Promise.resolve(2), Object.prototype) })", "holds a Promise"),
+        (
+            "({ d: Object.setPrototypeOf(new DataView(new ArrayBuffer(2)), Object.prototype) })",
+            "holds a DataView",
+        ),
         ("'x'.repeat(1024 * 1024 + 1)", "larger than the limit of 1048576 bytes"),
         (
             "(() => { let v = 1; for (let i = 0; i < 4000; i++) v = [v]; return v; })()",
