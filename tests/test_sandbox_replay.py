@@ -5,6 +5,7 @@ from __future__ import annotations
 import orjson
 import pytest
 
+from qjsflow.bridge.limits import Limits
 from qjsflow.bridge.types import (
     Completed,
     Failed,
@@ -242,6 +243,28 @@ async def test_frames_are_ascii_whatever_the_text_past_ascii_in_them() -> None:
     ops = [envelope["op"] for envelope in frame["ops"]]
     assert [op["step"] for op in ops if op["op"] == "step.record"] == [WIDE]
     assert [op["text"] for op in ops if op["op"] == "log"] == [WIDE]
+
+
+@pytest.mark.parametrize("last", ["v", "\u00e9"])
+async def test_a_text_near_the_value_limit_is_looked_through_and_escaped(
+    pool: ExecutorPool, last: str
+) -> None:
+    """Every value and frame is looked through for text past ASCII before it is escaped: the
+    look must hold for the longest text a value may be (a look by a regex that kept a place to
+    go back to for each character ran a drive's memory out, 32 MiB, near a megabyte)."""
+    source = """export default async (event, step) => {
+      const big = await step.do("big", async () => "v".repeat(1048000) + "LAST");
+      return big.length;
+    };""".replace("LAST", "v" if last == "v" else "\\u00e9")
+    host = MemoryHost()
+    limits = Limits(memory_bytes=32 * 2**20)
+    outcome = await pool.drive(host.request(await bundle_of(source), limits=limits), host)
+    assert isinstance(outcome, Completed), outcome
+    assert orjson.loads(outcome.output) == 1_048_001
+    [entry] = host.entries
+    assert entry.value is not None
+    assert entry.value.isascii()
+    assert orjson.loads(entry.value) == "v" * 1_048_000 + last
 
 
 @pytest.mark.parametrize("size", [10, 600, 5_000, 200_000])
