@@ -10,7 +10,9 @@ let strict = false; // a migration's check: every journal entry must be reached
 let journal = new RealMap(); // key -> {value, error, at, seq}
 const unsettled = new RealSet(); // keys of steps with a row that is not settled
 const stillWaiting = new RealMap(); // key -> event type: recorded waits with nothing to take
-const openCalls = new RealSet(); // step and db.sql calls whose promise has not settled
+// Step and db.sql calls, in the order made; `open` until the call's promise settles (an array
+// and a flag: a QuickJS Set's add and delete were ~5 % of a pure step's work).
+const openCalls = [];
 // A step.do's promise -> its call, until a callback is attached to the promise (an await,
 // Promise.all): only then may the sandbox settle the step as its result is recorded.
 const unawaited = new RealWeakMap();
@@ -20,7 +22,7 @@ let outbox = [];
 // id -> {onResult, scope} of the op sent with that id, while its answer is awaited. Ids count
 // up from 1 as ops are sent, so this stays a dense array (a QuickJS Map of thousands of
 // integer keys is several times slower to look up).
-const pending = /** @type {Array<{onResult: Function, scope: any} | undefined>} */ ([undefined]);
+const pending = /** @type {Array<{onResult: Function, scope: any, subject: any} | undefined>} */ ([undefined]);
 const hits = []; // replayed entries whose promise waits for its turn: a min-heap on seq
 let nextId = 1;
 let opsSent = 0;
@@ -53,11 +55,17 @@ function seed(text) {
   h4 = imul(h2 ^ (h4 >>> 19), 2716044179);
   return [(h1 ^ h2 ^ h3 ^ h4) >>> 0, (h2 ^ h1) >>> 0, (h3 ^ h1) >>> 0, (h4 ^ h1) >>> 0];
 }
-// A scope's stream is seeded from a text (`rng` holds the text until the first draw): most
-// steps never draw, and hashing the text at every step they reach would cost them all.
+// A scope's stream is seeded from a text, made and hashed at its first draw (`rng` is null
+// until then): most steps never draw, and making the text (the clock's digits among it) at
+// every step they reach cost them all. The text is the run, the key of the step last reached
+// (or of the attempt, with its number) and the scope's clock, which moves only in `reach`.
+function seedText(scope) {
+  const attempt = scope.seedAttempt > 0 ? "\u0000" + scope.seedAttempt : "";
+  return runId + "\u0000" + scope.seedKey + attempt + "\u0000" + scope.clock;
+}
 function random() {
   const scope = currentScope;
-  if (typeof scope.rng === "string") scope.rng = seed(scope.rng);
+  if (scope.rng === null) scope.rng = seed(seedText(scope));
   let [a, b, c, d] = scope.rng;
   const t = (((a + b) >>> 0) + d) >>> 0;
   d = (d + 1) >>> 0;
@@ -72,7 +80,9 @@ function random() {
 function reach(at, key) {
   const scope = currentScope;
   if (typeof at === "number" && at > scope.clock) scope.clock = at;
-  scope.rng = runId + "\u0000" + key + "\u0000" + scope.clock;
+  scope.rng = null;
+  scope.seedKey = key;
+  scope.seedAttempt = 0;
 }
 
 function LogicalDate(...args) {

@@ -24,6 +24,7 @@ function secretHandle(name) {
 
 // The encoder's functions take the encoding's state (not closures over it, made anew for
 // every value encoded: a step's result is encoded once, and each closure was an allocation).
+// `where` names the value in a refusal: a text, or a function that makes it (only then).
 function encode(value, where, secrets) {
   const state = { ancestors: [], where, secrets, budget: limits.value_bytes };
   const text = asciiJSON(encodeIn(state, value, 1));
@@ -31,7 +32,8 @@ function encode(value, where, secrets) {
   return text;
 }
 function refuseIn(state, problem) {
-  throw new LimitError(state.where + " " + problem);
+  const where = typeof state.where === "function" ? state.where() : state.where;
+  throw new LimitError(where + " " + problem);
 }
 function encodeIn(state, v, depth) {
   if (depth > limits.value_depth) refuseIn(state, `is nested deeper than ${limits.value_depth} levels`);
@@ -69,12 +71,11 @@ function encodeIn(state, v, depth) {
   for (let i = 0; i < ancestors.length; i++) {
     if (ancestors[i] === v) refuseIn(state, "holds a cycle, which cannot be stored");
   }
+  // No finally: a value that throws ends its whole encoding, this state with it.
   append(ancestors, v);
-  try {
-    return encodeObject(state, v, depth);
-  } finally {
-    ancestors.length -= 1;
-  }
+  const out = encodeObject(state, v, depth);
+  ancestors.length -= 1;
+  return out;
 }
 function encodeObject(state, v, depth) {
   const budget = state.budget;

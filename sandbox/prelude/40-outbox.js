@@ -10,7 +10,8 @@ function fail(message, retryable, stack) {
     outcome = failed;
   }
 }
-function send(op, onResult) {
+// `onResult(result, at, subject)` is called with the answer (or the sandbox's settling).
+function send(op, onResult, subject) {
   opsSent += 1;
   if (opsSent > limits.ops_per_drive) {
     fail(`ops per drive limit of ${limits.ops_per_drive} exceeded`, false);
@@ -19,7 +20,7 @@ function send(op, onResult) {
   const id = nextId++;
   const message = { id, op };
   append(outbox, message);
-  pending[id] = onResult === null ? undefined : { onResult, scope: currentScope };
+  pending[id] = onResult === null ? undefined : { onResult, scope: currentScope, subject };
   return message;
 }
 
@@ -111,7 +112,7 @@ function settleHere(message) {
   }
   currentScope = waiting.scope;
   message.op.at = currentScope.clock;
-  waiting.onResult({ value: null }, currentScope.clock);
+  waiting.onResult({ value: null }, currentScope.clock, waiting.subject);
 }
 // The held ops and then `more`, as the frame to send ("" for none); begins that went inside
 // their record are left out.
@@ -142,10 +143,14 @@ function takeLast() {
 // the scope of the promise whose settling resumed it (the executor settles one at a time).
 // Names are escaped ("/" and "%" as %2F and %25) before they are joined, so a name holding
 // "/" or ":" can never spell another step's key.
+// An attempt's scope keeps its step's key and attempt; the texts made of them (its id for
+// console lines, its prefix for calls inside it) are made when asked for.
 const ROOT_SCOPE = {
-  id: "", prefix: "", counters: new RealMap(), depth: 0, clock: 0, logs: 0, parent: null,
-  effectful: false, rng: /** @type {number[] | string} */ ([1, 2, 3, 4]),
+  key: "", attempt: 0, counters: new RealMap(), depth: 0, clock: 0, logs: 0, parent: null,
+  effectful: false, rng: /** @type {number[] | null} */ ([1, 2, 3, 4]), seedKey: "", seedAttempt: 0,
 };
+const scopeId = (scope) => (scope.parent === null ? "" : scope.key + "#" + scope.attempt);
+const scopePrefix = (scope) => (scope.parent === null ? "" : scope.key + "/");
 let currentScope = ROOT_SCOPE;
 const MAX_NESTING = 8;
 let stepsTaken = 0; // every step call of this execution, replayed or new
@@ -169,14 +174,15 @@ function attemptScope(key, attempt, startedAt) {
   }
   const clock = typeof startedAt === "number" && startedAt > currentScope.clock ? startedAt : currentScope.clock;
   return {
-    id: key + "#" + attempt, prefix: key + "/", counters: null, depth: currentScope.depth + 1,
-    clock, logs: 0, parent: currentScope, effectful: false,
-    rng: runId + "\u0000" + key + "\u0000" + attempt + "\u0000" + clock,
+    key, attempt, counters: null, depth: currentScope.depth + 1, clock, logs: 0,
+    parent: currentScope, effectful: false, rng: null, seedKey: key, seedAttempt: attempt,
   };
 }
 const NAME_ESCAPES = /[%/]/g;
 const escapeNameChar = (c) => (c === "%" ? "%25" : "%2F");
 function escapeName(name) {
+  // Most names have neither: two searches cost a fifth of a replace by a global regex.
+  if (call(strIndexOf, name, "%") < 0 && call(strIndexOf, name, "/") < 0) return name;
   return call(strReplace, name, NAME_ESCAPES, escapeNameChar);
 }
 // The digest of a call's arguments (cyrb53: 53 bits, as hex). It is recorded with the call and
@@ -249,23 +255,24 @@ function strictEnding(ended) {
 }
 
 // A step call: answered from the journal (in journal order) or sent to the host.
-function request(kind, name, op, onAnswer, begin) {
+// `onAnswer` and `begin` are told `spec`, what the step API was given.
+function request(kind, name, op, onAnswer, begin, spec) {
   const count = occurrence(kind, name);
-  const fullName = currentScope.prefix + escapeName(name);
+  const fullName = scopePrefix(currentScope) + escapeName(name);
   const key = kind + ":" + count + ":" + fullName;
   const scope = currentScope;
-  const call = { kind, name, awaited: false };
+  const call = { kind, name, awaited: false, open: true };
   const digest = digestOf(op);
   if (digest !== undefined) op.digest = digest;
-  openCalls.add(call);
+  append(openCalls, call);
   let begun = false;
   const promise = new P((settleValue, settleError) => {
     const resolve = (value) => {
-      openCalls.delete(call);
+      call.open = false;
       settleValue(value);
     };
     const reject = (error) => {
-      openCalls.delete(call);
+      call.open = false;
       settleError(error);
     };
     const entry = journal.get(key);
@@ -285,7 +292,7 @@ function request(kind, name, op, onAnswer, begin) {
     if (strict) append(newCalls, { key, stack: new RealError(key).stack });
     if (begin !== undefined && !unsettled.has(key)) {
       begun = true;
-      begin(key, count, fullName, resolve, reject, call);
+      begin(spec, key, count, fullName, resolve, reject, call);
       return;
     }
     const waitingFor = stillWaiting.get(key);
@@ -301,7 +308,7 @@ function request(kind, name, op, onAnswer, begin) {
       // An effect: no step enclosing it is pure in this drive (see OPENING).
       for (let s = scope; s !== null; s = s.parent) s.effectful = true;
     }
-    send(op, (result, at) => onAnswer(result, at, key, count, resolve, reject, fullName));
+    send(op, (result, at) => onAnswer(result, at, key, count, resolve, reject, fullName, spec));
   });
   if (begun) {
     unawaited.set(promise, call);

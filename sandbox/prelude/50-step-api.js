@@ -2,6 +2,9 @@
 
 // ---- the step API -------------------------------------------------------------------------
 
+// A step.do call's own closures were most of a pure step's allocations: what it was given
+// is one object (`spec`: its name, function, merged config and the host's policy), each
+// attempt another (`run`), and the functions that serve them are made once.
 function stepDo(name, configOrFn, maybeFn) {
   try {
     checkName(name, "step.do name");
@@ -11,115 +14,126 @@ function stepDo(name, configOrFn, maybeFn) {
     const fn = direct ? configOrFn : maybeFn;
     if (typeof fn !== "function") throw new RealTypeError(`step.do("${name}") needs a function`);
     const checked = stepConfig(config, "step.do", name);
-    const merged = checked[0];
-    const policy = checked[1];
-    const op = { op: "step.check", step: name, kind: "do", config: policy };
-    // A step the journal has never seen starts at once, announcing itself with a step.begin
-    // that the host writes ahead of anything the body sends; a step with a row (retrying,
-    // or in flight when a driver died) asks the host first.
-    // After a short retry delay waited inside the drive: ask for the next attempt again.
-    const again = (key, count, fullName, resolve, rejectStep) => () => send(
-      { op: "step.check", step: fullName, count, kind: "do", config: policy },
-      (result, at) => onCheck(result, at, key, count, resolve, rejectStep, fullName),
-    );
-    const begin = (key, count, fullName, resolve, rejectStep, stepCall) => {
-      const opening = send({ op: "step.begin", step: fullName, count, kind: "do", config: policy }, null);
-      opening[UNSENT] = true;
-      runAttempt(name, fullName, count, 1, merged, fn, key, resolve, rejectStep, { opening, stepCall }, again);
-    };
-    const onCheck = (result, at, key, count, resolve, rejectStep, fullName) => {
-      if (hasOwn(result, "value") && result.value !== null && result.value.hit === false) {
-        const { attempt, now } = result.value;
-        runAttempt(name, fullName, count, attempt, merged, fn, key, resolve, rejectStep, { now }, again);
-      } else if (hasOwn(result, "value") && result.value !== null && result.value.hit === true) {
-        reach(at, key);
-        resolve(decode(result.value.value));
-      } else {
-        valueAnswer(result, at, key, count, resolve, rejectStep);
-      }
-    };
-    return request("do", name, op, onCheck, begin);
+    const spec = { name, fn, config: checked[0], policy: checked[1] };
+    const op = { op: "step.check", step: name, kind: "do", config: spec.policy };
+    return request("do", name, op, checkAnswered, beginStep, spec);
   } catch (error) {
     return reject(error);
   }
 }
+// A step the journal has never seen starts at once, announcing itself with a step.begin that
+// the host writes ahead of anything the body sends; a step with a row (retrying, or in flight
+// when a driver died) asks the host first (`checkAnswered`).
+function beginStep(spec, key, count, fullName, resolve, rejectStep, stepCall) {
+  const opening = send({ op: "step.begin", step: fullName, count, kind: "do", config: spec.policy }, null);
+  opening[UNSENT] = true;
+  runAttempt(spec, fullName, count, 1, key, resolve, rejectStep, { opening, stepCall });
+}
+function checkAnswered(result, at, key, count, resolve, rejectStep, fullName, spec) {
+  const value = hasOwn(result, "value") ? result.value : null;
+  if (value !== null && value.hit === false) {
+    runAttempt(spec, fullName, count, value.attempt, key, resolve, rejectStep, { now: value.now });
+  } else if (value !== null && value.hit === true) {
+    reach(at, key);
+    resolve(decode(value.value));
+  } else {
+    valueAnswer(result, at, key, count, resolve, rejectStep);
+  }
+}
+// After a short retry delay waited inside the drive: ask for the next attempt again.
+function askAgain(spec, key, count, fullName, resolve, rejectStep) {
+  send(
+    { op: "step.check", step: fullName, count, kind: "do", config: spec.policy },
+    (result, at) => checkAnswered(result, at, key, count, resolve, rejectStep, fullName, spec),
+  );
+}
 // `began`: how the attempt started: `{ now }`, the host's time, when the host was asked, or
 // `{ opening, stepCall }`, the step.begin message and the call, when the sandbox began it
 // without asking.
-// `again` makes the call that asks for the next attempt after a short retry delay (made only
-// then: most attempts never retry).
-function runAttempt(name, fullName, count, attempt, config, fn, key, resolve, rejectStep, began, again) {
-  const startedAt = began.now;
-  const ctx = freeze({ step: freeze({ name, count }), attempt, config: deepFreeze(config) });
-  const where = `step "${name}" (#${count})`;
-  const outer = currentScope; // the caller's scope: the step's own promise resumes it
-  const record = (fields) => {
-    const saved = currentScope;
-    currentScope = outer;
-    try {
-      recordIn(fields);
-    } finally {
-      currentScope = saved;
-    }
-  };
-  let own = null; // the attempt's scope
-  const recordIn = (fields) => {
-    const message = send({ op: "step.record", step: fullName, count, attempt, ...fields }, (result, at) => {
-      if (hasOwn(result, "value") && result.value !== null && typeof result.value === "object") {
-        // A short retry: wait inside the drive, then run the next attempt in this context. If
-        // the drive ends first, the marker suspends the run on the (journaled) retry.
-        const marker = { suspend: "retry", event: undefined };
-        append(markers, marker);
-        addTimer(() => {
-          const at = call(arrayIndexOf, markers, marker);
-          if (at >= 0) markers.splice(at, 1);
-          again(key, count, fullName, resolve, rejectStep)();
-        }, result.value.retryIn + 2, [], false, true); // +2: past the due time, at ms precision
-      } else if (hasOwn(result, "value")) {
-        reach(at, key);
-        // A string is the value another writer settled first: the first writer wins.
-        if (typeof result.value === "string") resolve(decode(result.value));
-        else if (hasOwn(fields, "value")) resolve(decode(fields.value));
-        else rejectStep(makeError(fields.error));
-      } else {
-        valueAnswer(result, at, key, count, resolve, rejectStep);
-      }
-    });
-    // Begun in this drive without asking, and pure: the sandbox may settle it (OPENING).
-    if (began.opening !== undefined && hasOwn(fields, "value") && !own.effectful) {
-      message[OPENING] = began.opening;
-      message[CALL] = began.stepCall;
-      settleEarly();
-    }
+function runAttempt(spec, fullName, count, attempt, key, resolve, rejectStep, began) {
+  const ctx = freeze({ step: freeze({ name: spec.name, count }), attempt, config: deepFreeze(spec.config) });
+  // `outer`: the caller's scope, which the step's own promise resumes; `own`: the attempt's.
+  const run = {
+    spec, fullName, count, attempt, key, resolve, rejectStep, began, outer: currentScope, own: ROOT_SCOPE,
+    fields: null,
   };
   if (attempt > 1) forgetFailedCalls(key);
   let started;
   try {
-    own = attemptScope(key, attempt, startedAt);
-    currentScope = own;
-    started = P.resolve(fn(ctx));
+    run.own = attemptScope(key, attempt, began.now);
+    currentScope = run.own;
+    started = P.resolve(spec.fn(ctx));
   } catch (error) {
     started = P.reject(error);
   } finally {
-    currentScope = outer;
+    currentScope = run.outer;
   }
-  call(promiseThen, started, (value) => {
-    let text;
-    try {
-      text = encode(value, `the result of ${where}`);
-    } catch (error) {
-      fail(error instanceof LimitError ? error.message : describe(error).message, false);
-      return;
+  call(promiseThen, started, (value) => attemptReturned(run, value), (thrown) => attemptThrew(run, thrown));
+}
+// Where the attempt is, for errors only (a template made for every step cost ~2 % of it).
+function attemptWhere(run) {
+  return `step "${run.spec.name}" (#${run.count})`;
+}
+function attemptReturned(run, value) {
+  let text;
+  try {
+    text = encode(value, () => `the result of ${attemptWhere(run)}`);
+  } catch (error) {
+    fail(error instanceof LimitError ? error.message : describe(error).message, false);
+    return;
+  }
+  record(run, { value: text });
+}
+function attemptThrew(run, thrown) {
+  const limit = thrown instanceof LimitError ? thrown.message : limitMessage(thrown);
+  if (limit !== null) {
+    fail(`${attemptWhere(run)}: ${limit}`, false);
+    return;
+  }
+  record(run, { error: stepFailure(thrown, attemptWhere(run)) });
+}
+// The attempt's result, sent in the caller's scope.
+function record(run, fields) {
+  const saved = currentScope;
+  currentScope = run.outer;
+  try {
+    run.fields = fields;
+    const op = {
+      op: "step.record", step: run.fullName, count: run.count, attempt: run.attempt, value: fields.value,
+      error: fields.error,
+    };
+    const message = send(op, recordAnswered, run);
+    // Begun in this drive without asking, and pure: the sandbox may settle it (OPENING).
+    if (run.began.opening !== undefined && hasOwn(fields, "value") && !run.own.effectful) {
+      message[OPENING] = run.began.opening;
+      message[CALL] = run.began.stepCall;
+      settleEarly();
     }
-    record({ value: text });
-  }, (thrown) => {
-    const limit = thrown instanceof LimitError ? thrown.message : limitMessage(thrown);
-    if (limit !== null) {
-      fail(`${where}: ${limit}`, false);
-      return;
-    }
-    record({ error: stepFailure(thrown, where) });
-  });
+  } finally {
+    currentScope = saved;
+  }
+}
+function recordAnswered(result, at, run) {
+  const fields = run.fields;
+  if (hasOwn(result, "value") && result.value !== null && typeof result.value === "object") {
+    // A short retry: wait inside the drive, then run the next attempt in this context. If
+    // the drive ends first, the marker suspends the run on the (journaled) retry.
+    const marker = { suspend: "retry", event: undefined };
+    append(markers, marker);
+    addTimer(() => {
+      const index = call(arrayIndexOf, markers, marker);
+      if (index >= 0) markers.splice(index, 1);
+      askAgain(run.spec, run.key, run.count, run.fullName, run.resolve, run.rejectStep);
+    }, result.value.retryIn + 2, [], false, true); // +2: past the due time, at ms precision
+  } else if (hasOwn(result, "value")) {
+    reach(at, run.key);
+    // A string is the value another writer settled first: the first writer wins.
+    if (typeof result.value === "string") run.resolve(decode(result.value));
+    else if (hasOwn(fields, "value")) run.resolve(decode(fields.value));
+    else run.rejectStep(makeError(fields.error));
+  } else {
+    valueAnswer(result, at, run.key, run.count, run.resolve, run.rejectStep);
+  }
 }
 // A new attempt of a step makes again the calls inside it that failed in an earlier one (the
 // host reopened their rows when it began the attempt); those that succeeded keep their result.
@@ -290,7 +304,7 @@ function logger(level) {
     if (logCount > limits.log_lines_per_drive) {
       if (logCount === limits.log_lines_per_drive + 1) {
         const text = `[console: more than ${limits.log_lines_per_drive} lines in one drive; the rest were dropped]`;
-        send({ op: "log", level: "warn", text, count: scope.logs, source: scope.id }, null);
+        send({ op: "log", level: "warn", text, count: scope.logs, source: scopeId(scope) }, null);
       }
       return;
     }
@@ -314,6 +328,6 @@ function logger(level) {
     text = wellFormed(call(strSlice, text, 0, RULES.log_line_chars));
     logBytes += text.length;
     if (logBytes > limits.log_bytes_per_drive) return;
-    send({ op: "log", level, text, count: scope.logs, source: scope.id }, null);
+    send({ op: "log", level, text, count: scope.logs, source: scopeId(scope) }, null);
   };
 }

@@ -128,7 +128,11 @@ function lockdown(runtime) {
   for (const errorClass of [RealError, RealTypeError, RangeError, SyntaxError, ReferenceError, EvalError, URIError, AggregateError, InternalError]) {
     append(overrides, [errorClass.prototype, ["constructor", "name", "message", "toString"]]);
   }
-  for (const [object, names] of overrides) for (const name of names) enableOverride(object, name);
+  // Indexed (a `for of` makes an iterator for every list, and one more to destructure each pair).
+  for (let i = 0; i < overrides.length; i++) {
+    const names = overrides[i][1];
+    for (let j = 0; j < names.length; j++) enableOverride(overrides[i][0], names[j]);
+  }
   defineProperty(G, "console", {
     value: { log: logger("log"), info: logger("info"), warn: logger("warn"), error: logger("error"), debug: logger("log") },
     writable: false, configurable: false, enumerable: false,

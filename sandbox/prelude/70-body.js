@@ -136,10 +136,9 @@ function load(code) {
 
 // The first step call still pending, as the author wrote it; null when none is.
 function openCallText() {
-  const open = []; // forEach on the frozen Set.prototype, not an iterator authors can reach
-  openCalls.forEach((pending) => append(open, pending));
-  if (open.length === 0) return null;
-  const first = open[0];
+  let first = null;
+  for (let i = 0; i < openCalls.length && first === null; i++) if (openCalls[i].open) first = openCalls[i];
+  if (first === null) return null;
   if (first.kind === "sql") return "a db.sql call";
   if (first.kind === "notify") return "a step.notify call";
   return `step.${first.kind}("${first.name}")`;
@@ -254,7 +253,7 @@ function answer(message) {
   if (waiting === undefined) throw new DriveError("the host answered an unknown op " + id);
   pending[id] = undefined;
   currentScope = waiting.scope;
-  waiting.onResult(message.result, message.at);
+  waiting.onResult(message.result, message.at, waiting.subject);
 }
 
 // How many journal entries the drive answered from the journal: a fork onto new code checks
