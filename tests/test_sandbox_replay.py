@@ -146,6 +146,56 @@ async def test_clock_and_random_replay_identically(pool: ExecutorPool) -> None:
     assert {output[k] for k in ("weak", "fin", "perf", "sab", "atomics")} == {"undefined"}
 
 
+SEEDED = """
+export default async (event, step) => {
+  await step.do("a", async () => 1);
+  const root = Math.random();
+  const inner = await step.do("b", async () => Math.random());
+  return { root, inner };
+};
+"""
+
+
+def _first_draw(text: str) -> float:
+    """The first `Math.random()` of a stream seeded from `text`: cyrb128 seeding sfc32, as
+    10-run-state.js draws it."""
+    mask = 0xFFFFFFFF
+
+    def imul(a: int, b: int) -> int:
+        return (a * b) & mask
+
+    h1, h2, h3, h4 = 1779033703, 3144134277, 1013904242, 2773480762
+    for char in text:
+        k = ord(char)
+        h1 = h2 ^ imul(h1 ^ k, 597399067)
+        h2 = h3 ^ imul(h2 ^ k, 2869860233)
+        h3 = h4 ^ imul(h3 ^ k, 951274213)
+        h4 = h1 ^ imul(h4 ^ k, 2716044179)
+    h1 = imul(h3 ^ (h1 >> 18), 597399067)
+    h2 = imul(h4 ^ (h2 >> 22), 2869860233)
+    h3 = imul(h1 ^ (h3 >> 17), 951274213)
+    h4 = imul(h2 ^ (h4 >> 19), 2716044179)
+    a, b, d = h1 ^ h2 ^ h3 ^ h4, h2 ^ h1, h4 ^ h1
+    return ((a + b + d) & mask) / 2**32
+
+
+async def test_a_scopes_random_stream_is_seeded_from_the_same_text_in_every_version(
+    pool: ExecutorPool,
+) -> None:
+    """A run's replays after an upgrade must draw what its first drives drew: the seed's text
+    is the run, the key last reached (and an attempt's number) and the scope's clock, however
+    and whenever the prelude makes it."""
+    host = MemoryHost()
+    outcome = await pool.drive(host.request(await bundle_of(SEEDED)), host)
+    assert isinstance(outcome, Completed), outcome
+    drawn = orjson.loads(outcome.output)
+    assert drawn["root"] == _first_draw("run-1\u0000do:1:a\u0000999000")
+    assert orjson.loads(host.entries[1].value or "null") == _first_draw(
+        "run-1\u0000do:1:b\u00001\u0000999000"
+    )
+    assert drawn["inner"] == orjson.loads(host.entries[1].value or "null")
+
+
 VALUES = r"""
 export default async function run(event, step) {
   const made = await step.do("values", async () => ({
