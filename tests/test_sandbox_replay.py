@@ -146,6 +146,23 @@ async def test_clock_and_random_replay_identically(pool: ExecutorPool) -> None:
     assert {output[k] for k in ("weak", "fin", "perf", "sab", "atomics")} == {"undefined"}
 
 
+BARE_BODY = """
+export default async (event, step) =>
+  step.do("this", async function () { return [this === undefined ? "undefined" : this === globalThis ? "global" : "other", arguments.length]; });
+"""
+
+
+async def test_a_step_body_is_called_bare_given_its_context_alone(pool: ExecutorPool) -> None:
+    """Nothing of the prelude's reaches a body as `this`: it is called as a function, with the
+    attempt's context its one argument."""
+    host = MemoryHost()
+    outcome = await pool.drive(host.request(await bundle_of(BARE_BODY)), host)
+    assert isinstance(outcome, Completed), outcome
+    this, arguments = orjson.loads(outcome.output)
+    assert this in ("undefined", "global")  # as any bare call: the bundle's code is sloppy
+    assert arguments == 1
+
+
 SEEDED = """
 export default async (event, step) => {
   await step.do("a", async () => 1);

@@ -62,7 +62,8 @@ function runAttempt(spec, fullName, count, attempt, key, resolve, rejectStep, be
   try {
     run.own = attemptScope(key, attempt, began.now);
     currentScope = run.own;
-    started = P.resolve(spec.fn(ctx));
+    const fn = spec.fn; // called bare: `spec` is the prelude's, never the body's `this`
+    started = P.resolve(fn(ctx));
   } catch (error) {
     started = P.reject(error);
   } finally {
