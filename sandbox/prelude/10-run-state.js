@@ -10,9 +10,7 @@ let strict = false; // a migration's check: every journal entry must be reached
 let journal = new RealMap(); // key -> {value, error, at, seq}
 const unsettled = new RealSet(); // keys of steps with a row that is not settled
 const stillWaiting = new RealMap(); // key -> event type: recorded waits with nothing to take
-// Step and db.sql calls, in the order made; `open` until the call's promise settles (an array
-// and a flag: a QuickJS Set's add and delete were ~5 % of a pure step's work).
-const openCalls = [];
+const openCalls = new RealSet(); // step and db.sql calls whose promise has not settled
 // A step.do's promise -> its call, until a callback is attached to the promise (an await,
 // Promise.all): only then may the sandbox settle the step as its result is recorded.
 const unawaited = new RealWeakMap();

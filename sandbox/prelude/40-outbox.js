@@ -261,18 +261,18 @@ function request(kind, name, op, onAnswer, begin, spec) {
   const fullName = scopePrefix(currentScope) + escapeName(name);
   const key = kind + ":" + count + ":" + fullName;
   const scope = currentScope;
-  const call = { kind, name, awaited: false, open: true };
+  const call = { kind, name, awaited: false };
   const digest = digestOf(op);
   if (digest !== undefined) op.digest = digest;
-  append(openCalls, call);
+  openCalls.add(call);
   let begun = false;
   const promise = new P((settleValue, settleError) => {
     const resolve = (value) => {
-      call.open = false;
+      openCalls.delete(call);
       settleValue(value);
     };
     const reject = (error) => {
-      call.open = false;
+      openCalls.delete(call);
       settleError(error);
     };
     const entry = journal.get(key);

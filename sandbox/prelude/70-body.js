@@ -136,9 +136,10 @@ function load(code) {
 
 // The first step call still pending, as the author wrote it; null when none is.
 function openCallText() {
-  let first = null;
-  for (let i = 0; i < openCalls.length && first === null; i++) if (openCalls[i].open) first = openCalls[i];
-  if (first === null) return null;
+  const open = []; // forEach on the frozen Set.prototype, not an iterator authors can reach
+  openCalls.forEach((pending) => append(open, pending));
+  if (open.length === 0) return null;
+  const first = open[0];
   if (first.kind === "sql") return "a db.sql call";
   if (first.kind === "notify") return "a step.notify call";
   return `step.${first.kind}("${first.name}")`;
