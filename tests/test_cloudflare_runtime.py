@@ -296,6 +296,35 @@ async def test_timers_fire_in_a_deterministic_order_and_clear(runner: Runner) ->
     assert run.output == {"order": ["first", "second", "tie-1", "tie-2"], "polled": 3}
 
 
+async def test_the_functions_the_prelude_provides_are_methods_as_the_engines_are(
+    runner: Runner,
+) -> None:
+    """fetch, the timers, Math.random, db.sql and Promise.prototype.then are the prelude's
+    own; like the Web's and the engine's they are named for what they are and are not
+    constructors (no `prototype` of their own, which the lockdown would make and freeze)."""
+    source = """
+    import { db } from "qjsflow";
+    export default async () => {
+      const given = { fetch, setTimeout, setInterval, clearTimeout, clearInterval,
+        random: Math.random, sql: db.sql, then: Promise.prototype.then };
+      const seen = {};
+      for (const [key, value] of Object.entries(given)) {
+        let constructs;
+        try { new value(); constructs = true; } catch (error) { constructs = error.name; }
+        seen[key] = [value.name, Object.hasOwn(value, "prototype"), constructs];
+      }
+      return seen;
+    };
+    """
+    run = await start_source(runner, source)
+    assert run.status == "completed", run.error
+    assert run.output == {
+        key: [key, False, "TypeError"]
+        for key in ("fetch", "setTimeout", "setInterval", "clearTimeout", "clearInterval",
+                    "random", "sql", "then")
+    }  # fmt: skip
+
+
 async def test_a_timer_past_the_drives_wall_budget_points_to_step_sleep(tmp_path: Path) -> None:
     config = RunnerConfig(limits=Limits(drive_wall_s=1.0))
     async with Runner.open(tmp_path / "j.db", config) as runner:

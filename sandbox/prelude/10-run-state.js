@@ -61,19 +61,22 @@ function seedText(scope) {
   const attempt = scope.seedAttempt > 0 ? "\u0000" + scope.seedAttempt : "";
   return runId + "\u0000" + scope.seedKey + attempt + "\u0000" + scope.clock;
 }
-function random() {
-  const scope = currentScope;
-  if (scope.rng === null) scope.rng = seed(seedText(scope));
-  let [a, b, c, d] = scope.rng;
-  const t = (((a + b) >>> 0) + d) >>> 0;
-  d = (d + 1) >>> 0;
-  a = b ^ (b >>> 9);
-  b = (c + (c << 3)) >>> 0;
-  c = (c << 21) | (c >>> 11);
-  c = (c + t) >>> 0;
-  scope.rng = [a >>> 0, b, c, d];
-  return t / 4294967296;
-}
+// Math.random: a method, as the engine's is (no `prototype`, not a constructor).
+const { random } = {
+  random() {
+    const scope = currentScope;
+    if (scope.rng === null) scope.rng = seed(seedText(scope));
+    let [a, b, c, d] = scope.rng;
+    const t = (((a + b) >>> 0) + d) >>> 0;
+    d = (d + 1) >>> 0;
+    a = b ^ (b >>> 9);
+    b = (c + (c << 3)) >>> 0;
+    c = (c << 21) | (c >>> 11);
+    c = (c + t) >>> 0;
+    scope.rng = [a >>> 0, b, c, d];
+    return t / 4294967296;
+  },
+};
 // A scope's clock only moves forward, to the time of each journal event it reaches.
 function reach(at, key) {
   const scope = currentScope;

@@ -279,19 +279,22 @@ function stepNotify(message) {
     return reject(error);
   }
 }
-function dbSql(sql, params) {
-  try {
-    if (typeof sql !== "string" || sql.length === 0 || sql.length > RULES.sql_chars || !call(isWellFormed, sql)) {
-      throw new RealTypeError(`db.sql needs well-formed SQL text of 1 to ${RULES.sql_chars} characters`);
+// db.sql: a method (no `prototype`, not a constructor), as the step API's are.
+const { sql: dbSql } = {
+  sql(sql, params) {
+    try {
+      if (typeof sql !== "string" || sql.length === 0 || sql.length > RULES.sql_chars || !call(isWellFormed, sql)) {
+        throw new RealTypeError(`db.sql needs well-formed SQL text of 1 to ${RULES.sql_chars} characters`);
+      }
+      const list = params === undefined ? [] : params;
+      if (!isArray(list)) throw new RealTypeError("db.sql params must be an array");
+      const op = { op: "db.sql", sql, params: encode(list, "the params of db.sql") };
+      return request("sql", "", op, valueAnswer);
+    } catch (error) {
+      return reject(error);
     }
-    const list = params === undefined ? [] : params;
-    if (!isArray(list)) throw new RealTypeError("db.sql params must be an array");
-    const op = { op: "db.sql", sql, params: encode(list, "the params of db.sql") };
-    return request("sql", "", op, valueAnswer);
-  } catch (error) {
-    return reject(error);
-  }
-}
+  },
+};
 
 // console output: captured per run, each line stored once. Lines are numbered within the
 // scope that prints them (the workflow body, or one attempt of a step body): the workflow

@@ -132,25 +132,28 @@ function takeBody(response) {
   return responseBodies.get(response);
 }
 
-function fetchFunction(input, init) {
-  try {
-    const request = new Request(input instanceof Request ? input : typeof input === "string" ? input : input !== null && typeof input === "object" && typeof input.url === "string" ? input.url : "" + input, init);
-    const url = request.url;
-    const options = { method: request.method, headers: request.headers, body: request.body };
-    const body = options.body === undefined || options.body === null ? null : options.body;
-    if (body !== null && typeof body !== "string") {
-      throw new RealTypeError("fetch: give the body as a string (JSON.stringify an object)");
+// A plain method, as the Web's fetch is (no `prototype`: `new fetch()` is a TypeError).
+const { fetch: fetchFunction } = {
+  fetch(input, init) {
+    try {
+      const request = new Request(input instanceof Request ? input : typeof input === "string" ? input : input !== null && typeof input === "object" && typeof input.url === "string" ? input.url : "" + input, init);
+      const url = request.url;
+      const options = { method: request.method, headers: request.headers, body: request.body };
+      const body = options.body === undefined || options.body === null ? null : options.body;
+      if (body !== null && typeof body !== "string") {
+        throw new RealTypeError("fetch: give the body as a string (JSON.stringify an object)");
+      }
+      const args = { url, method: options.method === undefined ? "GET" : "" + options.method, headers: headerPairs(options.headers), body };
+      return call(promiseThen, stepTool("fetch", FETCH_ADDRESS, args, FETCH_CONFIG), (answer) =>
+        new Response(answer.body, {
+          status: answer.status, statusText: answer.statusText, headers: answer.headers, url: answer.url,
+          redirected: answer.redirected, base64: answer.bodyEncoding === "base64",
+        }));
+    } catch (error) {
+      return reject(error);
     }
-    const args = { url, method: options.method === undefined ? "GET" : "" + options.method, headers: headerPairs(options.headers), body };
-    return call(promiseThen, stepTool("fetch", FETCH_ADDRESS, args, FETCH_CONFIG), (answer) =>
-      new Response(answer.body, {
-        status: answer.status, statusText: answer.statusText, headers: answer.headers, url: answer.url,
-        redirected: answer.redirected, base64: answer.bodyEncoding === "base64",
-      }));
-  } catch (error) {
-    return reject(error);
-  }
-}
+  },
+};
 // A fetch is one call: a step around it retries it (and a failed one runs again in the step's
 // next attempt).
 const FETCH_CONFIG = freeze({ retries: freeze({ limit: 0 }) });

@@ -35,12 +35,22 @@ function clearTimer(id) {
   }
 }
 const MAX_TIMERS = 1000;
-function setTimeoutFunction(callback, delay, ...args) {
-  return addTimer(callback, delay, args, false);
-}
-function setIntervalFunction(callback, delay, ...args) {
-  return addTimer(callback, delay, args, true);
-}
+// What author code reaches, as the Web's are: plain methods (no `prototype`, so `new
+// setTimeout()` is a TypeError, and the lockdown has no prototype of theirs to make and freeze).
+const timerFunctions = {
+  setTimeout(callback, delay, ...args) {
+    return addTimer(callback, delay, args, false);
+  },
+  setInterval(callback, delay, ...args) {
+    return addTimer(callback, delay, args, true);
+  },
+  clearTimeout(id) {
+    clearTimer(id);
+  },
+  clearInterval(id) {
+    clearTimer(id);
+  },
+};
 function earliestTimer() {
   let first = -1;
   for (let i = 0; i < timers.length; i++) {

@@ -88,18 +88,21 @@ function keyRoute(at, name) {
 // The step scope follows awaits: a callback registered with then() (which is what every
 // compiled await uses, see bundles/driver.mjs) runs in the scope that registered it, so code
 // in a step body stays in that body after awaiting anything at all.
-function then(onFulfilled, onRejected) {
-  if (unawaitedCount > 0) {
-    const awaiting = unawaited.get(this);
-    if (awaiting !== undefined) {
-      awaiting.awaited = true;
-      unawaited.delete(this);
-      unawaitedCount -= 1;
+// (A method, as the engine's own `then` is: no `prototype`, not a constructor.)
+const { then } = {
+  then(onFulfilled, onRejected) {
+    if (unawaitedCount > 0) {
+      const awaiting = unawaited.get(this);
+      if (awaiting !== undefined) {
+        awaiting.awaited = true;
+        unawaited.delete(this);
+        unawaitedCount -= 1;
+      }
     }
-  }
-  const scope = currentScope;
-  return call(promiseThen, this, inScope(scope, onFulfilled), inScope(scope, onRejected));
-}
+    const scope = currentScope;
+    return call(promiseThen, this, inScope(scope, onFulfilled), inScope(scope, onRejected));
+  },
+};
 function inScope(scope, callback) {
   if (typeof callback !== "function") return callback;
   return (value) => {
@@ -142,8 +145,8 @@ function lockdown(runtime) {
   /** @type {Record<string, unknown>} */
   const web = {
     fetch: fetchFunction, Headers, Request, Response, crypto: webCrypto, TextEncoder, TextDecoder,
-    URL, URLSearchParams, setTimeout: setTimeoutFunction, setInterval: setIntervalFunction,
-    clearTimeout: clearTimer, clearInterval: clearTimer,
+    URL, URLSearchParams, setTimeout: timerFunctions.setTimeout, setInterval: timerFunctions.setInterval,
+    clearTimeout: timerFunctions.clearTimeout, clearInterval: timerFunctions.clearInterval,
   };
   const webNames = objectKeys(web);
   for (let i = 0; i < webNames.length; i++) {
