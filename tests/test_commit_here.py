@@ -12,8 +12,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from qjsflow.runner import Runner, StartRunInput
-from qjsflow.runner.store import JournalTransaction, RunRecord
+from qjsflow.runner.store import JournalStore, JournalTransaction, RunRecord
+from qjsflow.runner.store import journal as journal_module
 from qjsflow.runner.store.connection import JobThread
 from tests.conftest import WAITER, never_leased_early, start_source, statements
 
@@ -157,3 +160,66 @@ async def test_a_read_on_the_loops_thread_that_finds_the_journal_locked_goes_to_
         assert found.run_id == key
         assert threads[0] == threading.get_ident()  # first on the loop's thread
         assert threads[1] != threading.get_ident()  # then on the journal's
+
+
+async def test_a_batch_serving_several_drives_is_committed_on_the_journals_thread(
+    tmp_path: Path,
+) -> None:
+    """With one drive in progress the loop may commit that drive's batch itself, but a batch
+    of several drives' jobs (a burst of leases for the runs a worker claimed) goes to the
+    journal's thread: on the loop it would hold it until the last was in, every drive it
+    answers and everything else waiting."""
+    async with Runner.open(tmp_path / "journal.db") as runner:
+        snapshot = await _published(runner)
+        for key in ("one", "two"):
+            await runner.start(StartRunInput("acme", "flow", snapshot, {}, key), drive=False)
+        store = runner.store
+
+        def leasing(run_id: str) -> Any:
+            return lambda tx: tx.acquire_lease(run_id, "w", 0, 60_000)
+
+        one, two = [await store.transact(leasing(key)) for key in ("acme/one", "acme/two")]
+        assert one is not None
+        assert two is not None
+        store.commit_here = lambda: True
+        loop_thread = threading.get_ident()
+
+        def noting(threads: list[int]) -> Any:
+            def work(tx: JournalTransaction) -> None:
+                threads.append(threading.get_ident())
+
+            return work
+
+        mine: list[int] = []
+        await asyncio.gather(*(store.transact_soon(noting(mine), one) for _ in range(3)))
+        assert mine == [loop_thread] * 3  # one drive's: on the loop, as before
+
+        several: list[int] = []
+        await asyncio.gather(*(store.transact_soon(noting(several), f) for f in (one, two, one)))
+        assert len(several) == 3
+        assert loop_thread not in several
+
+
+async def test_jobs_needing_no_fsync_are_committed_sixteen_at_a_time(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Leases and writes behind an answer need no fsync: a burst of them is committed in
+    batches of at most sixteen, so the first drives of a worker's claim start when theirs are
+    in. A burst holding a job that must be durable is one batch (one fsync)."""
+    sizes: list[int] = []
+    batch_of = journal_module._run_batch
+
+    def counted(connection: Any, batch: list[Any], backend: Any) -> Any:
+        sizes.append(len(batch))
+        return batch_of(connection, batch, backend)
+
+    monkeypatch.setattr(journal_module, "_run_batch", counted)
+    store = await JournalStore.open(tmp_path / "journal.db")
+    try:
+        for durable in (False, True):
+            await asyncio.gather(
+                *(store.transact_soon(lambda tx: None, durable=durable) for _ in range(40))
+            )
+        assert sizes == [16, 16, 8, 40]
+    finally:
+        await store.aclose()
