@@ -651,7 +651,7 @@ def _take_and_begin(
     # A scope with budgets looks at them before its run is marked running (a spent one parks
     # it as it was); otherwise the lease's statement marks it, and `_begin_drive` finds it so.
     begin = _set_budgets(budgets, split_run_key(run_id)[0]) is None
-    lease = tx.acquire_lease(run_id, worker_id, now, ttl_ms, begin=begin)
+    lease = tx.acquire_lease(run_id, worker_id, now, ttl_ms, begin=begin, wake_ups=_WAKE_UPS)
     if lease is None:
         return None
     tx.adopt(lease)  # the beginning's events carry the new epoch
@@ -784,7 +784,8 @@ def _begin_drive(
         driven = {"worker": lease.worker_id, "snapshot": run.snapshot_id}
         tx.append_event(run.run_id, "drive_started", now, dumps_text(driven))
         return run, (), OpenSteps((), ()), used
-    _mark_begun(tx, run.run_id, lease.worker_id, run.snapshot_id, now)
+    woken = tx.woken(run.run_id)  # (the lease's statement looked)
+    _mark_begun(tx, run.run_id, lease.worker_id, run.snapshot_id, now, woken=woken)
     journal, unsettled = _journal_and_open(tx, run.run_id, now, budgeted=scope_budgets is not None)
     return run, journal, unsettled, used
 

@@ -184,6 +184,32 @@ async def test_a_drive_serves_the_wake_up_its_run_had_when_read(tmp_path: Path) 
         assert query(str(tmp_path / "journal.db"), timers, (key,)) == []
 
 
+@pytest.mark.parametrize("signalled", [True, False])
+async def test_a_drive_that_leases_first_deletes_wake_ups_only_when_its_run_has_one(
+    tmp_path: Path, signalled: bool
+) -> None:
+    """A drive that takes its lease first (here: a scope whose drives are counted by their
+    leases) learns from the lease's own statement whether the run has a wake-up timer: it
+    removes one it has, and makes no statement to remove none."""
+    config = RunnerConfig(scope_concurrency={"acme": 5})
+    async with Runner.open(tmp_path / "journal.db", config) as runner:
+        run = await start_source(runner, WAITER)
+        key = run_key("acme", run.run_id)
+        if signalled:
+            await runner.signal(run.run_id, "other", {}, scope="acme", drive=False)
+        timers = "SELECT step_key FROM timers WHERE run_id = ? AND step_key = 'signal'"
+        assert len(query(str(tmp_path / "journal.db"), timers, (key,))) == int(signalled)
+        with statements(runner) as seen:
+            again = await runner.resume(run.run_id, scope="acme")
+        assert again.status == "waiting"
+        sql = [text for _, text in seen if not text.startswith("PRAGMA")]
+        beginning = sql[: sql.index("COMMIT")]
+        assert [text for text in beginning if "epoch = epoch + 1" in text], beginning
+        deletes = [text for text in beginning if text.startswith("DELETE FROM timers")]
+        assert len(deletes) == int(signalled), deletes
+        assert query(str(tmp_path / "journal.db"), timers, (key,)) == []
+
+
 @pytest.mark.parametrize("why", ["budgets", "concurrency"])
 async def test_a_scope_whose_drives_are_counted_takes_the_lease_first(
     tmp_path: Path, why: str

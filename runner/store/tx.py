@@ -251,6 +251,9 @@ class JournalTransaction:
         # Who held each kept run's lease as its row was read, kept up to date by this
         # transaction's lease writes: taking the lease asks no one again (`acquire_lease`).
         self._holders: dict[str, str | None] = {}
+        # For each run whose lease it took to begin a drive: whether the run had a timer of
+        # those asked for (`acquire_lease`'s `wake_ups`) as it was taken.
+        self._woken: dict[str, bool] = {}
         # Whether it wrote a run's row (its lease, epoch or anything else): a fence checked
         # before, and what that read, may no longer hold.
         self.runs_written = False
@@ -346,17 +349,24 @@ class JournalTransaction:
         force: bool = False,
         begin: bool = False,
         free_at: int | None = None,
+        wake_ups: tuple[str, ...] = (),
     ) -> Lease | None:
         """Take the run if no live lease holds it (with `force`, whatever holds it: an
         operator fencing a stuck driver out; with `free_at`, only if no lease holds it and its
         epoch is still that one, as a drive read it). With `begin`, the same statement marks it
-        `running` for the drive the lease is taken for (`BEGIN_DRIVE_SQL`)."""
+        `running` for the drive the lease is taken for (`BEGIN_DRIVE_SQL`). With `wake_ups`
+        (timers' keys), it also tells whether the run has one of those timers (`woken`)."""
         clock, at = self._lease_now(now)
         sets = (
             f"worker_id = ?, lease_expires_at = {clock} + ?, epoch = epoch + 1"
             f"{BEGIN_DRIVE_SQL if begin else ''}"
         )
         set_args = (worker_id, *at, ttl_ms, *((now,) if begin else ()))
+        woken = (
+            ", EXISTS (SELECT 1 FROM timers WHERE timers.run_id = runs.run_id AND step_key IN"
+            f" ({', '.join('?' * len(wake_ups))}))"
+            if wake_ups else ""
+        )  # fmt: skip
 
         def take(condition: str, condition_args: tuple[Any, ...]) -> Any:
             """The run, with the lease, if it is unfinished and `condition` holds; read under
@@ -367,8 +377,8 @@ class JournalTransaction:
             else:  # SQLite: BEGIN IMMEDIATE has serialized the writers already
                 where = free
             return self._one(
-                f"UPDATE runs SET {sets} WHERE {where} RETURNING epoch, {RUN_COLUMNS}",
-                (*set_args, run_id, *condition_args),
+                f"UPDATE runs SET {sets} WHERE {where} RETURNING epoch, {RUN_COLUMNS}{woken}",
+                (*set_args, run_id, *condition_args, *wake_ups),
             )
 
         lapsed = (
@@ -395,6 +405,9 @@ class JournalTransaction:
             return None
         self.runs_written = True
         self._locked.add(run_id)
+        if wake_ups:
+            self._woken[run_id] = bool(row[-1])
+            row = row[:-1]
         self._runs[run_id] = _as_read(run_record(row[1:]))  # RETURNING gives 2.0 as 2
         self._holders[run_id] = worker_id
         if held is not None:  # its driver never released it
@@ -403,6 +416,11 @@ class JournalTransaction:
             self.append_event(run_id, "lease_taken_over", now, dumps_text(taken))
             return Lease(run_id, worker_id, int(row[0]), taken_from=str(held))
         return Lease(run_id, worker_id, int(row[0]))
+
+    def woken(self, run_id: str) -> bool:
+        """Whether the run had a timer of the `wake_ups` asked for as this transaction took its
+        lease (True when it was not asked: a caller that does not know deletes them)."""
+        return self._woken.get(run_id, True)
 
     def renew_lease(self, lease: Lease, now: int, ttl_ms: int) -> bool:
         clock, at = self._lease_now(now)
