@@ -735,7 +735,6 @@ def _journal_and_open(
     tx: JournalTransaction, run_id: str, now: int, *, budgeted: bool
 ) -> tuple[tuple[JournalEntry, ...], OpenSteps]:
     """The run's journal and its unsettled steps, as a drive begins."""
-    settled, open_rows = tx.journal_rows(run_id)
     journal = tuple(
         JournalEntry(
             row.key,
@@ -744,8 +743,9 @@ def _journal_and_open(
             row.completed_at,
             row.args_digest,
         )
-        for row in settled
+        for row in tx.load_journal(run_id)
     )
+    open_rows = tx.unsettled_steps(run_id)
     # A scope with budgets has every wait asked of the host, which parks the run when one is
     # spent (runner/budgets.py); otherwise a wait with nothing to take is answered in the drive.
     waits = () if budgeted else still_waiting(tx, open_rows, now)

@@ -939,24 +939,15 @@ class JournalTransaction:
         )  # fmt: skip
         return row is not None
 
-    def journal_rows(self, run_id: str) -> tuple[list[JournalRow], list[StepRow]]:
-        """A run's journal (its settled steps, in the order reached) and its step rows that have
-        not settled (retrying, waiting, in flight): one query, as a drive begins."""
+    def load_journal(self, run_id: str) -> list[JournalRow]:
+        """Every settled step of a run in the order it was reached: one query per drive."""
         rows = self._db.execute(
-            f"SELECT {STEP_COLUMNS} FROM steps WHERE run_id = ? ORDER BY settled_seq", (run_id,)
-        ).fetchall()  # (unsettled rows first on SQLite and last on PostgreSQL: split below)
-        journal: list[JournalRow] = []
-        unsettled: list[StepRow] = []
-        for row in rows:
-            step = StepRow(*row)
-            if step.settled_seq is None:
-                unsettled.append(step)
-            else:
-                at = step.clock_at
-                assert at is not None  # a settled step has completed
-                journal.append(JournalRow(step.key, step.output, step.error, int(at),
-                                          step.args_digest))  # fmt: skip
-        return journal, unsettled
+            "SELECT kind, name, count, output, error, coalesce(replay_at, completed_at),"
+            " args_digest FROM steps"
+            " WHERE run_id = ? AND settled_seq IS NOT NULL ORDER BY settled_seq",
+            (run_id,),
+        ).fetchall()
+        return [JournalRow(step_key(r[0], r[2], r[1]), r[3], r[4], int(r[5]), r[6]) for r in rows]
 
     def count_settled(self, run_id: str) -> int:
         """How many steps of the run have settled (its journal's length)."""
@@ -964,6 +955,14 @@ class JournalTransaction:
             "SELECT count(*) FROM steps WHERE run_id = ? AND settled_seq IS NOT NULL", (run_id,)
         )
         return int(row[0])
+
+    def unsettled_steps(self, run_id: str) -> list[StepRow]:
+        """The run's step rows that exist but have not settled (retrying, waiting, in flight)."""
+        rows = self._db.execute(
+            f"SELECT {STEP_COLUMNS} FROM steps WHERE run_id = ? AND settled_seq IS NULL",
+            (run_id,),
+        ).fetchall()
+        return [StepRow(*row) for row in rows]
 
     # -- events, timers, inbox ---------------------------------------------------------------
 
