@@ -760,7 +760,8 @@ def _begin_drive(
     """Mark the run running and load its journal: one transaction, one query for the journal.
     A run that is over (or cancelled now), paused, or whose scope has spent a budget is
     released and returned instead. A run this transaction created (`start`) has no journal,
-    timer or open step yet: none is looked for."""
+    timer or open step yet: none is looked for; nor a journal or open step for a run that had
+    no step as its lease was taken (a run never driven, as most a worker claims)."""
     created = tx.created(lease.run_id)
     run = tx.get_run(lease.run_id)
     assert run is not None
@@ -786,6 +787,8 @@ def _begin_drive(
         return run, (), OpenSteps((), ()), used
     woken = tx.woken(run.run_id)  # (the lease's statement looked)
     _mark_begun(tx, run.run_id, lease.worker_id, run.snapshot_id, now, woken=woken)
+    if tx.stepless(run.run_id):  # (the lease's statement looked: a run never driven, say)
+        return run, (), OpenSteps((), ()), used
     journal, unsettled = _journal_and_open(tx, run.run_id, now, budgeted=scope_budgets is not None)
     return run, journal, unsettled, used
 

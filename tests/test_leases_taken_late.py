@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from qjsflow.runner import Runner, RunnerConfig
+from qjsflow.runner import Runner, RunnerConfig, StartRunInput
 from qjsflow.runner.budgets import Budgets
 from qjsflow.runner.scopes import run_key
 from qjsflow.runner.store import JournalTransaction, Lease
@@ -260,3 +260,38 @@ async def test_a_lease_taken_at_a_drives_end_is_written_by_that_job(tmp_path: Pa
 
         await runner.store.transact(end)
         assert run_row(journal, key)[:2] == (epoch + 1, None)  # given up: the epoch moved on
+
+
+# A run's journal and its open steps, as a drive begins (`load_journal`, `unsettled_steps`).
+_JOURNAL_READS = ("AND settled_seq IS NOT NULL ORDER BY settled_seq", "AND settled_seq IS NULL")
+
+
+@pytest.mark.parametrize("stepped", [True, False])
+async def test_a_lease_that_finds_no_step_spares_the_journal_reads(
+    tmp_path: Path, stepped: bool
+) -> None:
+    """The lease's statement that begins a drive also tells whether the run has any step: a
+    run with none (one never driven, as most a worker claims) is begun without reading its
+    journal or its open steps, which are empty; a run with steps reads both, and replays."""
+    source = (
+        'export default async (e, step) => { const n = await step.do("one", async () => 41);'
+        ' return n + (await step.waitForEvent("go", { type: "go" })).payload; };'
+        if stepped
+        else WAITER
+    )
+    async with Runner.open(tmp_path / "journal.db") as runner:
+        published = await runner.publish("acme", {"workflows/flow.ts": source})
+        request = StartRunInput("acme", "flow", published.snapshot_id, None, "r")
+        if stepped:  # driven once to its wait: one step settled, one open
+            assert (await runner.start(request)).status == "waiting"
+            await runner.signal("r", "go", 1, scope="acme", drive=False)
+        else:
+            await runner.start(request, drive=False)
+        with statements(runner) as seen:
+            await runner.serve(until_idle=True)
+        sql = [text for _, text in seen]
+        lease = next(n for n, text in enumerate(sql) if "epoch = epoch + 1" in text)
+        reads = [text for text in sql[lease:] if text.endswith(_JOURNAL_READS)]
+        assert len(reads) == (2 if stepped else 0), sql
+        done = await runner.get("r", scope="acme")
+        assert (done.status, done.output) == (("completed", 42) if stepped else ("waiting", None))

@@ -252,8 +252,10 @@ class JournalTransaction:
         # transaction's lease writes: taking the lease asks no one again (`acquire_lease`).
         self._holders: dict[str, str | None] = {}
         # For each run whose lease it took to begin a drive: whether the run had a timer of
-        # those asked for (`acquire_lease`'s `wake_ups`) as it was taken.
+        # those asked for (`acquire_lease`'s `wake_ups`) as it was taken; and the runs that had
+        # no step at all then (their journal and open steps need no query: `stepless`).
         self._woken: dict[str, bool] = {}
+        self._stepless: set[str] = set()
         # Whether it wrote a run's row (its lease, epoch or anything else): a fence checked
         # before, and what that read, may no longer hold.
         self.runs_written = False
@@ -355,7 +357,8 @@ class JournalTransaction:
         operator fencing a stuck driver out; with `free_at`, only if no lease holds it and its
         epoch is still that one, as a drive read it). With `begin`, the same statement marks it
         `running` for the drive the lease is taken for (`BEGIN_DRIVE_SQL`). With `wake_ups`
-        (timers' keys), it also tells whether the run has one of those timers (`woken`)."""
+        (timers' keys: the lease begins a drive), it also tells whether the run has one of
+        those timers (`woken`) and whether it has any step (`stepless`)."""
         clock, at = self._lease_now(now)
         sets = (
             f"worker_id = ?, lease_expires_at = {clock} + ?, epoch = epoch + 1"
@@ -364,7 +367,8 @@ class JournalTransaction:
         set_args = (worker_id, *at, ttl_ms, *((now,) if begin else ()))
         woken = (
             ", EXISTS (SELECT 1 FROM timers WHERE timers.run_id = runs.run_id AND step_key IN"
-            f" ({', '.join('?' * len(wake_ups))}))"
+            f" ({', '.join('?' * len(wake_ups))})),"
+            " EXISTS (SELECT 1 FROM steps WHERE steps.run_id = runs.run_id)"
             if wake_ups else ""
         )  # fmt: skip
 
@@ -406,8 +410,10 @@ class JournalTransaction:
         self.runs_written = True
         self._locked.add(run_id)
         if wake_ups:
-            self._woken[run_id] = bool(row[-1])
-            row = row[:-1]
+            self._woken[run_id] = bool(row[-2])
+            if not row[-1]:
+                self._stepless.add(run_id)
+            row = row[:-2]
         self._runs[run_id] = _as_read(run_record(row[1:]))  # RETURNING gives 2.0 as 2
         self._holders[run_id] = worker_id
         if held is not None:  # its driver never released it
@@ -421,6 +427,16 @@ class JournalTransaction:
         """Whether the run had a timer of the `wake_ups` asked for as this transaction took its
         lease (True when it was not asked: a caller that does not know deletes them)."""
         return self._woken.get(run_id, True)
+
+    def stepless(self, run_id: str) -> bool:
+        """Whether the run had no step at all as this transaction took its lease to begin a
+        drive (False when that was not asked): its journal and its open steps are empty. Asked
+        once, by that drive's beginning right after the lease (a step written later in the
+        transaction would make it stale, so the answer is not kept)."""
+        if run_id not in self._stepless:
+            return False
+        self._stepless.discard(run_id)
+        return True
 
     def renew_lease(self, lease: Lease, now: int, ttl_ms: int) -> bool:
         clock, at = self._lease_now(now)
