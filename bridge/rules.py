@@ -34,6 +34,12 @@ class TextRules:
     # Event types: the same class of characters in Python and JavaScript regular expressions.
     event_type_pattern: str = "[A-Za-z0-9_.:-]{1,100}"
     event_type_rule: str = "1-100 characters of A-Z, a-z, 0-9, _ . : -"
+    # A step's retry policy when its config sets none (Cloudflare Workflows' defaults): what the
+    # prelude gives such a step, and what an op's empty config (`{}`) stands for on the wire.
+    default_retry_limit: int = 5
+    default_retry_delay_ms: int = 10_000
+    default_retry_backoff: str = "exponential"
+    default_timeout_ms: int = 600_000
 
     def prelude_source(self) -> str:
         """The declaration the prelude's parts read (`RULES.sql_chars`, ...)."""

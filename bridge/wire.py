@@ -278,9 +278,12 @@ _PARSERS: dict[str, Callable[[dict[str, Any], Limits], Op]] = {
 
 
 def _policy(config: dict[str, Any]) -> RetryPolicy:
-    # A run's steps share a few policies, and each of its step ops carries one: a policy
-    # checked already is reused, when every field is an exact int or str (so that no other
-    # value that compares equal, True for 1, is taken for one).
+    # A run's steps share a few policies, and each of its step ops carries one (the default
+    # as `{}`: `DEFAULT_POLICY`, below): a policy checked already is reused, when every field
+    # is an exact int or str (so that no other value that compares equal, True for 1, is
+    # taken for one).
+    if not config:
+        return DEFAULT_POLICY
     limit, delay, backoff, timeout = (config.get("limit"), config.get("delayMs"),
                                       config.get("backoff"), config.get("timeoutMs"))  # fmt: skip
     if type(limit) is int and type(delay) is int and type(backoff) is str and type(timeout) is int:
@@ -385,3 +388,13 @@ def _encoded(obj: dict[str, Any], key: str, limits: Limits) -> str:
     except CodecError as error:
         raise ProtocolError(f"{key}: {error}") from None
     return value
+
+
+# What an op's empty config stands for: the policy of a step whose config sets none, which
+# the prelude sends as `{}` rather than in full with every step (bridge/rules.py).
+DEFAULT_POLICY = _checked_policy(
+    RULES.default_retry_limit,
+    RULES.default_retry_delay_ms,
+    RULES.default_retry_backoff,
+    RULES.default_timeout_ms,
+)

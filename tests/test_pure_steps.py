@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from qjsflow.bridge import wire
 from qjsflow.bridge.codec import loads
 from qjsflow.bridge.limits import Limits
 from qjsflow.bridge.types import Answer, OpEnvelope, RetryPolicy, StepRecord
@@ -21,6 +22,7 @@ from qjsflow.runner.host import DriveHost
 from qjsflow.runner.scopes import run_key
 from qjsflow.runner.store import JournalTransaction
 from qjsflow.sandbox import ExecutorPool, PoolConfig
+from qjsflow.sandbox import pool as pool_module
 from qjsflow.testing import MockTool
 from tests.conftest import FakeClock, start_source
 from tests.journal_reads import query
@@ -49,6 +51,49 @@ async def test_pure_steps_reach_the_host_together_in_one_frame(
     assert [(s.status, s.attempt) for s in steps] == [("completed", 1)] * 10
     history = [e.type for e in await runner.history(run.run_id, scope="acme")]
     assert history.count("step_started") == history.count("step_completed") == 10
+
+
+CONFIGURED = """
+export default async (event, step) => {
+  const a = await step.do("plain", async () => 1);
+  const b = await step.do("own", { retries: { limit: 2, delay: 5, backoff: "constant" } }, async () => 2);
+  return a + b;
+};
+"""
+
+
+async def test_a_step_with_the_default_policy_carries_it_as_an_empty_config(
+    runner: Runner,
+    frames: list[list[OpEnvelope]],
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+) -> None:
+    """A frame does not repeat the default policy with every step: a step whose config sets
+    none carries `{}` (the host reads the shared rules' default), one with a config of its own
+    carries it in full; the journal records each step's whole policy either way."""
+    sent: list[object] = []
+    original = wire.parse_op
+
+    def seen(raw: object, limits: Limits) -> OpEnvelope:
+        sent.append(raw)
+        return original(raw, limits)
+
+    monkeypatch.setattr(pool_module, "parse_op", seen)
+    run = await start_source(runner, CONFIGURED)
+    assert run.output == 3
+    configs = {op["op"]["step"]: op["op"]["config"] for op in sent}  # type: ignore[index]
+    assert configs["plain"] == {}
+    assert configs["own"] == {"limit": 2, "delayMs": 5, "backoff": "constant", "timeoutMs": 600000}
+    records = {e.op.step: e.op.begun_with for frame in frames for e in frame
+               if isinstance(e.op, StepRecord)}  # fmt: skip
+    assert records["plain"] == wire.DEFAULT_POLICY
+    assert records["own"] == RetryPolicy(2, 5, "constant", 600000)
+    rows = query(str(tmp_path / "journal.db"), "SELECT name, config FROM steps WHERE run_id = ?",
+                 (run_key("acme", run.run_id),))  # fmt: skip
+    policies = {str(name): loads(config) for name, config in rows}
+    assert policies["plain"] == {"limit": 5, "delayMs": 10000, "backoff": "exponential",
+                                 "timeoutMs": 600000}  # fmt: skip
+    assert policies["own"]["limit"] == 2
 
 
 EFFECT_INSIDE = """

@@ -5,12 +5,16 @@ from __future__ import annotations
 import pytest
 
 from qjsflow.bridge.limits import Limits
+from qjsflow.bridge.rules import RULES
 from qjsflow.bridge.types import (
     Completed,
     Failed,
     Log,
+    RetryPolicy,
+    StepBegin,
     StepCheck,
     StepRecord,
+    StepTool,
     Suspended,
     needs_answer,
 )
@@ -277,3 +281,31 @@ def test_a_policy_seen_before_is_still_checked_field_by_field(field: str, value:
     )
     with pytest.raises(ProtocolError, match=f"{field} must be an integer"):
         parse_op({"id": 3, "op": {**op, "config": {**good, field: value}}}, LIMITS)
+
+
+@pytest.mark.parametrize("kind", ["step.check", "step.begin", "step.record", "step.tool"])
+def test_an_empty_config_stands_for_the_default_policy_and_nothing_less_does(kind: str) -> None:
+    """The prelude sends the policy of a step whose config sets none as `{}` (most steps: a
+    frame does not repeat it for each); the host reads it as the default of the shared rules.
+    A config that leaves out only some of the fields is refused, as ever."""
+    fields: dict[str, object] = {"step": "s", "count": 1}
+    if kind in ("step.check", "step.begin"):
+        fields["kind"] = "do"
+    if kind == "step.record":
+        fields.update(attempt=1, value="1", at=5)
+    if kind == "step.tool":
+        fields.update(address="count", args="{}")
+    parsed = parse_op({"id": 1, "op": {"op": kind, **fields, "config": {}}}, LIMITS).op
+    if isinstance(parsed, StepRecord):
+        policy = parsed.begun_with
+    else:
+        assert isinstance(parsed, StepCheck | StepBegin | StepTool)
+        policy = parsed.config
+    assert policy == RetryPolicy(
+        limit=RULES.default_retry_limit,
+        delay_ms=RULES.default_retry_delay_ms,
+        backoff="exponential",
+        timeout_ms=RULES.default_timeout_ms,
+    )
+    with pytest.raises(ProtocolError, match="must be an integer"):
+        parse_op({"id": 2, "op": {"op": kind, **fields, "config": {"backoff": "linear"}}}, LIMITS)

@@ -93,7 +93,14 @@ function durationMs(value, what) {
   return Math.floor(ms);
 }
 
-const DEFAULT_CONFIG = { retries: { limit: 5, delay: 10000, backoff: "exponential" }, timeout: 600000 };
+const DEFAULT_CONFIG = {
+  retries: {
+    limit: RULES.default_retry_limit,
+    delay: RULES.default_retry_delay_ms,
+    backoff: /** @type {string} */ (RULES.default_retry_backoff),
+  },
+  timeout: RULES.default_timeout_ms,
+};
 // Options are read once, into a copy that every check and the op then use: a getter or a
 // Proxy cannot show the checks one value and the op another.
 function readOptions(object, allowed, what) {
@@ -116,6 +123,14 @@ function stepConfig(config, api, name) {
     return defaultStepConfig;
   }
   return checkedStepConfig(config, `${api}("${name}") config`);
+}
+// A policy as an op carries it (`stepConfig`'s second half): the default one, which most calls
+// have, as `{}`, which the host reads as RULES' default, so that a frame does not repeat it
+// for every step (~70 characters each: 2 % of a ten-step drive's work went to writing and
+// looking through them).
+const DEFAULT_POLICY_ON_WIRE = {};
+function policyOnWire(checked) {
+  return checked === defaultStepConfig ? DEFAULT_POLICY_ON_WIRE : checked[1];
 }
 function checkedStepConfig(config, what) {
   const merged = {

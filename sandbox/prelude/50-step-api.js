@@ -15,7 +15,7 @@ function stepDo(name, configOrFn, maybeFn) {
     const fn = direct ? configOrFn : maybeFn;
     if (typeof fn !== "function") throw new RealTypeError(`step.do("${name}") needs a function`);
     const checked = stepConfig(config, "step.do", name);
-    const spec = { name, fn, config: checked[0], policy: checked[1] };
+    const spec = { name, fn, config: checked[0], policy: policyOnWire(checked) };
     const op = { op: "step.check", step: name, kind: "do", config: spec.policy };
     return request("do", name, op, checkAnswered, beginStep, spec);
   } catch (error) {
@@ -245,7 +245,7 @@ function stepTool(name, address, args, config) {
     // Inside a step body a tool has no retries of its own unless given some: its failure fails
     // the attempt with the tool's own error, and the enclosing step's policy decides.
     const given = config === undefined && currentScope.depth > 0 ? NESTED_TOOL_CONFIG : config;
-    const [, policy] = stepConfig(given, "step.tool", name);
+    const policy = policyOnWire(stepConfig(given, "step.tool", name));
     const encoded = encode(args, `the arguments of step.tool("${name}")`, "pass to the host");
     const op = { op: "step.tool", step: name, address, args: encoded, config: policy };
     return request("tool", name, op, valueAnswer);
