@@ -44,6 +44,11 @@ def _table(results: dict[str, dict[str, Any]]) -> str:
             f"rounds: {c['steps_per_s_rounds']}; target 4,000",
         ),
         (
+            "concurrent: fresh contexts prepared and freed a second, one core",
+            _fmt(c["contexts_per_s"], 0),
+            "this machine's speed as the rounds ran: a drive's first cost",
+        ),
+        (
             "concurrent: CPU idle in each round",
             ", ".join(f"{share} %" for share in c["idle_percent_rounds"]),
             "both cores kept busy: a stalled round shows here",
@@ -85,6 +90,9 @@ def _targets(results: dict[str, dict[str, Any]]) -> str:
         ("steps/s, 100 runs in flight", f"{concurrent:,.0f}",
          f"raw durable commits {1e6 / raw_us:,.0f}/s", concurrent * raw_us / 1e6, "≥ 4,000/s",
          concurrent >= 4000),
+        ("steps/s, 100 runs in flight", f"{concurrent:,.0f}",
+         f"fresh contexts {c['contexts_per_s']:,.0f}/s on one core",
+         concurrent / c["contexts_per_s"], "≥ 4,000/s", concurrent >= 4000),
         ("warm resume-to-wait drive", f"{warm:.2f} ms",
          f"raw durable commit {raw_us / 1000:.2f} ms", warm * 1000 / raw_us, "≤ 1.5 ms",
          warm <= 1.5),

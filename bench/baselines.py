@@ -1,4 +1,5 @@
-"""What qjsflow is compared with: the raw cost of a durable SQLite commit, and DBOS Transact."""
+"""What qjsflow is compared with: the raw cost of a durable SQLite commit, DBOS Transact, and
+how fast this machine prepares a sandbox context at the moment."""
 
 from __future__ import annotations
 
@@ -9,6 +10,9 @@ import tempfile
 import textwrap
 import time
 from pathlib import Path
+
+from qjsflow.sandbox.bytecode import PreludeLoader
+from qjsflow.sandbox.executor import PRELUDE, Prepared, planned_prelude
 
 
 def raw_commit_s(transactions: int) -> float:
@@ -26,6 +30,22 @@ def raw_commit_s(transactions: int) -> float:
         elapsed = time.perf_counter() - started
         connection.close()
     return elapsed / transactions
+
+
+def contexts_per_s(seconds: float = 0.5) -> float:
+    """Fresh sandbox contexts (the prelude read and run, the intrinsics frozen) prepared and
+    freed per second of wall time, one after another in this process: what every drive pays
+    first, and most of an executor's work with many runs in flight. A measure of this
+    machine's speed at the moment, which moves by up to half here between minutes."""
+    prelude = planned_prelude(PreludeLoader(PRELUDE))
+    Prepared(prelude)  # (the first pays for what is made once)
+    made = 0
+    started = time.perf_counter()
+    while time.perf_counter() - started < seconds:
+        prepared = Prepared(prelude)
+        del prepared  # freed here, as an executor frees each drive's
+        made += 1
+    return made / (time.perf_counter() - started)
 
 
 DBOS_SCRIPT = textwrap.dedent(

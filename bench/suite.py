@@ -7,7 +7,7 @@ import resource
 import time
 from typing import Any
 
-from bench.baselines import dbos_step_s, raw_commit_s
+from bench.baselines import contexts_per_s, dbos_step_s, raw_commit_s
 from bench.common import (
     TEN_STEPS,
     WAITER,
@@ -68,7 +68,8 @@ async def concurrent(
     """Runs driven 100 at a time through the worker loop, on a warm pool: aggregate throughput
     (300 runs, so that most of the time 100 are in flight; the median of three rounds, as one
     round on this machine varies by a fifth), the share of the CPU idle in each round (a round
-    where the runner stalls shows it: docs/PERFORMANCE.md), and how long each run took to end
+    where the runner stalls shows it: docs/PERFORMANCE.md), how fast this machine prepares a
+    sandbox context just after (`contexts_per_s`), and how long each run took to end
     from when the worker began (a step's own latency is no longer seen: a run's pure steps are
     recorded together, at one time)."""
     rates: list[float] = []
@@ -97,6 +98,8 @@ async def concurrent(
     latencies.sort()
     return {
         "steps_per_s": median(rates),
+        # The machine's speed as the rounds ran (measured after them, the pool closed).
+        "contexts_per_s": contexts_per_s(),
         "steps_per_s_rounds": [round(rate) for rate in rates],
         "idle_percent_rounds": [round(share, 1) for share in idle],
         "p50_run_ms": round(latencies[len(latencies) // 2], 1),
