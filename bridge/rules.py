@@ -1,5 +1,6 @@
-"""Text rules the host and the prelude share (docs/SANDBOX.md, Limits): the longest text each
-field of an op may carry, and what an event type may be.
+"""Rules the host and the prelude share (docs/SANDBOX.md, Limits): the longest text each field
+of an op may carry, what an event type may be, and the retry policy an op's empty config
+stands for.
 
 Unlike `Limits` these are not set per deployment: they are part of the protocol. The executor
 writes them into the prelude as `RULES`, so whatever the prelude lets an author send, or cuts

@@ -785,9 +785,9 @@ def _begin_drive(
         driven = {"worker": lease.worker_id, "snapshot": run.snapshot_id}
         tx.append_event(run.run_id, "drive_started", now, dumps_text(driven))
         return run, (), OpenSteps((), ()), used
-    woken = tx.woken(run.run_id)  # (the lease's statement looked)
-    _mark_begun(tx, run.run_id, lease.worker_id, run.snapshot_id, now, woken=woken)
-    if tx.stepless(run.run_id):  # (the lease's statement looked: a run never driven, say)
+    looks = tx.lease_looks(run.run_id)
+    _mark_begun(tx, run.run_id, lease.worker_id, run.snapshot_id, now, woken=looks.woken)
+    if not looks.stepped:  # a run never driven, say: its journal and open steps are empty
         return run, (), OpenSteps((), ()), used
     journal, unsettled = _journal_and_open(tx, run.run_id, now, budgeted=scope_budgets is not None)
     return run, journal, unsettled, used

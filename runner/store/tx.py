@@ -12,7 +12,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, NamedTuple
 
 from qjsflow.bridge import QjsflowError, dumps_text
 from qjsflow.bridge.keys import step_key
@@ -75,11 +75,27 @@ class Lease:
     take: Callable[[JournalTransaction, bool], None] | None = field(default=None, compare=False)
 
 
+def _has_timer_sql(timer_keys: int) -> str:
+    """Whether the row's run has a timer of so many keys (as parameters): one look for a drive
+    that reads its run first (`_unleased_sql`) and one that takes its lease first
+    (`_lease_looks_sql`)."""
+    keys = ", ".join("?" * timer_keys)
+    return (
+        f"EXISTS (SELECT 1 FROM timers WHERE timers.run_id = runs.run_id AND step_key IN ({keys}))"
+    )
+
+
+@functools.lru_cache(maxsize=4)
+def _lease_looks_sql(wake_ups: int) -> str:
+    """What the statement that takes a drive's lease also returns (`LeaseLooks`)."""
+    has_step = "EXISTS (SELECT 1 FROM steps WHERE steps.run_id = runs.run_id)"
+    return f", {_has_timer_sql(wake_ups)}, {has_step}"
+
+
 @functools.lru_cache(maxsize=16)
 def _unleased_sql(timer_keys: int, waits: int) -> str:
     """`JournalTransaction.unleased_run`'s statement, for so many timer keys and wait types
     (made once: the statement is the same each drive)."""
-    keys = ", ".join("?" * timer_keys)
     looks = ""
     if waits:
         types = ", ".join("?" * waits)
@@ -89,10 +105,20 @@ def _unleased_sql(timer_keys: int, waits: int) -> str:
             " (SELECT min(due_at) FROM timers WHERE timers.run_id = runs.run_id)"
         )
     return (
-        f"SELECT epoch, worker_id, EXISTS (SELECT 1 FROM timers WHERE timers.run_id ="
-        f" runs.run_id AND step_key IN ({keys})){looks}, {RUN_COLUMNS} FROM runs"
+        f"SELECT epoch, worker_id, {_has_timer_sql(timer_keys)}{looks}, {RUN_COLUMNS} FROM runs"
         " WHERE run_id = ?"
     )
+
+
+class LeaseLooks(NamedTuple):
+    """What the statement that took a drive's lease found of its run (`acquire_lease`'s
+    `wake_ups`); both True when it was not asked, so that a caller that does not know looks."""
+
+    woken: bool  # it had a timer of the wake-ups asked for (the drive's beginning serves it)
+    stepped: bool  # it had a step at all (else its journal and open steps are empty)
+
+
+_NOT_LOOKED = LeaseLooks(woken=True, stepped=True)
 
 
 @dataclass(frozen=True, slots=True)
@@ -251,11 +277,8 @@ class JournalTransaction:
         # Who held each kept run's lease as its row was read, kept up to date by this
         # transaction's lease writes: taking the lease asks no one again (`acquire_lease`).
         self._holders: dict[str, str | None] = {}
-        # For each run whose lease it took to begin a drive: whether the run had a timer of
-        # those asked for (`acquire_lease`'s `wake_ups`) as it was taken; and the runs that had
-        # no step at all then (their journal and open steps need no query: `stepless`).
-        self._woken: dict[str, bool] = {}
-        self._stepless: set[str] = set()
+        # For each run whose lease it took to begin a drive, what the lease's statement found.
+        self._looks: dict[str, LeaseLooks] = {}
         # Whether it wrote a run's row (its lease, epoch or anything else): a fence checked
         # before, and what that read, may no longer hold.
         self.runs_written = False
@@ -358,19 +381,14 @@ class JournalTransaction:
         epoch is still that one, as a drive read it). With `begin`, the same statement marks it
         `running` for the drive the lease is taken for (`BEGIN_DRIVE_SQL`). With `wake_ups`
         (timers' keys: the lease begins a drive), it also tells whether the run has one of
-        those timers (`woken`) and whether it has any step (`stepless`)."""
+        those timers and whether it has any step (`lease_looks`)."""
         clock, at = self._lease_now(now)
         sets = (
             f"worker_id = ?, lease_expires_at = {clock} + ?, epoch = epoch + 1"
             f"{BEGIN_DRIVE_SQL if begin else ''}"
         )
         set_args = (worker_id, *at, ttl_ms, *((now,) if begin else ()))
-        woken = (
-            ", EXISTS (SELECT 1 FROM timers WHERE timers.run_id = runs.run_id AND step_key IN"
-            f" ({', '.join('?' * len(wake_ups))})),"
-            " EXISTS (SELECT 1 FROM steps WHERE steps.run_id = runs.run_id)"
-            if wake_ups else ""
-        )  # fmt: skip
+        looks = _lease_looks_sql(len(wake_ups)) if wake_ups else ""
 
         def take(condition: str, condition_args: tuple[Any, ...]) -> Any:
             """The run, with the lease, if it is unfinished and `condition` holds; read under
@@ -381,7 +399,7 @@ class JournalTransaction:
             else:  # SQLite: BEGIN IMMEDIATE has serialized the writers already
                 where = free
             return self._one(
-                f"UPDATE runs SET {sets} WHERE {where} RETURNING epoch, {RUN_COLUMNS}{woken}",
+                f"UPDATE runs SET {sets} WHERE {where} RETURNING epoch, {RUN_COLUMNS}{looks}",
                 (*set_args, run_id, *condition_args, *wake_ups),
             )
 
@@ -410,9 +428,7 @@ class JournalTransaction:
         self.runs_written = True
         self._locked.add(run_id)
         if wake_ups:
-            self._woken[run_id] = bool(row[-2])
-            if not row[-1]:
-                self._stepless.add(run_id)
+            self._looks[run_id] = LeaseLooks(woken=bool(row[-2]), stepped=bool(row[-1]))
             row = row[:-2]
         self._runs[run_id] = _as_read(run_record(row[1:]))  # RETURNING gives 2.0 as 2
         self._holders[run_id] = worker_id
@@ -423,20 +439,10 @@ class JournalTransaction:
             return Lease(run_id, worker_id, int(row[0]), taken_from=str(held))
         return Lease(run_id, worker_id, int(row[0]))
 
-    def woken(self, run_id: str) -> bool:
-        """Whether the run had a timer of the `wake_ups` asked for as this transaction took its
-        lease (True when it was not asked: a caller that does not know deletes them)."""
-        return self._woken.get(run_id, True)
-
-    def stepless(self, run_id: str) -> bool:
-        """Whether the run had no step at all as this transaction took its lease to begin a
-        drive (False when that was not asked): its journal and its open steps are empty. Asked
-        once, by that drive's beginning right after the lease (a step written later in the
-        transaction would make it stale, so the answer is not kept)."""
-        if run_id not in self._stepless:
-            return False
-        self._stepless.discard(run_id)
-        return True
+    def lease_looks(self, run_id: str) -> LeaseLooks:
+        """What the run had as this transaction took its lease to begin a drive (for the
+        beginning that follows it in the same job, before it writes anything)."""
+        return self._looks.get(run_id, _NOT_LOOKED)
 
     def renew_lease(self, lease: Lease, now: int, ttl_ms: int) -> bool:
         clock, at = self._lease_now(now)
