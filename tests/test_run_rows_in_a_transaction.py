@@ -19,7 +19,7 @@ from qjsflow.runner.store.connection import connect_sqlite
 from qjsflow.runner.store.dialect import SQLITE
 from qjsflow.runner.store.journal import _Job, _run_batch
 from qjsflow.runner.store.migrations import migrate
-from tests.conftest import WAITER, start_source, statements
+from tests.conftest import WAITER, FakeClock, start_source, statements
 from tests.postgres import PostgresServer
 from tests.test_commit_here import TEN
 
@@ -332,3 +332,30 @@ def test_taking_a_lease_asks_for_its_holder_only_when_the_transaction_does_not_k
     assert [text.split(" ", 2)[:2] for text in seen] == [["UPDATE", "runs"]], seen
     # A live lease is not taken, and its holder is not reported as taken over.
     assert JournalTransaction(raw).acquire_lease(run.run_id, "late", 9_600, 1_000) is None
+
+
+RETRIED = """
+export default async (event, step) => {
+  const a = await step.do("a", async () => 1);
+  const b = await step.do("b", { retries: { limit: 2, delay: 60000 } }, async (ctx) => {
+    if (ctx.attempt === 1) throw new Error("not yet");
+    return 2;
+  });
+  return [a, b];
+};
+"""
+
+
+async def test_a_drive_gets_its_journal_and_its_open_steps_apart(
+    clocked_runner: Runner, clock: FakeClock
+) -> None:
+    """A drive's beginning reads the run's settled steps as its journal (in the order reached)
+    and the others as its open steps: a step waiting for its next attempt asks the host, on
+    either journal."""
+    run = await start_source(clocked_runner, RETRIED, run_id="retried")
+    assert run.status == "sleeping", run.error
+    clock.advance(61)
+    done = await clocked_runner.resume("retried", scope="acme")
+    assert (done.status, done.output) == ("completed", [1, 2]), done.error
+    attempts = {s.name: s.attempt for s in await clocked_runner.list_steps("retried", scope="acme")}
+    assert attempts == {"a": 1, "b": 2}  # a from the journal, b's second attempt asked for
