@@ -9,9 +9,9 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from qjsflow.bridge.codec import dumps_text
+from qjsflow.bridge.printable import printable
 from qjsflow.bridge.values import JsValue, to_json_form
 from qjsflow.bundles.manifest import Capabilities
-from qjsflow.runner.printable import printable
 from qjsflow.runner.store import LogRecord, SnapshotRecord
 from qjsflow.runner.views import TERMINAL, EventView, RunView, StepView, ToolCallView
 

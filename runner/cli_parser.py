@@ -13,9 +13,9 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from qjsflow.bridge import InvalidInput
+from qjsflow.bridge.printable import printable
 from qjsflow.bundles.versions import ESBUILD_VERSION
 from qjsflow.runner.cli_control import add_control_commands
-from qjsflow.runner.printable import printable
 from qjsflow.runner.views import RUN_STATUSES
 from qjsflow.sandbox.confinement_modes import CONFINEMENT_MODES
 

@@ -37,6 +37,7 @@ from typing import Any, Protocol
 from qjsflow.bridge import dumps_text
 from qjsflow.bridge.failure import failure_from_json
 from qjsflow.bridge.hints import with_run_hint
+from qjsflow.bridge.printable import printable
 from qjsflow.bridge.types import (
     Completed,
     DriveOutcome,
@@ -65,7 +66,6 @@ from qjsflow.runner.host import DriveHost
 from qjsflow.runner.kept import Kept, KeptBeginnings, OpenSteps
 from qjsflow.runner.locations import Locator, SourceMap, author_frames
 from qjsflow.runner.metrics import METRICS
-from qjsflow.runner.printable import printable
 from qjsflow.runner.scopedb import ScopeDatabases
 from qjsflow.runner.scopes import split_run_key
 from qjsflow.runner.steps import set_aside, still_waiting

@@ -1,10 +1,11 @@
-"""For the confinement tests only: an executor that, when its first drive arrives, makes one
-system call its filter forbids (argv[4] names which), as code escaping QuickJS would.
+"""For the sandbox's tests only: an executor that, when its first drive arrives, makes one
+system call its filter forbids (argv[4] names which), as code escaping QuickJS would, or
+writes lines to its stderr (`stderr`) as an executor that meets an internal error does.
 
 Started by a test through `PoolConfig(entry="qjsflow.sandbox.confinement_probe")` with the
-call's name appended to its arguments; no production path starts it. Each attempt must end
-with the kernel killing the process (SIGSYS); if the call were allowed, the drive goes on and
-completes, so the test fails.
+call's name appended to its arguments; no production path starts it. Each forbidden call must
+end with the kernel killing the process (SIGSYS); if the call were allowed, the drive goes on
+and completes, so the test fails.
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ import socket
 import sys
 
 from qjsflow.sandbox import confine, executor
+
+STDERR_LINES = 30  # written by the `stderr` probe
 
 
 def _forbidden(call: str) -> object:
@@ -35,6 +38,10 @@ def _forbidden(call: str) -> object:
             os.kill(os.getppid(), 0)
             return None
         case "no-seccomp":
+            return None
+        case "stderr":  # more lines than are logged, each with what a terminal would act on
+            for n in range(STDERR_LINES):
+                print(f"line {n}: \x1b[2J\rforged \u202e{'x' * 600}", file=sys.stderr, flush=True)
             return None
     raise ValueError(call)
 

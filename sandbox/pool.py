@@ -28,6 +28,7 @@ from qjsflow.bridge import CodecError, QjsflowError
 from qjsflow.bridge.codec import dumps, loads
 from qjsflow.bridge.digest import bundle_digest
 from qjsflow.bridge.limits import Limits
+from qjsflow.bridge.printable import printable
 from qjsflow.bridge.types import (
     Answer,
     DriveOutcome,
@@ -74,6 +75,13 @@ _CPU_BACKSTOP_S = 6060
 # Executor working folders are named after the process that made them, so a pool can remove
 # those of processes that died (SIGKILLed workers leave theirs behind).
 _WORKDIR_PREFIX = "qjsflow-executor-"
+# An executor's own lines on its stderr (an internal error, why it stopped) reach this
+# process's log through a pipe, escaped and bounded: an inherited stderr that is a regular
+# file (a worker run as `qjsflow worker 2>>worker.log`) refuses every write under the
+# executor's no-files rlimit, and the line would be lost. Lines past the first few of an
+# executor's life are counted, not logged: a flood from a broken executor fills no disk.
+_DIAGNOSTIC_CHARS = 500
+_DIAGNOSTICS_LOGGED = 20
 
 
 def remove_stale_workdirs(root: str | None = None) -> int:
@@ -146,6 +154,29 @@ class _Executor:
         # Its compute as /proc counts it, opened at the first read and kept for its life
         # (sandbox/cpu_clock.py).
         self._clock: CpuClock | None = None
+        self._diagnostics = asyncio.get_running_loop().create_task(self._log_diagnostics())
+
+    async def _log_diagnostics(self) -> None:
+        """Log the executor's stderr lines until it exits (`_DIAGNOSTIC_CHARS`)."""
+        stderr = self.process.stderr
+        if stderr is None:
+            return
+        pid, seen = self.process.pid, 0
+        while True:
+            try:
+                line = await stderr.readline()
+            except ValueError:  # longer than the reader's limit: dropped by the reader
+                line = b"(a line too long to read)"
+            if not line:
+                break
+            seen += 1
+            if seen <= _DIAGNOSTICS_LOGGED:
+                cut = line.rstrip(b"\n")[: _DIAGNOSTIC_CHARS * 4]  # UTF-8: at most 4 a character
+                text = cut.decode("utf-8", "replace")[:_DIAGNOSTIC_CHARS]
+                _log.warning("executor %d: %s", pid, printable(text))
+        if seen > _DIAGNOSTICS_LOGGED:
+            _log.warning("executor %d: %d more lines on its stderr, not logged", pid,
+                         seen - _DIAGNOSTICS_LOGGED)  # fmt: skip
 
     @classmethod
     async def spawn(cls, config: PoolConfig, cpu_limit_s: int) -> _Executor:
@@ -161,6 +192,7 @@ class _Executor:
             *config.entry_args,
             stdin=asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,  # its lines are logged here (`_DIAGNOSTIC_CHARS`)
             cwd=workdir,
             env=_EXECUTOR_ENV,
             limit=2**20,
@@ -247,6 +279,8 @@ class _Executor:
         with contextlib.suppress(ProcessLookupError):
             self.process.kill()
         await self.process.wait()
+        with contextlib.suppress(TimeoutError):  # its stderr's end follows its exit
+            await asyncio.wait_for(asyncio.shield(self._diagnostics), 1.0)
         if self._clock is not None:
             self._clock.close()
             self._clock = None
