@@ -20,7 +20,7 @@ from qjsflow.sandbox import confine, executor
 STDERR_LINES = 30  # written by the `stderr` probe
 
 
-def _forbidden(call: str) -> object:
+def _misbehave(call: str) -> object:
     match call:
         case "open":
             return os.open("/etc/hostname", os.O_RDONLY)
@@ -60,7 +60,7 @@ def main() -> None:
         # Refused with an error rather than a kill (the descriptor limit, say) means the
         # filter let the call through: the drive then goes on, and the test fails.
         with contextlib.suppress(OSError):
-            _forbidden(call)
+            _misbehave(call)
 
     executor.main(before_drive=attempt)
 

@@ -128,7 +128,7 @@ function stepConfig(config, api, name) {
 // have, as `{}`, which the host reads as RULES' default, so that a frame does not repeat it
 // for every step (~70 characters each: 2 % of a ten-step drive's work went to writing and
 // looking through them).
-const DEFAULT_POLICY_ON_WIRE = {};
+const DEFAULT_POLICY_ON_WIRE = freeze({});
 function policyOnWire(checked) {
   return checked === defaultStepConfig ? DEFAULT_POLICY_ON_WIRE : checked[1];
 }
