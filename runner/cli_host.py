@@ -98,7 +98,7 @@ def run_command(args: argparse.Namespace) -> str | tuple[str, int]:
         from qjsflow.runner.console.serve import serve_console  # noqa: PLC0415
 
         serve_console(args.db, config_of(args), host=args.host, port=args.port,
-                      token_file=args.token_file)  # fmt: skip
+                      token_file=args.token_file, allow_hosts=args.allow_host)  # fmt: skip
         return ""
     if command == "run":
         tools = load_tools(args.tools) if args.tools else {}

@@ -195,6 +195,11 @@ def _add_console(add: Callable[..., argparse.ArgumentParser]) -> None:
         help="tokens, one per line: `TOKEN` (an operator) or `TOKEN scope=NAME` (one tenant); "
         "required to listen beyond loopback",
     )  # fmt: skip
+    console.add_argument(
+        "--allow-host", action="append", default=[], metavar="NAME",
+        help="a host name people reach the console by (repeatable); it answers only these, "
+        "the loopback names and --host",
+    )  # fmt: skip
 
 
 def _add_run_views(add: Callable[..., argparse.ArgumentParser]) -> None:

@@ -78,6 +78,9 @@ async def _seed(db: Path | str, scope_root: Path) -> None:
             for name, workflow in (("r1", "flow"), ("evil", "hostile"), ("flaky", "flaky")):
                 request = StartRunInput(scope, workflow, published.snapshot_id, {"n": 7}, name)
                 await runner.start(request)
+        # A run the origin and CSRF tests pause and resume (its scope's counts are not read).
+        await runner.start(StartRunInput("other", "flow", published.snapshot_id, {"n": 1},
+                                         "guarded"))  # fmt: skip
         await asyncio.sleep(1.1)
         await runner.serve(until_idle=True)  # past the sleep: now waiting for approval
 
@@ -212,6 +215,107 @@ def test_the_timeline_has_a_bar_per_attempt_and_retry_delay(console: Console) ->
         ("do:1:flaky (attempt 2)", "completed"),
     ]
     assert detail["timeline"]["drives"]  # a tick per drive
+
+
+_ALIVE = ("waiting", "running")  # resumed runs are running until a worker drives them
+
+
+def _status(client: httpx.Client, run: str) -> str:
+    status: str = client.get(f"/api/runs/{run}").json()["run"]["status"]
+    return status
+
+
+def _csrf_of(page: str) -> str:
+    import re  # noqa: PLC0415
+
+    found = re.search(r'name="csrf" value="([^"]+)"', page)
+    assert found is not None, "the page carries no CSRF token"
+    return found.group(1)
+
+
+def test_a_session_cookie_alone_changes_nothing_through_the_api(console: Console) -> None:
+    with _client(console, token=None) as client:
+        assert client.post("/login", data={"token": OPERATOR_TOKEN}).status_code == 303
+        for verb in ("terminate", "cancel", "pause"):  # the cookie, no CSRF token
+            refused = client.post(f"/api/runs/other/guarded/{verb}")
+            assert refused.status_code == 403, verb
+        assert _status(client, "other/guarded") in _ALIVE
+        csrf = _csrf_of(client.get("/runs/other/guarded").text)
+        paused = client.post("/api/runs/other/guarded/pause", headers={"X-CSRF-Token": csrf})
+        assert paused.status_code == 200
+        assert _status(client, "other/guarded") == "paused"
+        resumed = client.post("/api/runs/other/guarded/resume", data={"csrf": csrf})
+        assert resumed.status_code == 200
+        assert _status(client, "other/guarded") in _ALIVE
+
+
+def test_a_post_from_another_origin_is_refused(console: Console) -> None:
+    with _client(console) as client:  # even with a bearer token, a browser's mark is checked
+        for headers in ({"Origin": "https://evil.example"}, {"Origin": "null"},
+                        {"Referer": "https://evil.example/page"},
+                        {"Sec-Fetch-Site": "cross-site"}):  # fmt: skip
+            assert client.post("/api/runs/other/guarded/pause", headers=headers).status_code == 403
+        assert client.post("/login", data={"token": OPERATOR_TOKEN},
+                           headers={"Origin": "https://evil.example"}).status_code == 403  # fmt: skip
+        assert _status(client, "other/guarded") in _ALIVE
+
+
+@pytest.fixture(scope="module")
+def open_console(journal: tuple[Path, Path]) -> Iterator[Console]:
+    """A console without a token file (loopback only): everyone on the machine is an operator."""
+    started = _start_console(*journal, None)
+    yield started
+    started.server.should_exit = True
+    started.thread.join(10)
+
+
+def test_a_console_without_tokens_takes_no_post_from_another_site(open_console: Console) -> None:
+    with httpx.Client(base_url=open_console.url) as client:
+        for headers in ({"Origin": "https://evil.example"}, {"Referer": "http://evil.example/"},
+                        {"Sec-Fetch-Site": "same-site", "Sec-Fetch-Mode": "navigate"}):  # fmt: skip
+            for verb in ("cancel", "terminate"):
+                refused = client.post(f"/api/runs/other/guarded/{verb}", headers=headers)
+                assert refused.status_code == 403, (verb, headers)
+        # A page of this console with no session (a browser's marks, no CSRF token): refused.
+        own = {"Origin": open_console.url}
+        assert client.post("/runs/other/guarded/pause", headers=own).status_code == 403
+        assert _status(client, "other/guarded") in _ALIVE
+        # The browser's way: a page gives a session and its CSRF token; its form is taken.
+        csrf = _csrf_of(client.get("/runs/other/guarded").text)
+        done = client.post("/runs/other/guarded/pause", data={"csrf": csrf}, headers=own)
+        assert done.status_code == 303
+        assert _status(client, "other/guarded") == "paused"
+    with httpx.Client(base_url=open_console.url) as client:  # no browser at all: curl
+        assert client.post("/api/runs/other/guarded/resume").status_code == 200
+        assert _status(client, "other/guarded") in _ALIVE
+
+
+@pytest.mark.parametrize("host", ["rebind.evil.example", "evil.example:80", "127.0.0.2", ""])
+def test_only_the_configured_host_names_are_answered(
+    console: Console, open_console: Console, host: str
+) -> None:
+    for served in (console, open_console):
+        with _client(served) as client:
+            assert client.get("/api/runs", headers={"Host": host}).status_code == 421
+            assert client.post("/api/runs/other/guarded/cancel",
+                               headers={"Host": host}).status_code == 421  # fmt: skip
+            port = served.url.rsplit(":", 1)[1]
+            for name in ("localhost", "127.0.0.1", "[::1]"):
+                answered = client.get("/api/runs", headers={"Host": f"{name}:{port}"})
+                assert answered.status_code == 200, name
+            assert _status(client, "other/guarded") in _ALIVE
+
+
+def test_host_names_given_to_the_console_are_checked() -> None:
+    from qjsflow.bridge import InvalidInput  # noqa: PLC0415
+    from qjsflow.runner.console.guard import host_names  # noqa: PLC0415
+
+    assert host_names("0.0.0.0", ["Flows.Example.com"]) == (
+        "localhost", "127.0.0.1", "::1", "flows.example.com")  # fmt: skip
+    assert "10.1.2.3" in host_names("10.1.2.3")
+    for bad in ("*", "*.example.com", "evil.example:80", "http://x", "a..b", ""):
+        with pytest.raises(InvalidInput, match="--allow-host"):
+            host_names("127.0.0.1", [bad])
 
 
 def test_forms_need_their_csrf_token(console: Console) -> None:

@@ -1,5 +1,10 @@
 """The console's routes (Starlette): pages for people, JSON for API clients, actions as POST.
 
+Every request names one of the console's host names (guard.py); every POST proves its origin,
+and unless a bearer token authenticates it, carries the CSRF token of its session: a form field
+`csrf`, or the header `X-CSRF-Token` for an API client signed in with a cookie. A console
+without a token file gives each browser an operator session for its forms' CSRF tokens.
+
 Every run a principal may not see answers 404, exactly like a missing one. Author content
 (names, values, logs, errors, sources) only ever reaches a page through Jinja2's escaping;
 pages load one script and one stylesheet from this package, and the Content-Security-Policy
@@ -24,10 +29,12 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from qjsflow.bridge import InvalidInput, QjsflowError
 from qjsflow.runner.console import views
 from qjsflow.runner.console.auth import OPERATOR, SESSION_COOKIE, Principal, Sessions, Tokens
+from qjsflow.runner.console.guard import LOOPBACK_NAMES, prove_same_origin, served_host
 from qjsflow.runner.runner import Runner
 from qjsflow.runner.scopes import ALL_SCOPES, AllScopes
 from qjsflow.runner.views import RUN_STATUSES
@@ -44,6 +51,21 @@ _VERBS = ("signal", "cancel", "terminate", "pause", "resume", "restart", "fork")
 _CONFIRMED = ("cancel", "terminate", "restart", "fork")
 
 
+class _KnownHosts:
+    """Answers only requests whose `Host` is one of the console's names (DNS rebinding)."""
+
+    def __init__(self, app: ASGIApp, hosts: tuple[str, ...]) -> None:
+        self.app, self.hosts = app, hosts
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and served_host(Request(scope), self.hosts) is None:
+            refused = Response("this console does not answer that host name",
+                               status_code=421, media_type="text/plain")  # fmt: skip
+            await refused(scope, receive, send)
+            return
+        await self.app(scope, receive, send)
+
+
 class _Headers(BaseHTTPMiddleware):
     async def dispatch(
         self, request: Request, call_next: Callable[..., Awaitable[Response]]
@@ -51,7 +73,9 @@ class _Headers(BaseHTTPMiddleware):
         response = await call_next(request)
         response.headers["Content-Security-Policy"] = _CSP
         response.headers["X-Content-Type-Options"] = "nosniff"
-        response.headers["Referrer-Policy"] = "no-referrer"
+        # "same-origin", not "no-referrer": with no referrer policy a browser sends `Origin: null`
+        # on its own forms, and the origin check needs their true origin.
+        response.headers["Referrer-Policy"] = "same-origin"
         response.headers["X-Frame-Options"] = "DENY"
         response.headers["Cache-Control"] = "no-store"
         return response
@@ -84,17 +108,36 @@ class _Console:
             await self._runner.aclose()
 
     def who(self, request: Request) -> Principal:
-        if self.tokens is None:
-            return OPERATOR
-        header = request.headers.get("authorization", "")
-        if header.startswith("Bearer "):
-            principal = self.tokens.principal(header.removeprefix("Bearer ").strip())
-            if principal is not None:
-                return principal
+        return self.caller(request)[0]
+
+    def caller(self, request: Request) -> tuple[Principal, bool]:
+        """Who is asking, and whether a bearer token says so (a request no other site's page
+        can make, so it needs no CSRF token)."""
+        if self.tokens is not None:
+            header = request.headers.get("authorization", "")
+            if header.startswith("Bearer "):
+                principal = self.tokens.principal(header.removeprefix("Bearer ").strip())
+                if principal is not None:
+                    return principal, True
         session = self.sessions.get(request.cookies.get(SESSION_COOKIE))
         if session is not None:
-            return session.principal
+            return session.principal, False
+        if self.tokens is None:
+            return OPERATOR, False
         raise HTTPException(401)
+
+    def prove_intent(self, request: Request, form: dict[str, str], by_bearer: bool) -> None:
+        """A state-changing request came from this console's own pages or from a client that
+        is no browser: its origin, and its session's CSRF token unless a bearer token or (a
+        console without tokens, no browser's marks) nothing could have been forged."""
+        prove_same_origin(request)
+        if by_bearer:
+            return
+        csrf = self.csrf_of(request)
+        given = form.get("csrf") or request.headers.get("x-csrf-token")
+        forgeable = csrf or not _no_browser(request) or self.tokens is not None
+        if forgeable and not _same(given, csrf):
+            raise HTTPException(403, "the form's CSRF token is missing or wrong")
 
     def csrf_of(self, request: Request) -> str:
         session = self.sessions.get(request.cookies.get(SESSION_COOKIE))
@@ -106,7 +149,14 @@ class _Console:
         )
 
     def page(self, request: Request, name: str, **context: Any) -> HTMLResponse:
-        return HTMLResponse(self.render(name, self.csrf_of(request), **context))
+        csrf = self.csrf_of(request)
+        if csrf or self.tokens is not None:
+            return HTMLResponse(self.render(name, csrf, **context))
+        # No sign-in on this console: the browser's forms still need a session's CSRF token.
+        session_id, session = self.sessions.open(OPERATOR)
+        response = HTMLResponse(self.render(name, session.csrf, **context))
+        _set_session(response, request, session_id)
+        return response
 
     async def runs(self, request: Request) -> Response:
         query = views.RunQuery.parse(request.query_params, self.who(request))
@@ -133,14 +183,14 @@ class _Console:
         return JSONResponse({"status": found.status, "updated": found.updated_at})
 
     async def act(self, request: Request) -> Response:
-        scope, run_id = _visible(request, self.who(request))
+        principal, by_bearer = self.caller(request)
+        scope, run_id = _visible(request, principal)
         verb = request.path_params["verb"]
         if verb not in _VERBS:
             raise HTTPException(404)
         form = await _form(request)
         api = _api(request)
-        if not api and not _same(form.get("csrf"), self.csrf_of(request)):
-            raise HTTPException(403, "the form's CSRF token is missing or wrong")
+        self.prove_intent(request, form, by_bearer)
         if not api and verb in _CONFIRMED and form.get("confirm") != "yes":
             raise HTTPException(400, f"confirm the {verb} first")
         try:
@@ -188,6 +238,7 @@ class _Console:
     async def login(self, request: Request) -> Response:
         if request.method == "GET":
             return self.page(request, "login.html", failed=False)
+        prove_same_origin(request)
         form = await _form(request)
         token = str(form.get("token") or "")
         principal = None if self.tokens is None else self.tokens.principal(token)
@@ -195,8 +246,7 @@ class _Console:
             return HTMLResponse(self.render("login.html", failed=True), status_code=401)
         session_id, _ = self.sessions.open(principal)
         response = RedirectResponse("/runs", status_code=303)
-        response.set_cookie(SESSION_COOKIE, session_id, httponly=True, samesite="strict",
-                            secure=request.url.scheme == "https", path="/")  # fmt: skip
+        _set_session(response, request, session_id)
         return response
 
     async def home(self, request: Request) -> Response:
@@ -213,8 +263,13 @@ class _Console:
         return HTMLResponse(body, status_code=error.status_code)
 
 
-def create_app(runner_factory: Callable[[], Awaitable[Runner]], tokens: Tokens | None) -> Starlette:
-    """The app; `tokens` None means no sign-in (only for a console bound to loopback)."""
+def create_app(
+    runner_factory: Callable[[], Awaitable[Runner]],
+    tokens: Tokens | None,
+    hosts: tuple[str, ...] = LOOPBACK_NAMES,
+) -> Starlette:
+    """The app; `tokens` None means no sign-in (only for a console bound to loopback);
+    `hosts` are the names it answers (guard.host_names)."""
     console = _Console(runner_factory, tokens)
     routes = [
         Route("/", console.home),
@@ -234,7 +289,8 @@ def create_app(runner_factory: Callable[[], Awaitable[Runner]], tokens: Tokens |
         Mount("/static", StaticFiles(directory=_HERE / "static"), name="static"),
     ]
     return Starlette(
-        routes=routes, lifespan=console.lifespan, middleware=[Middleware(_Headers)],
+        routes=routes, lifespan=console.lifespan,
+        middleware=[Middleware(_KnownHosts, hosts=hosts), Middleware(_Headers)],
         exception_handlers={HTTPException: console.refused},
     )  # fmt: skip
 
@@ -252,6 +308,19 @@ async def _form(request: Request) -> dict[str, str]:
     except (UnicodeDecodeError, ValueError):
         raise HTTPException(400, "the form cannot be read") from None
     return {name: values[0] for name, values in fields.items()}
+
+
+def _set_session(response: Response, request: Request, session_id: str) -> None:
+    response.set_cookie(SESSION_COOKIE, session_id, httponly=True, samesite="strict",
+                        secure=request.url.scheme == "https", path="/")  # fmt: skip
+
+
+def _no_browser(request: Request) -> bool:
+    """No cookie and none of the marks a browser puts on what a page sends."""
+    headers = request.headers
+    return not request.cookies and not any(
+        name in headers for name in ("origin", "referer", "sec-fetch-site", "sec-fetch-mode")
+    )
 
 
 def _api(request: Request) -> bool:
