@@ -7,7 +7,13 @@ The host name is resolved here and every address checked: private, loopback, lin
 multicast and reserved addresses (the cloud metadata address among them) are refused unless
 the policy allows private addresses. The request then goes to the checked address itself (the
 `Host` header and TLS server name keep the name), so a second DNS answer cannot send it
-elsewhere; each redirect is checked the same way. Timeouts and size caps bound every call.
+elsewhere; each redirect is checked the same way. Size caps bound every call, and one
+deadline (`timeout_s`) the whole of it: resolving, connecting, every redirect, the body.
+
+What is judged is what is sent: a path holding a dot segment in any spelling (`%2e%2e`,
+`..%2f`, `..;`, a backslash, encoded twice) is refused, since a server that normalises paths
+would serve another path than the one the policy read; a URL prefix must match the path both
+as it goes on the wire and decoded.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ import functools
 import ipaddress
 import socket
 import ssl
+import urllib.parse
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -79,7 +86,12 @@ class EgressPolicy:
                     host,
                     url.port,
                 )
-                if same_origin and url.path.startswith(prefix.path or "/"):
+                wire = prefix.raw_path.split(b"?", 1)[0] or b"/"
+                if (
+                    same_origin
+                    and url.path.startswith(prefix.path or "/")
+                    and url.raw_path.startswith(wire)
+                ):
                     return True
             elif entry.startswith("*."):
                 if host.endswith(entry[1:]):
@@ -108,12 +120,24 @@ async def fetch(
         raise FatalToolError(
             f"fetch: the request body is larger than {policy.max_request_bytes} bytes"
         )
+    url = _url(str(args.get("url", "")))
+    try:
+        async with asyncio.timeout(policy.timeout_s):
+            return await _follow(_Request(method, url, headers, content), policy, scope)
+    except TimeoutError:
+        raise FatalToolError(
+            f"fetch {url.host!r}: no whole answer within {policy.timeout_s:g} s "
+            "(EgressPolicy.timeout_s bounds the call: connect, redirects and body)"
+        ) from None
+
+
+async def _follow(first: _Request, policy: EgressPolicy, scope: str) -> dict[str, Any]:
+    """The request and the redirects it leads to, each hop checked as the first."""
     import httpx  # noqa: PLC0415  (imported lazily: see the note above)
 
-    url = _url(str(args.get("url", "")))
-    timeout = httpx.Timeout(policy.timeout_s)
+    method, url, headers, content = first.method, first.url, first.headers, first.content
     async with httpx.AsyncClient(
-        timeout=timeout, follow_redirects=False, trust_env=False, verify=_tls()
+        timeout=None, follow_redirects=False, trust_env=False, verify=_tls()
     ) as client:
         for hop in range(policy.max_redirects + 1):
             address = await _checked_address(url, policy, scope)
@@ -121,7 +145,7 @@ async def fetch(
             location = response["headers_map"].get("location")
             status = response["status"]
             if status in (301, 302, 303, 307, 308) and location:
-                url = url.join(location)
+                url = _plain_path(url.join(location))
                 if status == 303 or (status in (301, 302) and method == "POST"):
                     method, content = "GET", None
                 continue
@@ -147,6 +171,25 @@ def _url(text: str) -> httpx.URL:
         raise FatalToolError(f"fetch: invalid URL ({error})") from None
     if url.scheme not in ("http", "https") or not url.host:
         raise FatalToolError(f"fetch: only http and https URLs can be fetched, not {text[:80]!r}")
+    return _plain_path(url)
+
+
+def _plain_path(url: httpx.URL) -> httpx.URL:
+    """`url` if its path, in every decoding a server might apply, has no dot segment."""
+    path = url.raw_path.split(b"?", 1)[0].decode("ascii", "replace")
+    for _ in range(4):  # encoded up to three times over; a fourth pass finds it stable
+        if "\\" in path or any(
+            segment.split(";", 1)[0] in (".", "..") for segment in path.split("/")
+        ):
+            raise FatalToolError(
+                f"fetch: the path of {str(url)[:120]!r} holds a dot segment or backslash "
+                "(plain or percent-encoded): refused, since a server may resolve it to a path "
+                "the egress policy did not judge"
+            )
+        decoded = urllib.parse.unquote(path)
+        if decoded == path:
+            break
+        path = decoded
     return url
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import http.server
 import threading
+import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -14,8 +15,9 @@ import httpx
 import pytest
 
 from qjsflow.runner import Runner, RunnerConfig, StartRunInput
-from qjsflow.runner.egress import EgressPolicy
+from qjsflow.runner.egress import EgressPolicy, fetch
 from qjsflow.runner.environment import ScopeEnvironment
+from qjsflow.runner.errors import FatalToolError
 from qjsflow.testing import WorkflowTest
 from tests.conftest import past_short_sleeps
 from tests.journal_reads import query
@@ -42,6 +44,8 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             self._send(302, b"", location="http://169.254.169.254/latest/meta-data/")
         elif self.path == "/big":
             self._send(200, b"x" * (2 * 1024 * 1024))
+        elif self.path == "/drip":
+            self._drip()
         else:
             self._send(200, b'{"ok": true, "greeting": "hello"}', content_type="application/json")
 
@@ -56,6 +60,19 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         self.send_header("content-length", str(len(body)))
         self.end_headers()
         self.wfile.write(body)
+
+    def _drip(self) -> None:
+        """Twenty bytes, one every 0.2 s: each read is quick, the whole is not."""
+        self.send_response(200)
+        self.send_header("content-length", "20")
+        self.end_headers()
+        try:
+            for _ in range(20):
+                self.wfile.write(b"x")
+                self.wfile.flush()
+                time.sleep(0.2)
+        except OSError:  # the client gave up: what the deadline is for
+            pass
 
     do_GET = _answer
     do_POST = _answer
@@ -278,6 +295,8 @@ async def test_the_cloudflare_starter_shape_runs_unchanged(server: str) -> None:
         ("https://api.example.com/v1/", "https://api.example.com/v2/x", False),
         ("https://api.example.com/v1/", "https://api.example.com/v1/items", True),
         ("https://api.example.com/v1/", "http://api.example.com/v1/items", False),
+        ("https://api.example.com/v1/", "https://api.example.com/v1%2fitems", False),
+        ("https://api.example.com/v1/", "https://api.example.com/v1/a%2fb", True),
         ("https://api.example.com/v1/", "https://api.example.com:8443/v1/items", False),
         ("*.example.com", "https://a.example.com/", True),
         ("*.example.com", "https://evilexample.com/", False),
@@ -286,3 +305,28 @@ async def test_the_cloudflare_starter_shape_runs_unchanged(server: str) -> None:
 )
 def test_allowlist_entries_match_by_origin_and_path(allowed: str, url: str, allows: bool) -> None:
     assert EgressPolicy(allow=(allowed,)).allows(httpx.URL(url)) is allows
+
+
+@pytest.mark.parametrize(
+    "path",
+    ["/v1/%2e%2e/admin", "/v1/..%2fadmin", "/v1/%2E%2E%2Fadmin", "/v1/%252e%252e/admin",
+     "/v1/..;/admin", "/v1/.%2e/admin", "/v1/%5c..%5cadmin", "/v1/x/..%5c..%5cadmin"],
+)  # fmt: skip
+async def test_a_path_that_a_server_would_normalise_elsewhere_is_refused(
+    server: str, path: str
+) -> None:
+    policy = EgressPolicy(allow=(f"{server}/v1/",), allow_private=True)
+    with pytest.raises(FatalToolError, match="dot segment"):
+        await fetch({"url": server + path}, policy, "acme")
+    assert _Handler.seen == []  # nothing went on the wire
+    done = await fetch({"url": f"{server}/v1/items"}, policy, "acme")
+    assert done["status"] == 200
+    assert [seen["path"] for seen in _Handler.seen] == ["/v1/items"]
+
+
+async def test_one_deadline_bounds_the_whole_call(server: str) -> None:
+    policy = EgressPolicy(allow=(server,), allow_private=True, timeout_s=1.0)
+    with pytest.raises(FatalToolError, match="no whole answer within 1 s"):
+        await fetch({"url": f"{server}/drip"}, policy, "acme")
+    patient = EgressPolicy(allow=(server,), allow_private=True, timeout_s=60.0)
+    assert (await fetch({"url": f"{server}/drip"}, patient, "acme"))["body"] == "x" * 20
