@@ -34,6 +34,9 @@ __all__ = [
     "window_start",
 ]
 
+# The journal stores bounds and counts as 64-bit integers: a larger bound would fail there.
+_MAX_BOUND = 2**62
+
 MINUTE_MS = 60_000
 DAY_MS = 86_400_000
 # A budget with no window (journal bytes) is looked at again this often while runs wait on it:
@@ -82,9 +85,9 @@ class Budgets:
                 isinstance(value, bool)
                 or not isinstance(value, int | float)
                 or not math.isfinite(value)
-                or value < 0
+                or not 0 <= value <= _MAX_BOUND
             ):
-                raise InvalidInput(f"budget {item.name} must be a number of 0 or more")
+                raise InvalidInput(f"budget {item.name} must be a number from 0 to 2**62")
 
     def bound(self, measure: Measure) -> float | None:
         value: float | None = getattr(self, measure.budget)

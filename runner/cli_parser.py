@@ -41,6 +41,32 @@ class _Parser(argparse.ArgumentParser):
         raise SystemExit(EXIT_USAGE)
 
 
+def _number(kind: type[int] | type[float], low: float, high: float) -> Callable[[str], Any]:
+    """An argparse type: a finite `kind` within [low, high], or a usage error naming the range
+    (a value past it would fail later, deep in a library, with no word of the option)."""
+
+    def parse(text: str) -> int | float:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text[:40]!r} is not {_KIND[kind]}") from None
+        if not math.isfinite(value) or not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"{text[:40]!r} is outside {low:g} to {high:g}")
+        return value
+
+    parse.__name__ = _KIND[kind]  # argparse names the type in its errors
+    return parse
+
+
+_KIND: dict[type, str] = {int: "a whole number", float: "a number"}
+_DAY_S = 86_400.0
+_SECONDS = _number(float, 0.001, 366 * _DAY_S)  # a wait or a lease: up to a year
+_PORT = _number(int, 1, 65_535)
+_LEASE_S = _number(float, 0.1, _DAY_S)
+_LIMIT, _OFFSET = _number(int, 1, 10_000), _number(int, 0, 2**62)
+_DRIVES = _number(int, 1, 4096)
+
+
 # Options every command takes, before or after its name (`qjsflow status RUN --json`). The
 # environment gives defaults: QJSFLOW_DB, QJSFLOW_TOOLS, QJSFLOW_ENV (and QJSFLOW_SCOPE for
 # --scope).
@@ -63,7 +89,7 @@ def _global_options(*, suppress: bool) -> _Parser:
     options.add_argument("--debug", action="store_true", default=default("debug"),
                          help="show tracebacks of failures")  # fmt: skip
     options.add_argument(
-        "--lease-ttl", type=float, default=default("lease_ttl"), metavar="SECONDS",
+        "--lease-ttl", type=_LEASE_S, default=default("lease_ttl"), metavar="SECONDS",
         help="how long a driver's lease on a run lasts without a heartbeat (30)",
     )  # fmt: skip
     options.add_argument(
@@ -121,14 +147,14 @@ def build_parser() -> argparse.ArgumentParser:
         "--wait", action="store_true",
         help="block until the run ends (a worker drives what is left) and print its output",
     )  # fmt: skip
-    start.add_argument("--timeout", type=float, metavar="SECONDS", help="how long to --wait")
+    start.add_argument("--timeout", type=_SECONDS, metavar="SECONDS", help="how long to --wait")
     result = add("result", help="a run's output once it has ended")
     result.add_argument("run", help="the run id")
     result.add_argument("--scope", help=_SCOPE_HELP)
     result.add_argument(
         "--wait", action="store_true", help="wait for the run to end (a worker drives it)"
     )
-    result.add_argument("--timeout", type=float, metavar="SECONDS", help="how long to wait")
+    result.add_argument("--timeout", type=_SECONDS, metavar="SECONDS", help="how long to wait")
     _add_run_views(add)
     add_control_commands(add)
     signal_ = add("signal", help="deliver an event to a run")
@@ -147,8 +173,8 @@ def build_parser() -> argparse.ArgumentParser:
     listing.add_argument("--scope", help="one tenant's runs (all without it)")
     listing.add_argument("--workflow", help="runs of this workflow")
     listing.add_argument("--status", choices=RUN_STATUSES, help="one of: %(choices)s")
-    listing.add_argument("--limit", type=int, default=50, help="runs per page (50)")
-    listing.add_argument("--offset", type=int, default=0, help="runs to skip (0)")
+    listing.add_argument("--limit", type=_LIMIT, default=50, help="runs per page (50)")
+    listing.add_argument("--offset", type=_OFFSET, default=0, help="runs to skip (0)")
     listing.add_argument("--desc", action="store_true", help="newest first")
     listing.add_argument("--since", metavar="WHEN", help="created since: 2h, 7d, or an ISO time")
     listing.add_argument("--cursor", help="start after this (the next_cursor of a page)")
@@ -171,16 +197,16 @@ def _add_worker(add: Callable[..., argparse.ArgumentParser]) -> None:
         action="store_true",
         help="exit once nothing is running and no timer is due within 1 s",
     )
-    worker.add_argument("--concurrency", type=int, default=8, help="drives at once (8)")
+    worker.add_argument("--concurrency", type=_DRIVES, default=8, help="drives at once (8)")
     worker.add_argument("-v", "--verbose", action="store_true",
                         help="print one line per drive on stderr")  # fmt: skip
     worker.add_argument(
         "--log-format", choices=("text", "json"), default="text",
         help="log lines as text or one JSON object each (json logs at info)",
     )  # fmt: skip
-    worker.add_argument("--metrics-port", type=int, metavar="PORT",
+    worker.add_argument("--metrics-port", type=_PORT, metavar="PORT",
                         help="serve Prometheus metrics at /metrics on this port")  # fmt: skip
-    worker.add_argument("--health-port", type=int, metavar="PORT",
+    worker.add_argument("--health-port", type=_PORT, metavar="PORT",
                         help="serve /healthz and /readyz on this port")  # fmt: skip
     worker.add_argument("--listen-host", default="127.0.0.1",
                         help="where the metrics and health ports listen (127.0.0.1)")  # fmt: skip
@@ -189,7 +215,7 @@ def _add_worker(add: Callable[..., argparse.ArgumentParser]) -> None:
 def _add_console(add: Callable[..., argparse.ArgumentParser]) -> None:
     console = add("console", help="serve the web console over this journal")
     console.add_argument("--host", default="127.0.0.1", help="where to listen (127.0.0.1)")
-    console.add_argument("--port", type=int, default=8470, help="the port (8470)")
+    console.add_argument("--port", type=_PORT, default=8470, help="the port (8470)")
     console.add_argument(
         "--token-file", metavar="FILE",
         help="tokens, one per line: `TOKEN` (an operator) or `TOKEN scope=NAME` (one tenant); "
@@ -261,7 +287,7 @@ def _add_author_commands(add: Callable[..., argparse.ArgumentParser]) -> None:
     dev = add("dev", help="republish a folder on every change and serve the console on it")
     dev.add_argument("dir", help="the folder holding workflows/")
     dev.add_argument("--scope", default="dev", help="the scope it publishes into (dev)")
-    dev.add_argument("--port", type=int, default=8470, help="the console's port (8470)")
+    dev.add_argument("--port", type=_PORT, default=8470, help="the console's port (8470)")
 
 
 def check_lease_ttl(args: argparse.Namespace) -> None:

@@ -329,8 +329,12 @@ async def test_a_live_runs_budget_refuses_starts_past_it(tmp_path: Path, clock: 
 
 
 def test_budgets_are_numbers() -> None:
-    with pytest.raises(Exception, match="budget steps_per_day must be a number of 0 or more"):
+    with pytest.raises(Exception, match="budget steps_per_day must be a number from 0 to 2"):
         Budgets(steps_per_day=-1)
+    with pytest.raises(Exception, match="budget journal_bytes must be a number from 0 to 2"):
+        Budgets(journal_bytes=10**30)  # past what the journal's integers hold
+    with pytest.raises(Exception, match="budget compute_s_per_day must be a number from 0 to"):
+        Budgets(compute_s_per_day=1e300)
     with pytest.raises(Exception, match="budget live_runs must be a number"):
         Budgets(live_runs=True)
 

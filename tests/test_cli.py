@@ -269,8 +269,21 @@ def test_human_output_escapes_what_authors_control(cli: Cli, tmp_path: Path) -> 
     ("args", "message"),
     [
         (("list", "--workflow", "\udcff"), "argument 5 (\\udcff) is not valid UTF-8"),
-        (("--lease-ttl", "nan", "list"), "--lease-ttl must be a finite number"),
-        (("--lease-ttl", "inf", "list"), "--lease-ttl must be a finite number"),
+        (("--lease-ttl", "nan", "list"), "--lease-ttl: 'nan' is outside 0.1 to 86400"),
+        (("--lease-ttl", "inf", "list"), "--lease-ttl: 'inf' is outside 0.1 to 86400"),
+        (("--lease-ttl", "1e300", "list"), "--lease-ttl: '1e300' is outside 0.1 to 86400"),
+        (
+            ("list", "--limit", "1" + "0" * 30),
+            "--limit: '1000000000000000000000000000000' is outside 1 to 10000",
+        ),
+        (("list", "--offset", "-1"), "--offset: '-1' is outside 0 to"),
+        (("list", "--limit", "ten"), "--limit: 'ten' is not a whole number"),
+        (("worker", "--concurrency", "1e9"), "--concurrency: '1e9' is not a whole number"),
+        (("worker", "--concurrency", "100000"), "--concurrency: '100000' is outside 1 to 4096"),
+        (("worker", "--metrics-port", "0"), "--metrics-port: '0' is outside 1 to 65535"),
+        (("console", "--port", "99999"), "--port: '99999' is outside 1 to 65535"),
+        (("result", "r1", "--timeout", "1e300"), "--timeout: '1e300' is outside 0.001 to"),
+        (("start", "w", "--timeout", "0"), "--timeout: '0' is outside 0.001 to"),
     ],
 )
 def test_bad_arguments_exit_2(cli: Cli, args: tuple[str, ...], message: str) -> None:
