@@ -59,7 +59,9 @@ _log = logging.getLogger("qjsflow.sandbox")
 Host = Callable[[Sequence[OpEnvelope]], Awaitable[Sequence[Answer]]]
 # Nothing of the host's environment; only the time zone, fixed so that local-time reads in JS
 # (getHours, getTimezoneOffset, toString) are the same on every worker and on every replay.
-_EXECUTOR_ENV = {"TZ": "UTC"}
+# "UTC0" is a POSIX rule that needs no file: with "UTC" glibc looks for a zone file of that
+# name, which the executor's confinement may hide, and then falls back to /etc/localtime.
+_EXECUTOR_ENV = {"TZ": "UTC0"}
 _PREPARE = b'{"type":"prepare"}'
 # The bundles' texts an executor keeps (`_Executor.bundle_fields`): sent once, then named by
 # their digest. A 400 kB text cost each drive ~0.9 ms to encode, pipe, decode and look up.
