@@ -13,7 +13,13 @@ from typing import Any
 from qjsflow.bridge.codec import dumps_text, loads
 from qjsflow.bridge.rules import RULES
 
-__all__ = ["StepFailure", "failure_from_json", "failure_to_json", "failure_to_wire"]
+__all__ = [
+    "StepFailure",
+    "failure_from_json",
+    "failure_to_json",
+    "failure_to_wire",
+    "well_formed",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,12 +36,20 @@ class StepFailure:
     stack: str | None = None
 
     def __post_init__(self) -> None:
-        # Tools and the host make failures from any text: bounded here, as the prelude bounds
-        # the author's, so every stored failure fits the wire on its way back into a replay.
-        object.__setattr__(self, "name", self.name[: RULES.error_name_chars])
-        object.__setattr__(self, "message", self.message[: RULES.error_message_chars])
+        # Tools and the host make failures from any text: made well-formed and bounded here,
+        # as the prelude does the author's, so every stored failure fits the wire on its way
+        # back into a replay (a lone surrogate cannot be encoded as JSON at all).
+        object.__setattr__(self, "name", well_formed(self.name)[: RULES.error_name_chars])
+        object.__setattr__(self, "message", well_formed(self.message)[: RULES.error_message_chars])
         if self.stack is not None:
-            object.__setattr__(self, "stack", self.stack[: RULES.stack_chars])
+            object.__setattr__(self, "stack", well_formed(self.stack)[: RULES.stack_chars])
+
+
+def well_formed(text: str) -> str:
+    """`text` with each lone surrogate as U+FFFD (and a pair given as two code points joined)."""
+    if text.isascii():
+        return text
+    return text.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "replace")
 
 
 def failure_to_wire(failure: StepFailure) -> dict[str, Any]:

@@ -9,8 +9,9 @@ from pathlib import Path
 import pytest
 
 from qjsflow.bridge.limits import Limits
+from qjsflow.bridge.rules import RULES
 from qjsflow.bundles import PublishError
-from qjsflow.runner import Runner, RunnerConfig, StartRunInput
+from qjsflow.runner import Bindings, Runner, RunnerConfig, StartRunInput
 from qjsflow.runner.locations import SourceMap
 from tests.conftest import start_source
 
@@ -198,3 +199,54 @@ async def test_publish_errors_never_name_internal_modules(
     message = str(caught.value)
     assert message.startswith("workflows/w.ts")
     assert not [name for name in INTERNAL_NAMES if name in message], message
+
+
+# Errors whose texts are whatever an author makes them: lone surrogates anywhere, a pair cut
+# by a length limit, texts grown past the wire's limits after they were cut. Each fails the
+# step (and so the run) with the author's error, never as a protocol the sandbox broke.
+_HOSTILE_THROWS = [
+    'throw new Error("x\\uD800y");',
+    'const e = new Error("m"); e.name = "N\\uDC00".repeat(300); throw e;',
+    'throw "\\uD83D".repeat(5000);',
+    'throw new Error("a" + "\\uD83D\\uDE00".repeat(3000));',
+    'const e = new Error("m"); e.stack = "\\uDFFF".repeat(100000); throw e;',
+    'const e = new RetryableError("\\uD800".repeat(5000)); e.retryAfter = "soon"; throw e;',
+    'const e = new RetryableError("m".repeat(5000)); e.retryAfter = "\\uD800"; throw e;',
+    'const e = new RetryableError("m"); e.retryAfter = "\\uD800 ".repeat(4000); throw e;',
+    'throw { name: "\\uD800".repeat(1000), message: "\\uDC00", stack: 7 };',
+]
+
+
+@pytest.mark.parametrize("thrown", _HOSTILE_THROWS)
+async def test_an_error_with_hostile_texts_fails_as_the_authors(
+    runner: Runner, thrown: str
+) -> None:
+    source = (
+        'import { RetryableError } from "qjsflow";\n'
+        "export default async (event, step) => {\n"
+        '  await step.do("bad", { retries: { limit: 0, delay: 0 } }, async () => {'
+        f" {thrown} }});\n}};\n"
+    )
+    run = await start_source(runner, source)
+    assert run.status == "failed"
+    assert run.error is not None
+    assert "protocol" not in run.error
+    assert len(run.error) <= RULES.error_message_chars
+    assert run.error.encode("utf-8")  # well-formed: a lone surrogate would not encode
+
+
+async def test_a_tool_error_with_a_lone_surrogate_fails_the_step_not_the_host(
+    runner: Runner,
+) -> None:
+    async def broken(args: object) -> object:
+        raise ValueError("bad \udcff byte" + "\ud83d" * 5000)
+
+    source = (
+        "export default async (event, step) => {\n"
+        '  try { await step.tool("t", "broken", {}, { retries: { limit: 0, delay: 0 } }); }\n'
+        "  catch (error) { return [error.name, error.message.slice(0, 11)]; }\n};\n"
+    )
+    run = await start_source(runner, source, bindings=Bindings({"broken": broken}))
+    assert (run.status, run.output) == ("completed", ["ValueError", "bad \ufffd byte\ufffd"]), (
+        run.error
+    )

@@ -169,6 +169,11 @@ function stepFailure(thrown, where) {
       }
     }
   }
+  // The one place a failure's texts are fitted to the wire, after every addition to them: a
+  // text the host refuses would fail the run as a broken protocol, not as the author's error.
+  failure.name = errorText(failure.name, RULES.error_name_chars);
+  failure.message = errorText(failure.message, RULES.error_message_chars);
+  if (stack) failure.stack = errorText(stack, RULES.stack_chars);
   return failure;
 }
 function deepFreeze(value) {
