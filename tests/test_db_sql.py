@@ -109,6 +109,8 @@ async def test_runaway_statements_stop_and_the_process_stays_responsive(sql_runn
     )
     assert outcomes[0]["code"] == "interrupted"
     assert outcomes[1]["code"] == "too_big"
+    assert "longer than 65536 bytes, the limit of a value" in str(outcomes[1]["message"])
+    assert "SqlLimits.max_length" in str(outcomes[1]["message"])
     assert outcomes[4]["code"] == "too_big"
     assert "more than 1000 rows" in str(outcomes[4]["message"])
     assert outcomes[5] == {"ok": 1}

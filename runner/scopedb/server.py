@@ -215,7 +215,7 @@ def _apply(
         if isinstance(error, SqlFailure):
             raise
         if isinstance(error, apsw.Error):
-            raise _translate(error) from None
+            raise _translate(error, limits) from None
         raise
 
 
@@ -269,7 +269,7 @@ def _run_author_statement(
             raise SqlFailure(
                 "not_authorized", f"{authorizer.refused.lower()} is not allowed in db.sql"
             ) from None
-        raise _translate(error) from None
+        raise _translate(error, limits) from None
     finally:
         connection.authorizer = None
         connection.set_progress_handler(None)
@@ -310,15 +310,20 @@ def _params(encoded: str) -> list[Any]:
     return bound
 
 
-def _translate(error: apsw.Error) -> SqlFailure:
+def _translate(error: apsw.Error, limits: SqlLimits) -> SqlFailure:
     message = str(error).removeprefix(f"{type(error).__name__}: ")[:500]
     match error:
         case apsw.AuthError():
             return SqlFailure("not_authorized", f"not authorized: {message}")
         case apsw.InterruptError():
             return SqlFailure("interrupted", "the statement ran past its deadline and was stopped")
-        case apsw.TooBigError():
-            return SqlFailure("too_big", message)
+        case apsw.TooBigError():  # SQLite says only "string or blob too big"
+            return SqlFailure(
+                "too_big",
+                f"a string or blob made by the statement is longer than {limits.max_length} "
+                "bytes, the limit of a value in a scope database (SqlLimits.max_length, set by "
+                "the operator)",
+            )
         case apsw.FullError():
             return SqlFailure("quota", "the scope's database is full (its page quota is reached)")
         case apsw.ConstraintError():
