@@ -13,13 +13,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from qjsflow.bridge import InvalidInput, dumps_text
-from qjsflow.runner.errors import RunClosed, RunNotFound
+from qjsflow.runner.errors import RunChanged, RunClosed, RunNotFound
 from qjsflow.runner.scopes import split_run_key
 from qjsflow.runner.store import ENDED, JournalTransaction, RunRecord, StepRow
 
 __all__ = [
     "FRESH_ATTEMPT",
     "STEP_KINDS",
+    "Checked",
     "StepRef",
     "fork_run",
     "kept_steps",
@@ -164,13 +165,31 @@ def restart_run(
     return len(kept), len(again)
 
 
+@dataclass(frozen=True, slots=True)
+class Checked:
+    """What a check outside the acting transaction saw of a run: the transaction acts only if
+    the run is still so (its generation, and the keys of the steps the check read)."""
+
+    generation: int
+    keys: tuple[str, ...]
+
+
 def fork_run(
-    tx: JournalTransaction, source_key: str, fork: RunRecord, start: StepRef | None, now: int
+    tx: JournalTransaction,
+    source_key: str,
+    fork: RunRecord,
+    start: StepRef | None,
+    now: int,
+    *,
+    checked: Checked | None = None,
 ) -> bool:
     """Create `fork` (a new run of the same input) with the results of `source_key`'s steps
-    settled before `start` copied. False when a run with the fork's id exists already."""
-    _found(tx, source_key)
+    settled before `start` copied. False when a run with the fork's id exists already;
+    `RunChanged` when `checked` no longer holds."""
+    source = _found(tx, source_key)
     kept, _ = _split(tx.list_steps(source_key), start)
+    if checked is not None and checked != Checked(source.generation, tuple(r.key for r in kept)):
+        raise RunChanged(split_run_key(source_key)[1], "its fork was checked")
     if not tx.insert_run(fork):
         return False
     origin = split_run_key(source_key)[1]

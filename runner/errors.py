@@ -6,6 +6,7 @@
     ├── UnknownWorkflow     the snapshot has no workflow of that name
     ├── RunConflict         a caller-supplied run id already names a different run
     ├── RunClosed           the run is finished or cancelled and accepts no events
+    ├── RunChanged          the run changed between an operator command's check and its act
     └── InvalidRunId / InvalidEvent   malformed ids, event types or payloads
     QjsflowError
     ├── JournalUnavailable  the journal is empty, damaged or of an unknown version
@@ -25,6 +26,7 @@ __all__ = [
     "InvalidEvent",
     "InvalidRunId",
     "JournalUnavailable",
+    "RunChanged",
     "RunClosed",
     "RunConflict",
     "RunNotFound",
@@ -86,6 +88,16 @@ class CapabilityRefused(InvalidInput):
 class RunClosed(InvalidInput):
     def __init__(self, run_id: str, status: str) -> None:
         super().__init__(f"run {run_id!r} is {status} and accepts no more events")
+
+
+class RunChanged(InvalidInput):
+    """What a command checked of a run outside the transaction that acts no longer holds in
+    it: nothing was done (the command can be given again)."""
+
+    def __init__(self, run_id: str, while_what: str) -> None:
+        super().__init__(f"run {run_id!r} changed while {while_what}: nothing was done; "
+                         "run the command again")  # fmt: skip
+        self.run_id = run_id
 
 
 class InvalidRunId(InvalidInput):

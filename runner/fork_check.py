@@ -99,8 +99,9 @@ async def replay_without_calls(
 
 async def check_fork(
     driver: RunDriver, source: RunRecord, fork: RunRecord, start: StepRef | None
-) -> None:
-    """Raise `ForkMismatch` unless `fork`'s code reaches `source`'s steps before `start`."""
+) -> tuple[str, ...]:
+    """Raise `ForkMismatch` unless `fork`'s code reaches `source`'s steps before `start`;
+    the keys of the steps checked (the fork copies them only if they are still the same)."""
     rows = kept_steps(await driver.store.list_steps(source.run_id), start)
     # No digests: the fork reuses the results whatever its own calls ask (its instance id).
     outcome, host = await replay_without_calls(
@@ -110,7 +111,7 @@ async def check_fork(
         raise ForkMismatch(f"the new code fails before the fork point: {outcome.message[:300]}")
     replayed = outcome.replayed
     if replayed >= len(rows):
-        return
+        return tuple(row.key for row in rows)
     expected = rows[replayed].key
     found = host.keys[0] if host.keys else "no further step (it ends)"
     raise ForkMismatch(

@@ -19,6 +19,7 @@ from typing import Literal
 
 from qjsflow.bridge import dumps_text
 from qjsflow.bridge.types import Failed
+from qjsflow.runner.control import Checked
 from qjsflow.runner.driver import RunDriver
 from qjsflow.runner.fork_check import replay_without_calls
 from qjsflow.runner.scopes import split_run_key
@@ -99,7 +100,8 @@ async def migrate_runs(
             return verdict
         refused = await driver.store.transact(
             partial(
-                repin, run_id=run.run_id, old=run.snapshot_id, bundle=bundle, settled=len(rows),
+                repin, run_id=run.run_id, old=run.snapshot_id, bundle=bundle,
+                checked=Checked(run.generation, tuple(row.key for row in rows)),
                 worker=driver.worker_id, now=driver.now_ms(),
                 ttl_ms=int(driver.config.lease_ttl_s * 1000),
             )
@@ -123,7 +125,7 @@ def repin(
     run_id: str,
     old: str,
     bundle: BundleRecord,
-    settled: int,
+    checked: Checked,
     worker: str,
     now: int,
     ttl_ms: int,
@@ -135,7 +137,9 @@ def repin(
         return "it ended while it was checked"
     if run.snapshot_id != old:
         return "it was moved to another snapshot while it was checked"
-    if tx.count_settled(run_id) != settled:
+    if run.generation != checked.generation:
+        return "it was restarted while it was checked: migrate it again"
+    if tx.count_settled(run_id) != len(checked.keys):
         return "it went on while it was checked: migrate it again"
     lease = tx.acquire_lease(run_id, worker, now, ttl_ms)
     if lease is None:

@@ -4,7 +4,9 @@ retention setting (`RunnerConfig.retention`).
 A pruned run goes with everything recorded of it: steps, events, inbox, timers, console lines,
 the tool audit, and its applied-call records in its scope's database. Those records go first:
 a crash in between leaves a journal row of an ended run (pruned next time), never an applied
-record that a new run reusing the id would mistake for its own.
+record that a new run reusing the id would mistake for its own. The delete checks again, in its
+own transaction, that each run chosen has still ended: one restarted since it was chosen stays
+(its applied records forgotten are those of its earlier generations, which it no longer uses).
 """
 
 from __future__ import annotations
@@ -47,8 +49,14 @@ class Pruned:
     scopes: dict[str, int] = field(default_factory=dict)  # runs per scope
 
 
-def _delete(tx: JournalTransaction, keys: list[str]) -> None:
-    tx.delete_runs(keys)
+def _delete(
+    tx: JournalTransaction,
+    keys: list[str],
+    before_ms: int,
+    statuses: frozenset[str],
+    scope: str | None,
+) -> list[tuple[str, str]]:
+    return tx.delete_ended_runs(keys, before_ms, statuses, scope)
 
 
 async def prune(
@@ -78,8 +86,12 @@ async def prune(
             by_scope[run_scope].append(run_id)
         for run_scope, run_ids in by_scope.items():
             await scopes.forget(run_scope, run_ids)
-            per_scope[run_scope] += len(run_ids)
-        await store.transact(partial(_delete, keys=[run_id for run_id, _ in batch]))
+        deleted = await store.transact(partial(
+            _delete, keys=[run_id for run_id, _ in batch], before_ms=before_ms,
+            statuses=chosen, scope=scope,
+        ))  # fmt: skip
+        for _, run_scope in deleted:
+            per_scope[run_scope] += 1
         if len(batch) < _BATCH:
             break
     removed = 0

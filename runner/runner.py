@@ -23,6 +23,7 @@ from qjsflow.runner.capabilities import Reach, check_publish
 from qjsflow.runner.config import RunnerConfig
 from qjsflow.runner.control import (
     FRESH_ATTEMPT,
+    Checked,
     StepRef,
     fork_run,
     lift_pause,
@@ -330,11 +331,13 @@ class Runner(RunReads):
             entry_path=entries[source.workflow], created_at=now, updated_at=now, generation=0,
             traceparent=new_traceparent(None),
         )  # fmt: skip
+        checked = None
         if snapshot.snapshot_id != source.snapshot_id:
-            await check_fork(self._driver, source, fork, start)
-        created = await self._store.transact(
-            partial(fork_run, source_key=source.run_id, fork=fork, start=start, now=now)
-        )
+            keys = await check_fork(self._driver, source, fork, start)
+            checked = Checked(source.generation, keys)
+        created = await self._store.transact(partial(
+            fork_run, source_key=source.run_id, fork=fork, start=start, now=now, checked=checked
+        ))  # fmt: skip
         if not created:
             raise RunConflict(split_run_key(key)[1], ["run_id (a run with this id exists)"])
         if not drive:

@@ -130,3 +130,28 @@ async def test_a_pruned_snapshot_is_not_found_by_a_runner_that_started_runs_of_i
     assert (pruned.runs, pruned.snapshots) == (1, 1)
     with pytest.raises(SnapshotNotFound):
         await _start(clocked_runner, done.snapshot_id, 1, "after-prune")
+
+
+async def test_a_run_restarted_after_prune_chose_it_is_not_deleted(
+    clocked_runner: Runner, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    published = await clocked_runner.publish("acme", {"workflows/flow.ts": RECORDS})
+    for n, run_id in ((1, "done-1"), (2, "done-2")):
+        await _start(clocked_runner, published.snapshot_id, n, run_id)
+    clock.advance(40 * 86400)
+    forget = clocked_runner.scopes.forget
+
+    async def restart_then_forget(scope: str, run_ids: list[str]) -> None:
+        # Between choosing its batch and deleting it, an operator restarts one of the runs.
+        await clocked_runner.restart("done-1", scope="acme", drive=False)
+        await forget(scope, run_ids)
+
+    monkeypatch.setattr(clocked_runner.scopes, "forget", restart_then_forget)
+    pruned = await clocked_runner.prune(older_than_s=30 * 86400, scope="acme")
+    assert (pruned.runs, pruned.scopes) == (1, {"acme": 1})
+    assert (await clocked_runner.get("done-1", scope="acme")).status == "running"
+    with pytest.raises(RunNotFound):
+        await clocked_runner.get("done-2", scope="acme")
+    monkeypatch.undo()
+    finished = await clocked_runner.resume("done-1", scope="acme")
+    assert (finished.status, finished.output) == ("completed", 1)

@@ -12,7 +12,9 @@ import pytest
 from qjsflow.bridge import InvalidInput
 from qjsflow.bridge.limits import Limits
 from qjsflow.runner import Bindings, RunClosed, Runner, RunView
+from qjsflow.runner import runner as runner_module
 from qjsflow.runner.config import RunnerConfig
+from qjsflow.runner.errors import RunChanged
 from qjsflow.runner.fork_check import ForkMismatch
 from qjsflow.sandbox import PoolConfig
 from tests.conftest import FakeClock, start_source
@@ -319,3 +321,28 @@ async def test_restart_from_a_step_reruns_the_calls_inside_it(clocked_runner: Ru
         run.run_id, tools.bindings(), scope="acme", from_step="tool:after"
     )
     assert kept.output == ["a:2", "b:3"]
+
+
+async def test_a_fork_checked_before_a_restart_copies_nothing(
+    clocked_runner: Runner, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The fork's check reads the source outside the transaction that copies: a restart in
+    between changes what would be copied, and the fork is refused, not made of other steps."""
+    tools = Tools()
+    run = await start_source(clocked_runner, THREE_TOOLS, bindings=tools.bindings())
+    changed = THREE_TOOLS.replace("return [a, b, c]", "return { fixed: [a, b, c] }")
+    published = await clocked_runner.publish("acme", {"workflows/flow.ts": changed})
+    checked = runner_module.check_fork
+
+    async def check_then_restart(*args: Any) -> tuple[str, ...]:
+        keys = await checked(*args)
+        await clocked_runner.restart(run.run_id, scope="acme", from_step="tool:third", drive=False)
+        return keys
+
+    monkeypatch.setattr(runner_module, "check_fork", check_then_restart)
+    with pytest.raises(RunChanged, match="changed while its fork was checked"):
+        await clocked_runner.fork(
+            run.run_id, tools.bindings(), scope="acme", from_step="tool:second",
+            snapshot_id=published.snapshot_id, new_run_id="never",
+        )  # fmt: skip
+    assert [r.run_id for r in await clocked_runner.list(scope="acme")] == [run.run_id]

@@ -844,6 +844,24 @@ class JournalTransaction:
         where, args = _ended_where(before, statuses, scope)
         return int(self._one(f"SELECT count(*) FROM runs WHERE {where}", args)[0])
 
+    def delete_ended_runs(
+        self, run_ids: list[str], before: int, statuses: Iterable[str], scope: str | None = None
+    ) -> list[tuple[str, str]]:
+        """Of `run_ids`, delete those that still ended before `before` (chosen earlier, a run
+        may have been restarted since); (run key, scope) of the runs deleted."""
+        if not run_ids:
+            return []
+        where, args = _ended_where(before, statuses, scope)
+        marks = ", ".join("?" for _ in run_ids)
+        rows = self._db.execute(
+            f"SELECT run_id, scope FROM runs WHERE run_id IN ({marks}) AND {where}",
+            (*run_ids, *args),
+        ).fetchall()
+        still = [(str(row[0]), str(row[1])) for row in rows]
+        if still:
+            self.delete_runs([run_id for run_id, _ in still])
+        return still
+
     def delete_runs(self, run_ids: list[str]) -> None:
         """Runs and everything recorded of them."""
         self._free_journal_bytes(run_ids)
