@@ -15,7 +15,7 @@ from qjsflow.runner import Bindings, RunClosed, Runner, RunView
 from qjsflow.runner import runner as runner_module
 from qjsflow.runner.config import RunnerConfig
 from qjsflow.runner.errors import RunChanged
-from qjsflow.runner.fork_check import ForkMismatch
+from qjsflow.runner.fork_check import ForkMismatch, check_fork
 from qjsflow.sandbox import PoolConfig
 from tests.conftest import FakeClock, start_source
 
@@ -332,7 +332,7 @@ async def test_a_fork_checked_before_a_restart_copies_nothing(
     run = await start_source(clocked_runner, THREE_TOOLS, bindings=tools.bindings())
     changed = THREE_TOOLS.replace("return [a, b, c]", "return { fixed: [a, b, c] }")
     published = await clocked_runner.publish("acme", {"workflows/flow.ts": changed})
-    checked = runner_module.check_fork
+    checked = check_fork
 
     async def check_then_restart(*args: Any) -> tuple[str, ...]:
         keys = await checked(*args)
