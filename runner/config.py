@@ -59,6 +59,9 @@ class RunnerConfig:
     # refuse a start past them (BudgetExceeded); every budget spent parks the scope's runs as
     # `throttled` until its window ends.
     scope_budgets: Mapping[str, Budgets] = field(default_factory=dict)
+    # Events delivered to one run that no wait has taken yet: past this a signal is refused
+    # (they are stored until the run consumes them or is pruned).
+    events_pending_per_run: int = 1000
     # What each scope's snapshots may reach at most (docs/TENANCY.md, Capability manifests):
     # a manifest asking for more is refused at publish; every call is checked against both.
     scope_policies: Mapping[str, Capabilities] = field(default_factory=dict)

@@ -13,9 +13,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from qjsflow.bridge import InvalidInput, dumps_text
+from qjsflow.runner.budgets import Budgets
 from qjsflow.runner.errors import RunChanged, RunClosed, RunNotFound
 from qjsflow.runner.scopes import split_run_key
 from qjsflow.runner.store import ENDED, JournalTransaction, RunRecord, StepRow
+from qjsflow.runner.usage import admit
 
 __all__ = [
     "FRESH_ATTEMPT",
@@ -149,15 +151,24 @@ def _split(rows: Sequence[StepRow], start: StepRef | None) -> tuple[list[StepRow
 
 
 def restart_run(
-    tx: JournalTransaction, key: str, start: StepRef | None, now: int
+    tx: JournalTransaction,
+    key: str,
+    start: StepRef | None,
+    now: int,
+    *,
+    budgets: Budgets | None = None,
 ) -> tuple[int, int]:
     """Run it again, keeping its id: from the beginning, or from `start` (the steps settled
-    before it keep their results). Returns (steps kept, steps that run again)."""
+    before it keep their results). Returns (steps kept, steps that run again). An ended run
+    made live again is admitted against its scope's live-runs budget."""
     run = _found(tx, key)
     kept, again = _split(tx.list_steps(key), start)
+    if run.status in ENDED:
+        admit(tx, run.scope, budgets, new_live_run=True)
     tx.fence_out(key)
     tx.delete_timers(key)
     tx.delete_steps(key, again)
+    tx.free_journal_bytes(run.scope, sum(len(row.output or "") for row in again))
     tx.update_run(key, **FRESH_ATTEMPT, generation=run.generation + 1, updated_at=now)
     data = {"fromStep": None if start is None else str(start), "generation": run.generation + 1,
             "kept": len(kept), "again": len(again), "previousStatus": run.status}  # fmt: skip
@@ -182,14 +193,20 @@ def fork_run(
     now: int,
     *,
     checked: Checked | None = None,
+    budgets: Budgets | None = None,
 ) -> bool:
     """Create `fork` (a new run of the same input) with the results of `source_key`'s steps
     settled before `start` copied. False when a run with the fork's id exists already;
-    `RunChanged` when `checked` no longer holds."""
+    `RunChanged` when `checked` no longer holds. The fork is admitted as a new live run,
+    and the results it copies as bytes stored, against its scope's budgets."""
     source = _found(tx, source_key)
     kept, _ = _split(tx.list_steps(source_key), start)
     if checked is not None and checked != Checked(source.generation, tuple(r.key for r in kept)):
         raise RunChanged(split_run_key(source_key)[1], "its fork was checked")
+    if tx.get_run(fork.run_id) is not None:
+        return False
+    copied = sum(len(row.output or "") for row in kept)
+    admit(tx, fork.scope, budgets, new_live_run=True, stored_bytes=copied)
     if not tx.insert_run(fork):
         return False
     origin = split_run_key(source_key)[1]

@@ -259,10 +259,12 @@ class DriveHost:
             lambda tx: self._serviced(tx, group, now), self.lease, durable=durable
         )
         waits = {e.id for e in group if isinstance(e.op, StepWaitForEvent)}
-        for answer in answers:  # an event a wait consumed is part of the journal now
+        for answer in answers:  # an event a wait consumed is part of the run's journal now
             consumed = answer.result.value if isinstance(answer.result, Value) else None
             if answer.id in waits and isinstance(consumed, str):
                 self.journal_bytes += len(consumed)
+                # Stored again as the wait's result: charged here, as the inbox's copy was
+                # when the signal stored it (usage.admit); pruning frees both.
                 self.usage.add("journal_bytes", len(consumed))
         self._count_logs(group)
         return answers

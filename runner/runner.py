@@ -67,7 +67,7 @@ from qjsflow.runner.store import (
     WorkflowRecord,
 )
 from qjsflow.runner.tracing import new_traceparent
-from qjsflow.runner.usage import ScopeUsage, refuse_start, scope_usage
+from qjsflow.runner.usage import ScopeUsage, admit, scope_usage
 from qjsflow.runner.views import (
     TERMINAL,
     RunView,
@@ -217,7 +217,7 @@ class Runner(RunReads):
             has this id. Its snapshot is found in the same transaction: one journal hop."""
             record = record_of(snapshot_in(tx, reference=request.snapshot_id, scope=scope), now)
             if budgets is not None and tx.get_run(run_id) is None:
-                refuse_start(tx, scope, budgets)
+                admit(tx, scope, budgets, new_live_run=True)
             if tx.insert_run(record):
                 tx.append_event(run_id, "run_created", now, dumps_text({"scope": scope}))
                 return record, None
@@ -297,7 +297,10 @@ class Runner(RunReads):
         key = caller_key(run_id, scope)
         start = None if from_step is None else StepRef.parse(from_step)
         now = self._driver.now_ms()
-        await self._store.transact(partial(restart_run, key=key, start=start, now=now))
+        budgets = self.config.scope_budgets.get(validate_scope(scope))
+        await self._store.transact(
+            partial(restart_run, key=key, start=start, now=now, budgets=budgets)
+        )
         self._driver.stop(key)
         if not drive:
             return await self.get(run_id, scope=scope)
@@ -336,7 +339,8 @@ class Runner(RunReads):
             keys = await check_fork(self._driver, source, fork, start)
             checked = Checked(source.generation, keys)
         created = await self._store.transact(partial(
-            fork_run, source_key=source.run_id, fork=fork, start=start, now=now, checked=checked
+            fork_run, source_key=source.run_id, fork=fork, start=start, now=now, checked=checked,
+            budgets=self.config.scope_budgets.get(fork.scope),
         ))  # fmt: skip
         if not created:
             raise RunConflict(split_run_key(key)[1], ["run_id (a run with this id exists)"])
@@ -414,6 +418,7 @@ class Runner(RunReads):
         )
         key = caller_key(run_id, scope)
         now = self._driver.now_ms()
+        budgets = self.config.scope_budgets.get(validate_scope(scope))
 
         def deliver(tx: JournalTransaction) -> RunRecord:
             run = found_run(tx.get_run(key), run_id)
@@ -422,6 +427,13 @@ class Runner(RunReads):
             seq = tx.insert_inbox(key, event_type, encoded, now, event_id)
             if seq is None:
                 return run  # delivered before: the retry changes nothing
+            cap = self.config.events_pending_per_run
+            if tx.count_unconsumed(key) > cap:  # counting this one
+                raise InvalidEvent(
+                    f"run {run_id!r} holds {cap} events no wait has taken yet, the most a run "
+                    "may hold (RunnerConfig.events_pending_per_run): nothing was delivered"
+                )
+            admit(tx, run.scope, budgets, stored_bytes=len(encoded))
             tx.append_event(
                 key, "event_received", now,
                 dumps_text({"type": event_type, "inbox": seq, "eventId": event_id}),

@@ -1,5 +1,6 @@
 """A scope's usage against its budgets, as shown (`qjsflow usage`, `Runner.usage`, the
-console), and the budgets that refuse a `start` (docs/TENANCY.md, Budgets)."""
+console), and the one admission path for what creates runs or stores bytes (docs/TENANCY.md,
+Budgets)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from qjsflow.runner.budgets import MEASURES, Budgets, window_start
 from qjsflow.runner.errors import BudgetExceeded
 from qjsflow.runner.store import ENDED, JournalTransaction
 
-__all__ = ["MeasureUsage", "ScopeUsage", "refuse_start", "scope_usage"]
+__all__ = ["MeasureUsage", "ScopeUsage", "admit", "scope_usage"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,12 +59,25 @@ def scope_usage(
     )
 
 
-def refuse_start(tx: JournalTransaction, scope: str, budgets: Budgets) -> None:
-    """Raise BudgetExceeded when a new run of `scope` would pass its live-runs budget, or its
-    journal is at its bytes budget (a run would only add to it)."""
-    if budgets.live_runs is not None and tx.count_live_runs(scope) >= budgets.live_runs:
-        raise BudgetExceeded(scope, "live runs", budgets.live_runs)
-    if budgets.journal_bytes is not None:
-        used = tx.scope_usage(scope, {"journal_bytes": 0}).get("journal_bytes", 0.0)
-        if used >= budgets.journal_bytes:
-            raise BudgetExceeded(scope, "journal bytes", budgets.journal_bytes)
+def admit(
+    tx: JournalTransaction,
+    scope: str,
+    budgets: Budgets | None,
+    *,
+    new_live_run: bool = False,
+    stored_bytes: int = 0,
+) -> None:
+    """The one admission path for whatever creates a run or stores bytes for `scope` (start,
+    fork, restart of an ended run, signal), in the transaction that does it: BudgetExceeded
+    when a run made live would pass the live-runs budget, or the bytes stored would pass the
+    journal-bytes budget; else the bytes are charged to the scope's usage."""
+    if budgets is not None:
+        live = budgets.live_runs
+        if new_live_run and live is not None and tx.count_live_runs(scope) >= live:
+            raise BudgetExceeded(scope, "live runs", live)
+        if budgets.journal_bytes is not None:
+            used = tx.scope_usage(scope, {"journal_bytes": 0}).get("journal_bytes", 0.0)
+            if used >= budgets.journal_bytes or used + stored_bytes > budgets.journal_bytes:
+                raise BudgetExceeded(scope, "journal bytes", budgets.journal_bytes)
+    if stored_bytes:
+        tx.charge_usage(scope, [("journal_bytes", 0, float(stored_bytes))])

@@ -16,7 +16,7 @@ from qjsflow.runner import ALL_SCOPES, Bindings, Runner, RunnerConfig, StartRunI
 from qjsflow.runner.budgets import Budgets
 from qjsflow.runner.egress import EgressPolicy
 from qjsflow.runner.environment import ScopeEnvironment
-from qjsflow.runner.errors import BudgetExceeded
+from qjsflow.runner.errors import BudgetExceeded, InvalidEvent
 from qjsflow.sandbox import PoolConfig
 from qjsflow.testing import MockTool
 from tests.conftest import FakeClock
@@ -368,3 +368,73 @@ async def test_a_retry_attempt_held_back_is_set_aside_not_failed(
         [step] = [s for s in await runner.list_steps("r", scope="capped") if s.name == "s"]
         assert step.attempt == 2  # the limit of one retry was enough: no attempt was lost
     assert calls == ["a", "b"]  # `a` succeeded once and was not called again
+
+
+# -- one admission path: whatever creates a run or stores bytes is charged ---------------------
+
+STORES = """export default async (e, step) => {
+  const a = await step.do("a", async () => "x".repeat(1000));
+  const b = await step.do("b", async () => "y".repeat(1000));
+  return a.length + b.length;
+};"""
+WAITS = 'export default async (e, step) => step.waitForEvent("go", { type: "go" });'
+
+
+async def test_fork_and_restart_are_held_to_the_live_runs_budget(
+    tmp_path: Path, clock: FakeClock
+) -> None:
+    config = _config(tmp_path, clock, scope_budgets={"capped": Budgets(live_runs=2)})
+    async with Runner.open(tmp_path / "j.db", config) as runner:
+        await _start(runner, "capped", WAITS, "a")
+        await _start(runner, "capped", WAITS, "b")
+        with pytest.raises(BudgetExceeded, match="2 live runs"):
+            await runner.fork("a", scope="capped", new_run_id="a2", drive=False)
+        await runner.cancel("b", scope="capped")
+        assert (await runner.fork("a", scope="capped", new_run_id="a2")).status == "waiting"
+        with pytest.raises(BudgetExceeded, match="2 live runs"):  # b ended: live again is new
+            await runner.restart("b", scope="capped", drive=False)
+        assert (await runner.restart("a", scope="capped")).status == "waiting"  # live already
+        assert [r.run_id for r in await runner.list(scope="capped")] == ["a", "a2", "b"]
+        assert (await runner.usage(scope="capped"))["capped"].live == 2
+
+
+async def test_results_a_fork_copies_are_charged_and_given_back_when_it_is_pruned(
+    tmp_path: Path, clock: FakeClock
+) -> None:
+    config = _config(tmp_path, clock, scope_budgets={"capped": Budgets(journal_bytes=4500)})
+    async with Runner.open(tmp_path / "j.db", config) as runner:
+        assert (await _start(runner, "capped", STORES, "src")).output == 2000
+        alone = await _measure(runner, "capped", "journal_bytes")
+        assert alone >= 2000
+        fork = await runner.fork("src", scope="capped", from_step="do:b", new_run_id="f1")
+        assert fork.output == 2000
+        with_fork = await _measure(runner, "capped", "journal_bytes")
+        assert with_fork >= alone + 2000  # the copy of a, and b made again
+        with pytest.raises(BudgetExceeded, match="4500 journal bytes"):  # a copy past it
+            await runner.fork("src", scope="capped", from_step="do:b", new_run_id="f2")
+        clock.advance(10)
+        await runner.prune(older_than_s=1, scope="capped", statuses={"completed"})
+        assert await _measure(runner, "capped", "journal_bytes") == 0  # what was charged, freed
+
+
+async def test_signals_are_charged_and_bounded(tmp_path: Path, clock: FakeClock) -> None:
+    config = _config(tmp_path, clock, scope_budgets={"capped": Budgets(journal_bytes=3000)},
+                     events_pending_per_run=3)  # fmt: skip
+    async with Runner.open(tmp_path / "j.db", config) as runner:
+        await _start(runner, "capped", WAITS, "w")
+        payload = "p" * 1000
+        await runner.signal("w", "later", payload, scope="capped")
+        await runner.signal("w", "later", payload, scope="capped")
+        assert await _measure(runner, "capped", "journal_bytes") >= 2000
+        with pytest.raises(BudgetExceeded, match="3000 journal bytes"):
+            await runner.signal("w", "later", payload, scope="capped")
+        await _start(runner, "free", WAITS, "w")
+        for _ in range(3):
+            await runner.signal("w", "later", "small", scope="free")
+        with pytest.raises(InvalidEvent, match="holds 3 events no wait has taken yet"):
+            await runner.signal("w", "later", "small", scope="free")
+        events = query(tmp_path / "j.db", "SELECT run_id, count(*) FROM inbox GROUP BY run_id"
+                       " ORDER BY run_id")  # fmt: skip
+        assert events == [("capped/w", 2), ("free/w", 3)]  # nothing of the refused ones
+        await _start(runner, "free", WAITS, "other")  # the cap is per run
+        assert (await runner.signal("other", "go", "now", scope="free")).status == "completed"

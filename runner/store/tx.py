@@ -609,16 +609,23 @@ class JournalTransaction:
         )
 
     def _free_journal_bytes(self, run_ids: list[str]) -> None:
-        """Runs about to be deleted give back the journal bytes their drives were charged."""
+        """Runs about to be deleted give back the journal bytes they were charged: their
+        steps' results, console lines and events (runner/usage.py, `admit`)."""
         marks = ", ".join("?" for _ in run_ids)
         rows = self._db.execute(
             "SELECT r.scope, coalesce(sum(b.n), 0) FROM runs r JOIN ("
             f" SELECT run_id, length(output) AS n FROM steps WHERE run_id IN ({marks})"
             f" UNION ALL SELECT run_id, length(text) FROM logs WHERE run_id IN ({marks})"
+            f" UNION ALL SELECT run_id, length(payload) FROM inbox WHERE run_id IN ({marks})"
             ") b USING (run_id) GROUP BY r.scope",
-            (*run_ids, *run_ids),
+            (*run_ids, *run_ids, *run_ids),
         ).fetchall()
         for scope, freed in rows:
+            self.free_journal_bytes(str(scope), int(freed))
+
+    def free_journal_bytes(self, scope: str, freed: int) -> None:
+        """Give `scope` back journal bytes it was charged (never below nothing)."""
+        if freed > 0:
             self._db.execute(
                 "UPDATE scope_usage SET amount = CASE WHEN amount > ? THEN amount - ? ELSE 0 END"
                 " WHERE scope = ? AND measure = 'journal_bytes' AND window_start = 0",
@@ -1081,6 +1088,13 @@ class JournalTransaction:
             None if row[1] is None else int(row[1]),
             None if row[2] is None else int(row[2]),
         )
+
+    def count_unconsumed(self, run_id: str) -> int:
+        """Events delivered to the run that no wait has taken yet."""
+        row = self._one(
+            "SELECT count(*) FROM inbox WHERE run_id = ? AND consumed_by IS NULL", (run_id,)
+        )
+        return int(row[0])
 
     def consume(self, seq: int, step_key: str) -> None:
         self._db.execute("UPDATE inbox SET consumed_by = ? WHERE seq = ?", (step_key, seq))
