@@ -521,7 +521,8 @@ class RunDriver:
         host = DriveHost(
             self.store, lease, bindings, self.config.limits, self.now_ms, scopes=self.scopes,
             journal_bytes=recorded, monotonic=self.config.monotonic,
-            environment=self.config.environments.get(run.scope), generation=run.generation,
+            environment=self.config.environments.get(run.scope), run_env=run.persisted_bindings,
+            generation=run.generation,
             budgets=self.config.scope_budgets.get(run.scope), used=used, traced=traced,
         )  # fmt: skip
         try:

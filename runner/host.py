@@ -10,6 +10,7 @@ notifications, running author SQL in the scope-database process. A tool call is 
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import dataclasses
 import functools
@@ -54,6 +55,7 @@ from qjsflow.runner.bindings import (
 from qjsflow.runner.budgets import BY_CALL, Budgets, DriveUsage, Throttle, exhausted
 from qjsflow.runner.capabilities import DENIED, SQL_ADDRESS, Reach
 from qjsflow.runner.cloudflare_bindings import (
+    BINDING_ADDRESSES,
     KV_ADDRESS,
     QUEUE_ADDRESS,
     R2_ADDRESS,
@@ -68,6 +70,7 @@ from qjsflow.runner.locations import Locator
 from qjsflow.runner.metrics import METRICS
 from qjsflow.runner.scopedb import ScopeDatabases, SqlOutcome
 from qjsflow.runner.scopes import split_run_key
+from qjsflow.runner.secret_values import RunSecrets
 from qjsflow.runner.steps import Answered
 from qjsflow.runner.store import JournalStore, JournalTransaction, Lease
 
@@ -124,6 +127,7 @@ class DriveHost:
         monotonic: Callable[[], float] = time.monotonic,
         locate: Locator = lambda stack: None,
         environment: ScopeEnvironment | None = None,
+        run_env: str | None = None,
         generation: int = 0,
         budgets: Budgets | None = None,
         used: Mapping[str, float] | None = None,
@@ -134,6 +138,8 @@ class DriveHost:
         self.generation = generation
         # The run's scope's env: secret values (only tool calls see them) and egress policy.
         self.environment = environment or _NO_ENVIRONMENT
+        # Which of them the run may reach (its env's handles), and masks for all of them.
+        self.secrets = RunSecrets(self.environment.secrets, run_env)
         self.monotonic = monotonic
         self.locate = locate  # the engine's frames -> the author's (runner/locations.py)
         self.scopes = scopes
@@ -553,12 +559,7 @@ class DriveHost:
         if refusal is not None:
             return await self._deny(op.step, op.count, kind="tool", address=op.address,
                                     args=op.args, refusal=refusal, digest=op.digest)  # fmt: skip
-        tool = self.bindings.tool(op.address) or self._builtin(op.address)
-        try:  # decoded once; the values go only to the tool
-            args = reveal(to_python(op.args), self.environment.secrets)
-            missing = None
-        except MissingSecret as lacking:
-            args, missing = None, lacking.name
+        tool, args, missing = self._tool_and_args(op)
 
         def begin(tx: JournalTransaction) -> Answered | _ToolCall | None:
             if self._refuses(tx, op.step, "fetch" if op.address == FETCH_ADDRESS else "tool"):
@@ -621,6 +622,23 @@ class DriveHost:
         _count_step("tool", answered[0], duration_ms)
         return answered
 
+    def _tool_and_args(self, op: StepTool) -> tuple[ToolFn | None, Any, str | None]:
+        """The tool that serves `op`, its arguments (decoded once; secret values put in only
+        for a tool or fetch, where they leave the host), and the secret this worker lacks."""
+        tool = self.bindings.tool(op.address) or self._builtin(op.address)
+        if op.address in BINDING_ADDRESSES:  # they store what they get: no value goes there
+            args = to_python(op.args)
+            where = args.get("binding") if isinstance(args, dict) else op.address
+            try:
+                self.secrets.refuse_handles(args, str(where)[:80])
+            except FatalToolError as error:
+                return _failing(error), args, None
+            return tool, args, None
+        try:
+            return tool, reveal(to_python(op.args), self.secrets.reachable), None
+        except MissingSecret as lacking:
+            return tool, None, lacking.name
+
     async def _deny(
         self,
         step: str,
@@ -672,7 +690,11 @@ class DriveHost:
     async def _fetch(self, args: Any) -> Any:
         """The sandbox's `fetch`, under the scope's egress policy (runner/egress.py)."""
         egress = self.reach.egress(self.environment.egress)
-        return await fetch(args, egress, self.scope, self.environment.secrets)
+        response = await fetch(args, egress, self.scope, self.secrets.reachable)
+        if response.get("bodyEncoding") == "base64":  # masked as bytes: text masks cannot see
+            raw = self.secrets.mask_bytes(base64.b64decode(response["body"]))
+            response["body"] = base64.b64encode(raw).decode("ascii")
+        return response
 
     async def _call_tool(
         self, op: StepTool, tool: ToolFn, args: Any
@@ -680,16 +702,19 @@ class DriveHost:
         started = self.monotonic()
         try:
             result = await asyncio.wait_for(tool(args), op.config.timeout_ms / 1000)
-            value = from_python(result, max_bytes=self.limits.value_bytes, what="the tool result")
+            # What comes back is recorded: no secret's value may be in it (secret_values.py).
+            value = from_python(self.secrets.mask(result), max_bytes=self.limits.value_bytes,
+                                what="the tool result")  # fmt: skip
             return value, None, self._elapsed_ms(started)
         except TimeoutError:
             message = f"tool {op.address!r} exceeded its timeout of {op.config.timeout_ms} ms"
             return None, StepFailure("StepTimeoutError", message), self._elapsed_ms(started)
         except FatalToolError as error:
-            return None, StepFailure("FatalError", str(error), False), self._elapsed_ms(started)
+            message = self.secrets.mask_text(str(error))
+            return None, StepFailure("FatalError", message, False), self._elapsed_ms(started)
         except Exception as error:  # a tool's failure is the step's, never the host's
-            name = type(error).__name__
-            return None, StepFailure(name, str(error)), self._elapsed_ms(started)
+            name, message = type(error).__name__, self.secrets.mask_text(str(error))
+            return None, StepFailure(name, message), self._elapsed_ms(started)
 
     def _elapsed_ms(self, started: float) -> int:
         return int((self.monotonic() - started) * 1000)
@@ -816,3 +841,12 @@ class DriveHost:
             return failure, finished
 
         return await self.store.transact(end, self.lease)
+
+
+def _failing(error: FatalToolError) -> ToolFn:
+    """A tool that fails its call with `error` (a call refused before any tool runs)."""
+
+    async def refuse(args: Any) -> Any:
+        raise error
+
+    return refuse

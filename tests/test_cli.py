@@ -367,7 +367,7 @@ def test_list_pages_and_says_when_more_exist(tmp_path: Path) -> None:
     human = cli.run("list", "--limit", "3", json=False).stdout
     assert "\n… more: --cursor " in human
     refused = cli.run("list", "--limit", "0")
-    assert (refused.returncode, "--limit must be 1 to 10000" in refused.stderr) == (2, True)
+    assert (refused.returncode, "--limit: '0' is outside 1 to 10000" in refused.stderr) == (2, True)
 
 
 def test_status_says_which_step_retries_when_and_why(
