@@ -4,6 +4,11 @@ Author SQL never runs in the journal's process: server processes (runner/scopedb
 one per active scope, are spawned on first use. Each answers its scope's requests one at a
 time; a request that outlives its deadline by `kill_grace_s` kills its server, which is
 started again on the next call (SQLite's own journal keeps each scope file consistent).
+
+Every request carries an id its answer repeats, and one reader task per process takes the
+answers off the pipe and hands each to the request of its id. A caller cancelled at any await
+(its drive's lease lost, the run terminated elsewhere) leaves its answer to be dropped by the
+reader, never read by the next request, which may be another run's.
 """
 
 from __future__ import annotations
@@ -38,13 +43,57 @@ class _ScopeProcess:
     def __init__(self) -> None:
         self.process: asyncio.subprocess.Process | None = None
         self.lock = asyncio.Lock()
+        self.reader: asyncio.Task[None] | None = None
+        self.waiting: dict[int, asyncio.Future[Any]] = {}
+        self.next_id = 0
+
+    def started(self, process: asyncio.subprocess.Process) -> None:
+        self.process = process
+        self.reader = asyncio.create_task(self._read(process))
+
+    async def ask(self, request: dict[str, Any], wait_s: float) -> Any:
+        """Send `request` and wait for the answer of its id (the caller holds the lock)."""
+        process = self.process
+        assert process is not None
+        assert process.stdin is not None
+        self.next_id += 1
+        request_id = self.next_id
+        answer: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self.waiting[request_id] = answer
+        try:
+            process.stdin.write(frame(dumps({**request, "id": request_id})))
+            await process.stdin.drain()
+            return await asyncio.wait_for(answer, wait_s)
+        finally:
+            self.waiting.pop(request_id, None)  # an answer still to come is dropped
+
+    async def _read(self, process: asyncio.subprocess.Process) -> None:
+        assert process.stdout is not None
+        try:
+            while True:
+                reply = loads(await read_frame_async(process.stdout))
+                request_id = reply.get("id") if isinstance(reply, dict) else None
+                answer = None
+                if isinstance(request_id, int):
+                    answer = self.waiting.pop(request_id, None)
+                if answer is not None and not answer.done():
+                    answer.set_result(reply)
+        except (FrameError, ConnectionError, ValueError) as error:
+            for answer in self.waiting.values():
+                if not answer.done():
+                    answer.set_exception(ConnectionError(f"the SQL process's pipe: {error}"))
 
     async def stop(self) -> None:
         process, self.process = self.process, None
+        reader, self.reader = self.reader, None
         if process is not None:
             with contextlib.suppress(ProcessLookupError):
                 process.kill()
             await process.wait()
+        if reader is not None:
+            reader.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await reader
 
 
 class ScopeDatabases:
@@ -74,12 +123,10 @@ class ScopeDatabases:
         """Run one author statement in `scope`'s database, at most once per `call_key`; with
         `read_only`, a statement that would write is refused (`capability_denied`)."""
         validate_scope(scope)  # before any file is touched
-        request = dumps(
-            {
-                "scope": scope, "runId": run_id, "call": call_key, "sql": sql, "params": params,
-                "deadlineS": deadline_s, "limits": asdict(self.limits), "readOnly": read_only,
-            }
-        )  # fmt: skip
+        request = {
+            "scope": scope, "runId": run_id, "call": call_key, "sql": sql, "params": params,
+            "deadlineS": deadline_s, "limits": asdict(self.limits), "readOnly": read_only,
+        }  # fmt: skip
         slot = self._slot(scope)
         async with slot.lock:
             try:
@@ -99,7 +146,7 @@ class ScopeDatabases:
         (a pruned run's id used again must run its SQL anew)."""
         if not run_ids or not self.path_of(scope).exists():
             return
-        request = dumps({"scope": scope, "forget": run_ids, "limits": asdict(self.limits)})
+        request = {"scope": scope, "forget": run_ids, "limits": asdict(self.limits)}
         slot = self._slot(scope)
         async with slot.lock:
             reply = await self._ask(slot, request, 60.0)
@@ -115,14 +162,10 @@ class ScopeDatabases:
                 await self._server(slot)
         return dict(self.layers)
 
-    async def _ask(self, slot: _ScopeProcess, request: bytes, wait_s: float) -> Any:
+    async def _ask(self, slot: _ScopeProcess, request: dict[str, Any], wait_s: float) -> Any:
         """One request and its reply; the caller holds the slot's lock."""
-        process = await self._server(slot)
-        assert process.stdin is not None
-        assert process.stdout is not None
-        process.stdin.write(frame(request))
-        await process.stdin.drain()
-        return loads(await asyncio.wait_for(read_frame_async(process.stdout), wait_s))
+        await self._server(slot)
+        return await slot.ask(request, wait_s)
 
     def _slot(self, scope: str) -> _ScopeProcess:
         slot = self._scopes.get(scope)
@@ -161,7 +204,7 @@ class ScopeDatabases:
         greeting = loads(ready)
         if not isinstance(greeting, dict) or greeting.get("ready") is not True:
             raise RuntimeError("the scope-database process started with a bad greeting")
-        slot.process = process
+        slot.started(process)
         self.layers = greeting.get("layers") or {}
         return process
 
@@ -169,12 +212,9 @@ class ScopeDatabases:
         scopes, self._scopes = list(self._scopes.values()), OrderedDict()
         for slot in scopes:
             async with slot.lock:
-                process, slot.process = slot.process, None
-                if process is None or process.stdin is None:
-                    continue
-                process.stdin.close()
-                try:
-                    await asyncio.wait_for(process.wait(), 5)
-                except TimeoutError:
-                    process.kill()
-                    await process.wait()
+                process = slot.process
+                if process is not None and process.stdin is not None:
+                    process.stdin.close()
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(process.wait(), 5)
+                await slot.stop()  # kills it if it did not end, and its reader

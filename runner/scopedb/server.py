@@ -358,7 +358,9 @@ def main() -> None:
         payload = read_frame_fd(0)
         if payload is None:
             return
-        reply = dumps(server.execute(loads(payload, max_depth=None)))
+        request = loads(payload, max_depth=None)
+        # The answer repeats the request's id: the host matches them (client.py).
+        reply = dumps({**server.execute(request), "id": request.get("id")})
         view = memoryview(frame(reply))
         while view:
             view = view[os.write(out, view) :]
