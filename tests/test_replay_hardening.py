@@ -128,7 +128,7 @@ export default async (event, step) => {
 async def test_local_time_reads_are_utc(clocked_runner: Runner) -> None:
     """What authors see. On a host whose own zone is UTC this passes without the fix too:
     `test_executors_run_with_no_environment_an_empty_folder_and_rlimits` is what fails if
-    an executor is started without TZ=UTC."""
+    an executor is started without TZ=UTC0."""
     run = await start_source(clocked_runner, TIMEZONE)
     offset, hours, text, local_midnight = run.output
     assert (offset, hours) == (0, 12)

@@ -321,7 +321,7 @@ async def test_executors_run_with_no_environment_an_empty_folder_and_rlimits(
     assert isinstance(outcome, Completed)
     assert facts
     environ, folder, limits = facts[0]
-    assert environ == b"TZ=UTC\x00"  # the fixed time zone, nothing of the host
+    assert environ == b"TZ=UTC0\x00"  # the fixed time zone, nothing of the host
     assert folder == []
     lines = {line[:26].strip(): line[26:].split() for line in limits.splitlines()[1:]}
     assert lines["Max address space"][0] == str(1024**3)
