@@ -6,6 +6,7 @@ import asyncio
 import dataclasses
 import os
 import secrets
+import uuid
 from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -402,9 +403,11 @@ class Runner(RunReads):
         buffered; each is consumed once, in the order they arrived. A waiting run is driven
         inline (or, with `drive=False`, woken for a worker). With an `event_id`, delivering
         the same id again (a caller retrying after a timeout) adds no second event."""
-        if event_id is not None and (
-            not isinstance(event_id, str) or not RUN_ID.fullmatch(event_id)
-        ):
+        if event_id is None:
+            # Made before the first attempt: a transaction run again after a fault finds the
+            # event it delivered (the inbox keeps one event per id) and adds no second.
+            event_id = f"e-{uuid.uuid4().hex}"
+        if not isinstance(event_id, str) or not RUN_ID.fullmatch(event_id):
             raise InvalidEvent(
                 f"invalid event id {str(event_id)[:80]!r}: use 1-128 characters of "
                 "A-Z, a-z, 0-9, _ and -"

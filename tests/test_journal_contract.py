@@ -172,6 +172,7 @@ def test_a_batchs_usage_is_written_last_and_only_for_jobs_that_succeed(tmp_path:
 
     class Backend:  # the SQLite backend's dialect and transaction, on the logged connection
         dialect = SQLITE
+        marks_commits = False
 
         def begin(self, connection: Any, full: bool, write: bool = True) -> None:
             connection.execute("BEGIN IMMEDIATE")

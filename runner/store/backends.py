@@ -53,6 +53,9 @@ class Backend(Protocol):
     @property
     def marks(self) -> bool: ...
 
+    @property
+    def marks_commits(self) -> bool: ...
+
 
 def is_postgres_url(location: str | Path) -> bool:
     return str(location).startswith(("postgresql://", "postgres://"))
@@ -79,6 +82,7 @@ _SQLITE_TRANSIENT = (
 class SqliteBackend:
     dialect = SQLITE
     marks = True  # `mark`: its WAL-index header
+    marks_commits = False  # a local COMMIT is answered or the process is gone with it
 
     @staticmethod
     def is_transient(error: BaseException) -> bool:
@@ -224,6 +228,9 @@ class _PgConnection:
 class PostgresBackend:
     dialect = POSTGRES
     marks = False  # `mark` is always None
+    # A COMMIT can reach the server while its answer is lost: each writes a mark to look for
+    # (runner/store/journal.py, `_commit_marked`).
+    marks_commits = True
 
     @staticmethod
     def is_transient(error: BaseException) -> bool:

@@ -12,9 +12,11 @@ writes (write-ahead). Reads are single statements outside any write transaction.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import logging
 import time
+import uuid
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from functools import partial
@@ -61,6 +63,10 @@ __all__ = [
 T = TypeVar("T")
 _log = logging.getLogger("qjsflow.journal")
 _MAX_BATCH = 256
+# A server's commit marks (`_commit_marked`): kept an hour, longer than any retry looks for
+# one; swept by about one commit in this many.
+_MARK_KEEP_MS = 3_600_000
+_MARK_SWEEP_EVERY = 1000
 # A batch that needs no fsync (leases and drives' beginnings, writes behind an answer) is taken
 # at most this many jobs at a time: a worker that claims a hundred runs starts its first drives
 # once their leases are in (~0.15 ms a job), not once all hundred are.
@@ -171,15 +177,47 @@ def _run_batch(connection: Any, batch: list[_Job], backend: Backend) -> _Batch:
         else:
             if usage:
                 write_batch_usage(JournalTransaction(connection, None, backend.dialect), usage)
-            connection.execute("COMMIT")
+            _commit_marked(connection, backend, outcomes, any(job.writes for job in batch))
     except BaseException:
-        if connection.in_transaction:
-            connection.execute("ROLLBACK")
+        with contextlib.suppress(Exception):  # a connection lost in the commit: gone with it
+            if connection.in_transaction:
+                connection.execute("ROLLBACK")
         raise
     if before is None:
         return outcomes, None
     after = backend.mark()
     return outcomes, after if follows(before, after) else None
+
+
+class UnknownCommit(Exception):
+    """The server may or may not have committed a batch: the answer to COMMIT was lost. Its
+    mark says which (`JournalStore._settle_unknown`); its outcomes stand if it did."""
+
+    def __init__(self, mark: str, outcomes: list[tuple[bool, Any]], cause: BaseException):
+        super().__init__(f"the commit's answer was lost: {cause}")
+        self.mark, self.outcomes, self.cause = mark, outcomes, cause
+
+
+def _commit_marked(
+    connection: Any, backend: Backend, outcomes: list[tuple[bool, Any]], writes: bool
+) -> None:
+    """COMMIT; on a server, with a mark of its own written in the same transaction, so that a
+    commit whose answer is lost is found committed or not, never made twice (docs/OPERATIONS.md,
+    Commits whose outcome is unknown)."""
+    if not backend.marks_commits or not writes:  # a read-only batch: the same run twice
+        connection.execute("COMMIT")
+        return
+    mark = uuid.uuid4().hex
+    now_ms = int(time.time() * 1000)
+    connection.execute("INSERT INTO commit_marks (mark, at) VALUES (?, ?)", (mark, now_ms))
+    if now_ms % _MARK_SWEEP_EVERY == 0:  # now and then, the marks no retry will look for
+        connection.execute("DELETE FROM commit_marks WHERE at < ?", (now_ms - _MARK_KEEP_MS,))
+    try:
+        connection.execute("COMMIT")
+    except Exception as error:
+        if backend.is_transient(error):
+            raise UnknownCommit(mark, outcomes, error) from error
+        raise
 
 
 def _never() -> bool:
@@ -398,11 +436,24 @@ class JournalStore:
                 partial(_run_batch, batch=batch, backend=self._backend),
                 here=_one_drives(batch) and self.commit_here(),
             )
+        except UnknownCommit as unknown:
+            outcomes = (await self._settle_unknown(unknown), None)
         finally:
             self._busy = False
         durable = "yes" if any(job.durable for job in batch) else "no"
         METRICS.journal_seconds.labels(durable=durable).observe(time.monotonic() - began)
         return outcomes
+
+    async def _settle_unknown(self, unknown: UnknownCommit) -> list[tuple[bool, Any]]:
+        """A batch whose COMMIT went unanswered: its outcomes if its mark is in the journal
+        (it committed), else its commit's error (it did not: the jobs are run again)."""
+        found = await self._retrying(
+            lambda: self._backend.all("SELECT 1 FROM commit_marks WHERE mark = ?", (unknown.mark,))
+        )
+        if not found:
+            raise unknown.cause
+        _log.warning("a commit whose answer was lost had committed: its results stand")
+        return unknown.outcomes
 
     async def _commit_queued(self) -> None:
         while self._queue:

@@ -14,6 +14,7 @@ from qjsflow.runner.store.dialect import Dialect
 __all__ = [
     "CALL_DIGESTS",
     "CANCELLING",
+    "COMMIT_MARKS",
     "MIGRATIONS",
     "RUN_CONTROL",
     "TRACE_CONTEXT",
@@ -83,6 +84,9 @@ CALL_DIGESTS = "ALTER TABLE steps ADD COLUMN args_digest TEXT"
 
 # Migration 14 (PostgreSQL's 9): a worker's claim finds runs with a cancel asked through this
 # (partial, so it holds only those) instead of scanning every run that has not ended.
+# A server's commits each write a mark (runner/store/journal.py, `_commit_marked`); the table
+# is in both schemas, SQLite's unused, so that the two stay alike.
+COMMIT_MARKS = "CREATE TABLE commit_marks (mark TEXT PRIMARY KEY, at BIGINT NOT NULL)"
 CANCELLING = "CREATE INDEX runs_cancelling ON runs (run_id) WHERE cancel_requested = 1"
 
 
@@ -298,6 +302,7 @@ MIGRATIONS: tuple[tuple[int, str, str], ...] = (
     (13, "the digest of each call's arguments, checked on replay", CALL_DIGESTS),
     (14, "runs with a cancel asked, found without a scan", CANCELLING),
     (15, "the run's clock of a step the sandbox settled itself", replay_clock("INTEGER")),
+    (16, "marks of commits, for a commit whose answer is lost", COMMIT_MARKS),
 )
 
 

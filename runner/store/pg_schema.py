@@ -10,6 +10,7 @@ from __future__ import annotations
 from qjsflow.runner.store.migrations import (
     CALL_DIGESTS,
     CANCELLING,
+    COMMIT_MARKS,
     RUN_CONTROL,
     TRACE_CONTEXT,
     Migration,
@@ -127,4 +128,5 @@ PG_MIGRATIONS: tuple[Migration, ...] = (
         "the run's clock of a step the sandbox settled itself (SQLite migration 15)",
         replay_clock("BIGINT"),
     ),
+    (11, "marks of commits, for a commit whose answer is lost (SQLite migration 16)", COMMIT_MARKS),
 )
