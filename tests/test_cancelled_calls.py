@@ -6,6 +6,7 @@ was cancelled is never given another."""
 from __future__ import annotations
 
 import asyncio
+import sqlite3
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -83,3 +84,26 @@ async def test_an_executor_whose_drive_was_cancelled_serves_no_other_drive() -> 
         assert isinstance(outcome, Completed)
         assert to_python(outcome.output) == "mine"
         assert pool.replaced >= 1  # the cancelled drive's executor was not kept
+
+
+async def test_contention_on_a_scope_file_is_waited_for(tmp_path: Path) -> None:
+    """Two workers on one machine share the scope folder: one's write lock on a scope file
+    makes the other's call wait (bounded), not kill its SQL process nor fail the call."""
+    root = tmp_path / "scopes"
+    first, second = ScopeDatabases(root), ScopeDatabases(root)
+    try:
+        assert await _sql(first, "CREATE TABLE t (n INTEGER)", "make") == []
+        assert await _sql(second, "SELECT count(*) AS n FROM t", "look") == [{"n": 0}]
+        holder = sqlite3.connect(root / "acme.sqlite", isolation_level=None)
+        holder.execute("BEGIN IMMEDIATE")  # another process's write, under way
+        insert = asyncio.create_task(_sql(second, "INSERT INTO t VALUES (1)", "insert"))
+        # Observed for a moment: a call that met the lock at once would have ended by then.
+        done, _ = await asyncio.wait({insert}, timeout=0.5)
+        assert not done, insert.result()
+        holder.execute("COMMIT")
+        holder.close()
+        assert await insert == []
+        assert await _sql(second, "SELECT count(*) AS n FROM t", "after") == [{"n": 1}]
+    finally:
+        await first.aclose()
+        await second.aclose()

@@ -130,7 +130,8 @@ class ScopeDatabases:
         slot = self._slot(scope)
         async with slot.lock:
             try:
-                reply = await self._ask(slot, request, deadline_s + self.limits.kill_grace_s)
+                wait_s = deadline_s + self.limits.busy_wait_s + self.limits.kill_grace_s
+                reply = await self._ask(slot, request, wait_s)
             except (TimeoutError, FrameError, ConnectionError) as error:
                 await slot.stop()
                 stopped = "stopped answering" if isinstance(error, TimeoutError) else "died"

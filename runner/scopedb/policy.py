@@ -40,6 +40,9 @@ class SqlLimits:
     # another's; at most this many stay alive (the least recently used idle one goes first).
     max_processes: int = 8
     kill_grace_s: float = 1.0  # past its deadline, a statement's process is killed
+    # How long a call waits for another process's write lock on the scope's file (two
+    # workers on one machine share the scope folder); past it the call fails, coded `busy`.
+    busy_wait_s: float = 10.0
 
     def __post_init__(self) -> None:
         if self.max_sql_length > self.max_length:

@@ -113,6 +113,9 @@ class ScopeServer:
         path = self.root / f"{scope}.sqlite"
         flags = apsw.SQLITE_OPEN_READWRITE | apsw.SQLITE_OPEN_CREATE | apsw.SQLITE_OPEN_NOFOLLOW
         connection = apsw.Connection(str(path), flags=flags)
+        # Another process may hold the file's write lock (two workers on one machine share
+        # the scope folder): waited for, up to a bound, never an error at once.
+        connection.set_busy_timeout(int(limits.busy_wait_s * 1000))
         _harden(connection, limits)
         self.connections[scope] = connection
         while len(self.connections) > limits.cached_connections:
@@ -127,10 +130,13 @@ class ScopeServer:
         started = time.monotonic()
         try:
             connection = self.connection(request["scope"], limits)
-            result = _apply(connection, request, limits, started)
+            result = _apply(connection, request, limits)
             return {"ok": {"result": result, "elapsedS": time.monotonic() - started}}
         except SqlFailure as failure:
             code, message = failure.code, failure.message
+        except apsw.Error as error:  # opening, hardening: another process's lock, say
+            translated = _translate(error, limits)
+            code, message = translated.code, translated.message
         except UnicodeDecodeError:
             code = "bad_text"
             message = "a result holds text that is not valid UTF-8: CAST it to BLOB"
@@ -144,12 +150,17 @@ class ScopeServer:
     def forget(self, request: dict[str, Any]) -> dict[str, Any]:
         """Drop the applied-call records of pruned runs (a run id used again later must not
         find the old run's calls applied)."""
-        connection = self.connection(request["scope"], SqlLimits(**request["limits"]))
+        limits = SqlLimits(**request["limits"])
         run_ids = [str(run_id) for run_id in request["forget"]]
-        with connection:
-            connection.executemany(
-                "DELETE FROM _qjsflow_applied WHERE run_id = ?", [(r,) for r in run_ids]
-            )
+        try:
+            connection = self.connection(request["scope"], limits)
+            with connection:
+                connection.executemany(
+                    "DELETE FROM _qjsflow_applied WHERE run_id = ?", [(r,) for r in run_ids]
+                )
+        except (apsw.Error, SqlFailure) as error:
+            failure = error if isinstance(error, SqlFailure) else _translate(error, limits)
+            return {"error": {"code": failure.code, "message": failure.message, "elapsedS": 0.0}}
         return {"ok": {"result": None, "elapsedS": 0.0}}
 
 
@@ -184,13 +195,11 @@ def _harden(connection: apsw.Connection, limits: SqlLimits) -> None:
         connection.execute(pragma)
 
 
-def _apply(
-    connection: apsw.Connection, request: dict[str, Any], limits: SqlLimits, started: float
-) -> str:
+def _apply(connection: apsw.Connection, request: dict[str, Any], limits: SqlLimits) -> str:
     run_id, call = request["runId"], request["call"]
     params = _params(request["params"])
-    connection.execute("BEGIN IMMEDIATE")
     try:
+        connection.execute("BEGIN IMMEDIATE")  # waits for another process's lock (bounded)
         applied = connection.execute(
             "SELECT result FROM _qjsflow_applied WHERE run_id = ? AND call_key = ?",
             (run_id, call),
@@ -200,7 +209,7 @@ def _apply(
             return str(applied[0])
         result = _run_author_statement(
             connection, request["sql"], params, limits=limits,
-            deadline=started + float(request["deadlineS"]),
+            deadline=time.monotonic() + float(request["deadlineS"]),  # after the lock wait
             read_only=bool(request.get("readOnly")),
         )  # fmt: skip
         connection.execute(
@@ -337,7 +346,11 @@ def _translate(error: apsw.Error, limits: SqlLimits) -> SqlFailure:
         case apsw.SQLError():
             return SqlFailure("syntax", message)
         case apsw.BusyError() | apsw.LockedError():
-            return SqlFailure("busy", message)
+            return SqlFailure(
+                "busy",
+                f"another process held the scope database's lock for more than "
+                f"{limits.busy_wait_s:g} s (SqlLimits.busy_wait_s): {message}",
+            )
     return SqlFailure("error", message)
 
 
