@@ -152,6 +152,23 @@ class RunDriver:
         lease first: claims skip leased runs (a run in flight is not claimed again, here or by
         another worker) and number each scope's turns without them. A resume may begin from
         what the run's last drive here left kept (runner/kept.py)."""
+        run = await self.claim(run_id, bindings, first=first, read_first=read_first)
+        if run is None:
+            run = await self.store.get_run(run_id)
+        if run is None:
+            raise RunNotFound(run_id)
+        return run
+
+    async def claim(
+        self,
+        run_id: str,
+        bindings: Bindings,
+        *,
+        first: BeforeLease | None = None,
+        read_first: bool = False,
+    ) -> RunRecord | None:
+        """`drive`, or None when no lease was taken (another driver holds the run, or a lost
+        one's session still locks its row): nothing was done, and nothing is read."""
         async with self._locks.hold(run_id):
             kept = self._kept.take(run_id, self.now_ms())  # dropped: the end keeps it again
             read_first = read_first and self._may_read_first(run_id)
@@ -177,13 +194,10 @@ class RunDriver:
                             first=first),
                     durable=False,
                 )  # fmt: skip
-            final = None
-            if taken is not None:
-                final = await self._drive_taken(taken, bindings, keep=read_first)
-            run = final or await self.store.get_run(run_id)
-            if run is None:
-                raise RunNotFound(run_id)
-            return run
+            if taken is None:
+                return None
+            final = await self._drive_taken(taken, bindings, keep=read_first)
+            return final or await self.store.get_run(run_id)
 
     @property
     def _late_take(self) -> partial[None]:

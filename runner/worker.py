@@ -120,6 +120,7 @@ class Worker:
         # does not move while the worker waits: qjsflow.testing).
         self.idle_horizon_ms = idle_horizon_ms
         self.drives = 0
+        self.untaken = 0  # claims whose lease could not be taken (nothing driven)
         self.backoff = _Backoff()
         self.retries = _Retries(poll_interval_s)
         self.pruned = 0  # runs this worker pruned under the retention setting
@@ -134,7 +135,7 @@ class Worker:
         """Run until `stop` is set (then finish or release what is held), or, with
         `until_idle`, until nothing is in progress and no timer is due within a second."""
         stop = stop or asyncio.Event()
-        tasks: dict[str, asyncio.Task[None]] = {}
+        tasks: dict[str, asyncio.Task[bool]] = {}
         # Set when a drive ends, cleared as the worker looks for runs to claim: a drive that
         # ends at any moment after that look wakes the pause that follows it.
         ended = asyncio.Event()
@@ -207,7 +208,7 @@ class Worker:
             _log.info("pruned %d ended runs and %d snapshots", done.runs, done.snapshots)
 
     async def _claim(
-        self, tasks: dict[str, asyncio.Task[None]], ended: asyncio.Event, now: int
+        self, tasks: dict[str, asyncio.Task[bool]], ended: asyncio.Event, now: int
     ) -> list[str]:
         free = self.concurrency - len(tasks)
         if free <= 0:
@@ -257,10 +258,17 @@ class Worker:
             return environment is not None and missing[len("secret ") :] in environment.secrets
         return self.bindings.tool(missing) is not None
 
-    async def _drive(self, run_id: str) -> None:
+    async def _drive(self, run_id: str) -> bool:
+        """Drive a claimed run; False when no lease was taken (nothing was driven: the pause
+        after the claim is not cut short for it, or a run whose row a lost worker's session
+        still locks would be tried again at once, hundreds of times a second)."""
         try:
             began = time.monotonic()
-            run = await self.driver.drive(run_id, self.bindings)
+            run = await self.driver.claim(run_id, self.bindings)
+            if run is None:
+                self.untaken += 1
+                _log.debug("run %s: its lease could not be taken; not driven", run_id)
+                return False
             self.drives += 1
             _log.info("drove %s in %.3f s: %s", run_id, time.monotonic() - began, run.status)
             if run.status == "blocked":  # once: no worker without the tool drives it again
@@ -279,6 +287,7 @@ class Worker:
         except Exception:  # one run's host failure must not stop the worker
             delay = self.retries.failed(run_id)
             _log.exception("driving run %s failed; trying it again in %.1f s", run_id, delay)
+        return True
 
     async def _pause(self, ended: asyncio.Event, stop: asyncio.Event, *, looked_at: int) -> None:
         """Sleep until a drive's end since the last claim, a timer that comes due after that
@@ -298,7 +307,7 @@ class Worker:
         for waiter in waiters:
             waiter.cancel()
 
-    async def _shut_down(self, tasks: dict[str, asyncio.Task[None]]) -> None:
+    async def _shut_down(self, tasks: dict[str, asyncio.Task[bool]]) -> None:
         """Let drives in progress finish; past the grace period, cancel them (their leases are
         released on the way out, so another worker takes over at once)."""
         running = list(tasks.values())
@@ -315,10 +324,17 @@ class Worker:
 
 
 def _forget(
-    tasks: dict[str, asyncio.Task[None]], run_id: str, ended: asyncio.Event, _: object
+    tasks: dict[str, asyncio.Task[bool]], run_id: str, ended: asyncio.Event, done: object
 ) -> None:
     tasks.pop(run_id, None)
-    ended.set()
+    untaken = (
+        isinstance(done, asyncio.Task)
+        and not done.cancelled()
+        and done.exception() is None
+        and done.result() is False
+    )
+    if not untaken:  # a drive ended: its slot is free, and the claim may look again now
+        ended.set()
 
 
 def worker_command(

@@ -33,13 +33,13 @@ def _picks(runner: Runner) -> list[str]:
     once is its end: not the scheduler's order)."""
     picked: list[str] = []
     driver = runner._driver
-    drive = driver.drive
+    claim = driver.claim
 
     async def picking(run_id: str, *args: Any, **named: Any) -> Any:
         picked.append(run_id)
-        return await drive(run_id, *args, **named)
+        return await claim(run_id, *args, **named)
 
-    driver.drive = picking  # type: ignore[method-assign]
+    driver.claim = picking  # type: ignore[method-assign]
     return picked
 
 

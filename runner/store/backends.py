@@ -225,6 +225,33 @@ class _PgConnection:
         return bool(self.raw.info.transaction_status != _psycopg().pq.TransactionStatus.IDLE)
 
 
+# What bounds a worker's server session, so that a worker lost in the middle of a transaction
+# (its machine gone, its link cut, its process frozen) holds no lock past about its lease: the
+# server ends a session idle in a transaction, or a statement, past these; TCP keepalives and
+# the user timeout end a connection whose peer is gone. A parameter in the journal's URL wins.
+PG_SESSION_BOUNDS = {
+    "keepalives": "1", "keepalives_idle": "5", "keepalives_interval": "2",
+    "keepalives_count": "3", "tcp_user_timeout": "10000",
+}  # fmt: skip
+PG_SERVER_BOUNDS = "-c idle_in_transaction_session_timeout=10000 -c statement_timeout=60000"
+
+
+def _bounded(url: str) -> str:
+    """The URL's connection string with the session bounds it does not set itself (its own
+    `options` come after ours, and so win)."""
+    conninfo = importlib.import_module("psycopg.conninfo")
+    given = conninfo.conninfo_to_dict(url)
+    options = " ".join(part for part in (PG_SERVER_BOUNDS, given.get("options")) if part)
+    return str(conninfo.make_conninfo("", **{**PG_SESSION_BOUNDS, **given, "options": options}))
+
+
+# SQLSTATEs of faults that pass: read_only_sql_transaction, serialization_failure,
+# deadlock_detected, admin_shutdown, crash_shutdown, cannot_connect_now; and whole classes:
+# connection exceptions (08) and insufficient resources (53: too many connections, a full disk).
+_PG_TRANSIENT_STATES = frozenset({"25006", "40001", "40P01", "57P01", "57P02", "57P03"})
+_PG_TRANSIENT_CLASSES = frozenset({"08", "53"})
+
+
 class PostgresBackend:
     dialect = POSTGRES
     marks = False  # `mark` is always None
@@ -234,8 +261,16 @@ class PostgresBackend:
 
     @staticmethod
     def is_transient(error: BaseException) -> bool:
-        """A dropped connection or a server that is restarting or shutting down."""
-        return isinstance(error, _psycopg().OperationalError)
+        """A fault that passes by itself, told by its SQLSTATE (not its exception type): a
+        dropped connection, a server restarting or shutting down, too many connections, a
+        serialization failure or deadlock, and a server that is read-only for now (what a
+        demoted primary answers during a failover)."""
+        if isinstance(error, _psycopg().OperationalError):
+            return True
+        state = getattr(error, "sqlstate", None)
+        return isinstance(state, str) and (
+            state in _PG_TRANSIENT_STATES or state[:2] in _PG_TRANSIENT_CLASSES
+        )
 
     def __init__(self, url: str) -> None:
         self._url = url
@@ -275,7 +310,7 @@ class PostgresBackend:
         was rolled back."""
         current = self._connection
         if current is None or current.raw.broken or current.raw.closed:
-            current = _PgConnection(_psycopg().connect(self._url, autocommit=True))
+            current = _PgConnection(_psycopg().connect(_bounded(self._url), autocommit=True))
             self._connection = current
         return work(current)
 

@@ -257,6 +257,7 @@ class JournalStore:
         self._committer: asyncio.Task[None] | None = None
         self._busy = False  # a batch is being committed (by the committer, or in place)
         self.retry_s = DEFAULT_RETRY_S  # how long a transient write failure is retried
+        self.transient_faults = 0  # transactions met by a transient fault (and run again)
         # Whether a transaction may run on the event loop's own thread now, which saves two
         # wake-ups (`SqliteBackend.transaction`): the runner says yes while at most one drive
         # is in progress, when the loop would only wait for it.
@@ -313,6 +314,7 @@ class JournalStore:
             except Exception as error:
                 if not self._backend.is_transient(error):
                     raise
+                self.transient_faults += 1
                 waited = time.monotonic() - started
                 if waited + delay > self.retry_s:
                     raise JournalUnavailable(
