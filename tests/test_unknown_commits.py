@@ -114,3 +114,49 @@ async def test_a_tool_start_whose_commit_answer_was_lost_is_taken_for_its_own(
     assert calls == Counter({"count.calls": 1})
     audit = query(url, "SELECT count(*) FROM tool_calls WHERE run_id = 'acme/t'")
     assert audit == [(1,)]
+
+
+async def test_a_read_only_spell_keeps_a_tools_result_for_when_it_ends(
+    server: PostgresServer,
+) -> None:
+    """What a demoted primary answers during a failover (the server read-only for a while): a
+    tool's result write is refused, kept and written once writes are taken again, and the tool
+    is not called again."""
+    calls: Counter[str] = Counter()
+    admin = psycopg.connect(server.admin_url, autocommit=True)
+
+    def read_only(on: bool) -> None:
+        setting = (
+            "SET default_transaction_read_only = on"
+            if on
+            else "RESET default_transaction_read_only"
+        )
+        admin.execute(f"ALTER SYSTEM {setting}")
+        admin.execute("SELECT pg_reload_conf()")
+
+    async def demotes(args: Any) -> int:
+        calls["demotes"] += 1
+        read_only(True)  # the server turns read-only while the tool runs
+        return 42
+
+    url = server.new_database()
+    config = RunnerConfig(pool=PoolConfig(size=1), bindings=Bindings({"demotes": demotes}))
+    try:
+        async with Runner.open(url, config) as runner:
+            published = await runner.publish("acme", {"workflows/flow.ts": CALLS.replace(
+                "count.calls", "demotes")})  # fmt: skip
+            started = asyncio.create_task(
+                runner.start(StartRunInput("acme", "flow", published.snapshot_id, None, "ro"))
+            )
+            deadline = time.monotonic() + 60
+            while runner.store.transient_faults == 0:  # the result's write was refused
+                assert time.monotonic() < deadline, "no write met the read-only server"
+                assert not started.done(), started.result()
+                await asyncio.sleep(0.01)  # polling a counter, not timing anything
+            read_only(False)  # the failover is over
+            run = await started
+    finally:
+        read_only(False)
+        admin.close()
+    assert (run.status, run.output) == ("completed", 42)
+    assert calls == Counter({"demotes": 1})
