@@ -11,6 +11,7 @@ one job each), are chosen by the database URL: a path or `sqlite:///path`, or
 from __future__ import annotations
 
 import importlib
+import os
 import sqlite3
 from collections.abc import Callable
 from functools import partial
@@ -75,7 +76,7 @@ async def open_backend(location: str | Path, *, create: bool = True) -> Backend:
 # lock past the busy timeout, a full disk, an I/O error of the moment.
 _SQLITE_TRANSIENT = (
     "database is locked", "database table is locked", "disk i/o error",
-    "database or disk is full", "unable to open database file",
+    "database or disk is full", "unable to open database file", "readonly database",
 )  # fmt: skip
 
 
@@ -84,16 +85,25 @@ class SqliteBackend:
     marks = True  # `mark`: its WAL-index header
     marks_commits = False  # a local COMMIT is answered or the process is gone with it
 
-    @staticmethod
-    def is_transient(error: BaseException) -> bool:
+    def is_transient(self, error: BaseException) -> bool:
         text = str(error).lower()
-        return isinstance(error, sqlite3.OperationalError) and any(
+        transient = isinstance(error, sqlite3.OperationalError) and any(
             fault in text for fault in _SQLITE_TRANSIENT
         )
+        if transient and "readonly" in text:
+            # SQLite opened (or reopened) the file read-only, and stays so: a new connection
+            # is made before the next try, which writes once the file can be written again.
+            self._reopen = True
+        return transient
 
     def __init__(self, thread: JobThread, connection: sqlite3.Connection, path: Path) -> None:
         self._thread = thread
+        self._path = path
         self._db = connection
+        self._reopen = False
+        # The file this process opened: a path that comes to name another (a backup renamed
+        # over it) or an emptied one is noticed before every write (`_same_file`).
+        self._opened = _identity(path)
         self._marks = WalMarks(path)
         self._full = True  # connect_sqlite() sets synchronous=FULL
         # How long the connection waits for another process's lock (connect_sqlite's busy
@@ -109,9 +119,11 @@ class SqliteBackend:
             raise JournalUnavailable(str(path), "is empty (0 bytes): it holds no journal")
         thread = JobThread("qjsflow-sqlite")
         try:
-            connection = await thread.run(connect_sqlite, path)
-        except BaseException:
+            connection = await thread.run(partial(connect_sqlite, path, writer=create))
+        except BaseException as error:
             thread.stop()
+            if isinstance(error, sqlite3.OperationalError) and "readonly" in str(error):
+                raise JournalUnavailable(str(path), READ_ONLY) from None
             raise
         backend = cls(thread, connection, path)
         try:
@@ -125,6 +137,10 @@ class SqliteBackend:
         return await self._thread.run(self._waiting, work)
 
     def _waiting(self, work: Callable[[Any], T]) -> T:
+        if self._reopen:  # on the journal's thread, between jobs
+            self._db.close()
+            self._db = connect_sqlite(self._path)  # refuses a read-only open: tried again
+            self._reopen, self._full, self._waits = False, True, True
         self._wait_for_locks(True)
         return work(self._db)
 
@@ -142,7 +158,7 @@ class SqliteBackend:
         idle machine. There it never waits for another process's write lock (a blocked event
         loop would stall every other task): locked, it goes to the journal's thread, which
         waits as usual."""
-        if here and self._thread.idle:
+        if here and self._thread.idle and not self._reopen:
             self._wait_for_locks(False)
             try:
                 return work(self._db)
@@ -170,6 +186,8 @@ class SqliteBackend:
     def begin(self, connection: Any, full: bool, write: bool = True) -> None:
         """Open a write transaction whose commit is fsynced when `full`; without `write`, one
         that only reads (it sees the journal as of its first read and takes no lock)."""
+        if write:
+            self._same_file()
         if full != self._full:  # only outside a transaction: SQLite refuses it inside one
             connection.execute(f"PRAGMA synchronous = {'FULL' if full else 'NORMAL'}")
             self._full = full
@@ -185,10 +203,44 @@ class SqliteBackend:
         if nothing was committed between."""
         return self._marks.mark()
 
+    def _same_file(self) -> None:
+        """Refuse to write when the journal's path no longer names the file this process
+        opened, or names it emptied: its pages still in memory and the WAL would go on being
+        written beside a journal nobody reads, and tools called that it records nowhere."""
+        now, opened = _identity(self._path), self._opened
+        if now is not None and opened is not None and now[:2] == opened[:2] and now[2] > 0:
+            return
+        if now is None:
+            happened = "is gone"
+        elif opened is not None and now[:2] == opened[:2]:
+            happened = "was emptied"
+        else:
+            happened = "now names another file (replaced: a backup renamed over it?)"
+        raise JournalUnavailable(
+            str(self._path),
+            f"{happened} since this process opened it: it writes nothing more; restart it on "
+            "the journal as it is now",
+        )
+
     async def close(self) -> None:
         await self._thread.run(self._db.close)
         self._thread.stop()
         self._marks.close()
+
+
+READ_ONLY = (
+    "cannot be written by this process (the file or its folder is read-only): a worker, "
+    "or any command that changes runs, needs to write it"
+)
+
+
+def _identity(path: Path) -> tuple[int, int, int] | None:
+    """The file `path` names (device, inode) and its size; None when there is none."""
+    try:
+        found = os.stat(path)
+    except FileNotFoundError:
+        return None
+    return found.st_dev, found.st_ino, found.st_size
 
 
 def _psycopg() -> ModuleType:

@@ -11,6 +11,7 @@ never while this thread has a job (`SqliteBackend.transaction`).
 from __future__ import annotations
 
 import asyncio
+import os
 import queue
 import sqlite3
 import threading
@@ -80,11 +81,15 @@ class JobThread:
 _Job = tuple["asyncio.Future[Any]", Callable[..., Any], tuple[Any, ...]]
 
 
-def connect_sqlite(path: str | Path) -> sqlite3.Connection:
+def connect_sqlite(path: str | Path, *, writer: bool = True) -> sqlite3.Connection:
     """On the journal's thread: a connection in autocommit mode (transactions are explicit
     `BEGIN IMMEDIATE`), WAL, `synchronous=FULL` so a commit survives power loss, foreign
     keys on. It is used from the event loop's thread too, only while this one has no job
-    (`SqliteBackend.transaction`)."""
+    (`SqliteBackend.transaction`). A `writer`'s is refused read-only (sqlite3's
+    OperationalError, "attempt to write a readonly database"): SQLite opens a file it cannot
+    write read-only without a word, and such a connection stays so."""
+    if writer:
+        _writable(Path(path))
     connection = sqlite3.connect(str(path), isolation_level=None, check_same_thread=False)
     try:
         connection.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
@@ -95,3 +100,17 @@ def connect_sqlite(path: str | Path) -> sqlite3.Connection:
         connection.close()
         raise
     return connection
+
+
+def _writable(path: Path) -> None:
+    """Open the file for writing as SQLite would first try to (a new one is made writable by
+    SQLite itself); where it cannot, refuse as SQLite does a write to a read-only database
+    (BEGIN IMMEDIATE does not: on a read-only connection in WAL mode it succeeds)."""
+    try:
+        os.close(os.open(path, os.O_RDWR))
+    except FileNotFoundError:
+        return
+    except OSError as error:
+        raise sqlite3.OperationalError(
+            f"attempt to write a readonly database ({error.strerror})"
+        ) from None
