@@ -285,7 +285,13 @@ PG_SESSION_BOUNDS = {
     "keepalives": "1", "keepalives_idle": "5", "keepalives_interval": "2",
     "keepalives_count": "3", "tcp_user_timeout": "10000",
 }  # fmt: skip
-PG_SERVER_BOUNDS = "-c idle_in_transaction_session_timeout=10000 -c statement_timeout=60000"
+# The server's side: it ends a session idle in a transaction or a statement past these, and
+# its own keepalives and user timeout drop a connection whose worker's link is cut.
+PG_SERVER_BOUNDS = (
+    "-c idle_in_transaction_session_timeout=10000 -c statement_timeout=60000"
+    " -c tcp_keepalives_idle=5 -c tcp_keepalives_interval=2 -c tcp_keepalives_count=3"
+    " -c tcp_user_timeout=10000"
+)
 
 
 def _bounded(url: str) -> str:
