@@ -23,6 +23,7 @@ from qjsflow.runner.environment import ScopeEnvironment, load_environments
 from qjsflow.sandbox import pool as pool_module
 from tests.conftest import PROJECT_ROOT, past_short_sleeps, start_source
 from tests.journal_reads import query
+from tests.secrets_scan import assert_no_secret_anywhere
 
 SYNC = """
 export default async (event, step) =>
@@ -195,8 +196,8 @@ async def test_a_secret_never_becomes_a_stored_value(tmp_path: Path, body: str, 
         run = await runner.start(StartRunInput("acme", "Leak", published.snapshot_id))
         assert run.status == "failed"
         assert run.error == f"{where} holds the secret API_KEY, which can only be passed to a tool"
-    for path in tmp_path.glob("j.db*"):
-        assert SECRET_VALUE.encode() not in path.read_bytes()
+    assert_no_secret_anywhere([SECRET_VALUE], tmp_path / "j.db", [("acme", run.run_id)],
+                              tmp_path / "j.db.scopes")  # fmt: skip
 
 
 async def test_a_secret_this_process_lacks_blocks_the_run_until_one_has_it(

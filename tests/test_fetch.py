@@ -21,6 +21,7 @@ from qjsflow.runner.errors import FatalToolError
 from qjsflow.testing import WorkflowTest
 from tests.conftest import past_short_sleeps
 from tests.journal_reads import query
+from tests.secrets_scan import assert_no_secret_anywhere
 
 SECRET = f"tok-{uuid.uuid4().hex}"
 
@@ -148,10 +149,10 @@ async def test_fetch_inside_a_step_is_done_once_with_the_secret_put_in(
     ]
     assert _Handler.seen[0]["authorization"] == f"Bearer {SECRET}"
     assert _Handler.seen[0]["host"].startswith("127.0.0.1:")
-    for path in tmp_path.glob("j.db*"):
-        assert SECRET.encode() not in path.read_bytes()
     [call] = query(fetching.store.location, "SELECT address FROM tool_calls")
     assert call == ("qjsflow.fetch",)
+    assert_no_secret_anywhere([SECRET], tmp_path / "j.db", [("acme", run.run_id)],
+                              tmp_path / "j.db.scopes")  # fmt: skip
 
 
 async def test_fetch_takes_a_request(fetching: Runner) -> None:
