@@ -226,6 +226,7 @@ def test_a_fence_is_trusted_only_while_no_job_wrote_a_run(tmp_path: Any) -> None
 
     class Backend:
         dialect = SQLITE
+        marks_commits = False
 
         def begin(self, connection: Any, full: bool, write: bool = True) -> None:
             connection.execute("BEGIN IMMEDIATE")

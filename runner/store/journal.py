@@ -203,7 +203,7 @@ def _commit_marked(
 ) -> None:
     """COMMIT; on a server, with a mark of its own written in the same transaction, so that a
     commit whose answer is lost is found committed or not, never made twice (docs/OPERATIONS.md,
-    Commits whose outcome is unknown)."""
+    What is promised)."""
     if not backend.marks_commits or not writes:  # a read-only batch: the same run twice
         connection.execute("COMMIT")
         return
