@@ -4,7 +4,6 @@ real HTTP server on loopback (allowed explicitly, as private addresses must be).
 from __future__ import annotations
 
 import http.server
-import threading
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
@@ -21,6 +20,7 @@ from qjsflow.runner.errors import FatalToolError
 from qjsflow.testing import WorkflowTest
 from tests.conftest import past_short_sleeps
 from tests.journal_reads import query
+from tests.net import http_server
 from tests.secrets_scan import assert_no_secret_anywhere
 
 SECRET = f"tok-{uuid.uuid4().hex}"
@@ -82,14 +82,8 @@ class _Handler(http.server.BaseHTTPRequestHandler):
 @pytest.fixture
 def server() -> Iterator[str]:
     _Handler.seen = []
-    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
-    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{httpd.server_address[1]}"
-    finally:
-        httpd.shutdown()
-        httpd.server_close()
+    with http_server(_Handler) as url:
+        yield url
 
 
 def _environment(server: str) -> ScopeEnvironment:

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import http.server
 import json
-import threading
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,6 +18,7 @@ from qjsflow.runner import Bindings, Runner, RunnerConfig, StartRunInput
 from qjsflow.runner.egress import EgressPolicy
 from qjsflow.runner.environment import ScopeEnvironment
 from tests.conftest import past_short_sleeps
+from tests.net import http_server
 from tests.secrets_scan import assert_no_secret_anywhere
 
 TOKEN = f"tok-{uuid.uuid4().hex}"
@@ -52,14 +52,8 @@ class _Echo(http.server.BaseHTTPRequestHandler):
 @pytest.fixture
 def echo() -> Iterator[str]:
     _Echo.seen = []
-    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Echo)
-    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{httpd.server_address[1]}"
-    finally:
-        httpd.shutdown()
-        httpd.server_close()
+    with http_server(_Echo) as url:
+        yield url
 
 
 async def _echo_tool(args: Any) -> Any:
