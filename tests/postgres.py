@@ -29,6 +29,7 @@ class PostgresServer:
     port: int
     bin_dir: str
     url: str | None = None  # a server of the developer's own (QJSFLOW_TEST_POSTGRES_URL)
+    listen: str = "127.0.0.1"  # its addresses, comma-separated
 
     @property
     def admin_url(self) -> str:
@@ -37,7 +38,7 @@ class PostgresServer:
     def restart(self) -> None:
         """Restart the server (every connection is dropped), as a failover or upgrade would."""
         data = os.path.join(self.folder, "data")
-        options = _server_options(self.folder, self.port)
+        options = _server_options(self.folder, self.port, self.listen)
         _as_postgres(f"{self.bin_dir}/pg_ctl", "-D", data, "-o", options, "-l",
                      f"{self.folder}/log", "-m", "fast", "-w", "restart")  # fmt: skip
 
@@ -56,17 +57,18 @@ def _as_postgres(*command: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-def _server_options(folder: str, port: int) -> str:
+def _server_options(folder: str, port: int, listen: str = "127.0.0.1") -> str:
     """Loopback only. No fsync: the tests restart and kill servers but never lose power, and
     a synced CREATE DATABASE per test was a third of the fast tier's PostgreSQL time."""
     durability = "-c fsync=off -c synchronous_commit=off -c full_page_writes=off"
-    return f"-h 127.0.0.1 -p {port} -k {folder} -c max_connections=200 {durability}"
+    return f"-h {listen} -p {port} -k {folder} -c max_connections=200 {durability}"
 
 
 @contextlib.contextmanager
-def postgres_server(*, own: bool = False) -> Iterator[PostgresServer]:
+def postgres_server(*, own: bool = False, also_on: str | None = None) -> Iterator[PostgresServer]:
     """A server for the session (`own`: a fresh one, never the developer's, for tests that
-    restart it)."""
+    restart it; `also_on`: an address of a test host of the test's own, e.g. a network
+    namespace's peer, where it listens too and trusts that /24)."""
     url = os.environ.get("QJSFLOW_TEST_POSTGRES_URL")
     if url and not own:
         yield PostgresServer("", 0, "", url)
@@ -78,10 +80,15 @@ def postgres_server(*, own: bool = False) -> Iterator[PostgresServer]:
     folder = tempfile.mkdtemp(prefix="qjsflow-pg-")
     if os.geteuid() == 0:
         shutil.chown(folder, "postgres")
-    server = PostgresServer(folder, free_port(), bin_dir)
+    listen = "127.0.0.1" if also_on is None else f"127.0.0.1,{also_on}"
+    server = PostgresServer(folder, free_port(), bin_dir, listen=listen)
     data = os.path.join(folder, "data")
     _as_postgres(f"{bin_dir}/initdb", "-D", data, "-A", "trust", "-U", "postgres", "-E", "UTF8")
-    options = _server_options(folder, server.port)
+    if also_on is not None:
+        network = also_on.rsplit(".", 1)[0] + ".0/24"
+        with open(os.path.join(data, "pg_hba.conf"), "a", encoding="utf-8") as hba:
+            hba.write(f"host all all {network} trust\n")
+    options = _server_options(folder, server.port, listen)
     _as_postgres(
         f"{bin_dir}/pg_ctl", "-D", data, "-o", options, "-l", f"{folder}/log", "-w", "start"
     )

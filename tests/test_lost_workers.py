@@ -10,6 +10,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import subprocess
+import sys
 import threading
 import time
 from functools import partial
@@ -20,7 +22,9 @@ import pytest
 from qjsflow.runner import Runner, RunnerConfig, StartRunInput
 from qjsflow.runner.store import JournalTransaction
 from qjsflow.sandbox import PoolConfig
-from tests.postgres import PostgresServer
+from tests.conftest import PROJECT_ROOT
+from tests.netns import linked_host
+from tests.postgres import PostgresServer, postgres_server
 
 QUICK = "export default async (event) => event.payload;"
 
@@ -81,3 +85,68 @@ async def test_a_worker_lost_in_a_transaction_holds_its_run_only_within_its_sess
     # Held ~10 s by the lost session; tried once a poll (0.2 s), not hundreds of times a second.
     assert 0 < len(tries) < 150
     assert not [r for r in caplog.records if r.getMessage().startswith("drove acme/r")][:-1]
+
+
+MANY_STEPS = """
+export default async (event, step) => {
+  let total = 0;
+  for (let i = 0; i < 100; i++) total += await step.do(`s${i}`, async () => i);
+  return total;
+};
+"""
+
+
+@pytest.mark.slow
+async def test_a_worker_whose_link_is_cut_mid_transaction_loses_its_runs() -> None:
+    """The same on a test host of the test's own: the worker in a network namespace, its link
+    slowed (so it spends its time inside transactions), then cut while its session holds a
+    run's row in the middle of a transaction. Nothing tells the server: only its bounds on
+    the session end it. A worker on this side then finishes every run."""
+    with linked_host() as host, postgres_server(own=True, also_on=host.host_address) as server:
+        url = server.new_database()
+        database = url.rsplit("/", 1)[1]
+        remote = f"postgresql://postgres@{host.host_address}:{server.port}/{database}"
+        config = RunnerConfig(pool=PoolConfig(size=2), lease_ttl_s=2.0)
+        async with Runner.open(url, config) as survivor:
+            published = await survivor.publish("acme", {"workflows/flow.ts": MANY_STEPS})
+            for n in range(3):
+                request = StartRunInput("acme", "flow", published.snapshot_id, None, f"r{n}")
+                await survivor.start(request, drive=False)
+            host.slow("64kbit")  # from the start: its every transaction takes a while
+            lost = subprocess.Popen(
+                host.command(sys.executable, "-m", "qjsflow.runner.cli", "--db", remote,
+                             "--lease-ttl", "2", "worker"),
+                cwd=PROJECT_ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            )  # fmt: skip
+            try:
+                with psycopg.connect(url, autocommit=True) as admin:  # its pg_class
+
+                    async def driving() -> bool:  # the lost worker has written, mid-way
+                        found = admin.execute(
+                            "SELECT count(*) FROM pg_stat_activity a JOIN pg_locks l"
+                            " ON l.pid = a.pid JOIN pg_class c ON c.oid = l.relation"
+                            " WHERE a.client_addr = %s AND a.state = 'idle in transaction'"
+                            " AND c.relname IN ('runs', 'steps')"
+                            " AND l.mode = 'RowExclusiveLock'", (host.peer_address,),
+                        ).fetchone()  # fmt: skip
+                        return bool(found and found[0])
+
+                    await _until(driving, "the slowed worker never held a run's row")
+                    host.cut()
+                stop = asyncio.Event()
+                serving = asyncio.create_task(survivor.serve(stop=stop, concurrency=3))
+
+                async def all_done() -> bool:
+                    runs = await survivor.list(scope="acme", status="completed")
+                    return len(runs) == 3
+
+                try:
+                    await _until(all_done, "a run stayed with the worker whose link was cut")
+                finally:
+                    stop.set()
+                    await serving
+            finally:
+                lost.kill()
+                lost.wait(30)
+            outputs = [(await survivor.get(f"r{n}", scope="acme")).output for n in range(3)]
+            assert outputs == [sum(range(100))] * 3
