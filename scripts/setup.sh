@@ -29,6 +29,12 @@ if [ -z "${QJSFLOW_TEST_POSTGRES_URL:-}" ] && ! ls /usr/lib/postgresql/*/bin/ini
   system_packages postgresql
 fi
 
+# iproute2 and util-linux, for the tests that run a worker on a test host of their own (a
+# network namespace) and bind a time zone over /etc/localtime (a mount namespace).
+if ! command -v ip >/dev/null || ! command -v tc >/dev/null || ! command -v unshare >/dev/null; then
+  system_packages iproute2 util-linux
+fi
+
 # Chromium, for the console's browser tests (Playwright drives the system browser: its own
 # browser download is not used).
 if ! command -v chromium >/dev/null; then
