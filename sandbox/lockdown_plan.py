@@ -7,7 +7,7 @@ global value, through a prototype or a property, to each object it froze), and t
 writes them as a function — one line an object — added to the prelude as a part of its own
 (`load_prelude`). The prelude compiled with it follows the routes in every later context: no
 plan parsed, no descriptor made per object, no search (~9 % of a short drive's executor work,
-measured in instructions: docs/PERFORMANCE.md). A route that does not lead to an object (a
+measured in instructions: docs/performance-log.md). A route that does not lead to an object (a
 context of another shape) stops the function, and that context walks.
 
 The routes come from the prelude's own walk in a fresh context, before any author code; they

@@ -122,7 +122,7 @@ class PoolConfig:
     size: int = 4  # executors at most; spawned as concurrent drives need them
     # Drives before an executor is replaced by a fresh process. Every drive has a context of
     # its own, and an executor's memory stays flat over thousands of drives (measured: 20-21
-    # MiB over 3,000); replacing one costs ~0.12 s of compute (docs/PERFORMANCE.md).
+    # MiB over 3,000); replacing one costs ~0.12 s of compute (docs/performance-log.md).
     recycle_after: int = 1000
     watchdog_interval_s: float = 0.05
     watchdog_grace_s: float = 0.25
