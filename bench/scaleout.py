@@ -13,7 +13,7 @@ import orjson
 
 from bench.common import TEN_STEPS
 from qjsflow.runner import Runner, RunnerConfig, StartRunInput
-from qjsflow.runner.worker import worker_command
+from qjsflow.runner.engine.worker import worker_command
 from qjsflow.sandbox import PoolConfig
 from tests.postgres import postgres_server
 

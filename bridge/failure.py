@@ -32,7 +32,7 @@ class StepFailure:
     retry_after_ms: int | None = None
     code: str | None = None  # a machine-readable reason, e.g. db.sql's "not_authorized"
     # Where it was thrown: the engine's frames from the sandbox; in the journal, the author's
-    # `file:line:column` frames (runner/locations.py).
+    # `file:line:column` frames (runner/engine/locations.py).
     stack: str | None = None
 
     def __post_init__(self) -> None:

@@ -106,7 +106,7 @@ class StepTool:
     address: str
     args: Encoded
     config: RetryPolicy
-    digest: str | None = None  # the sandbox's digest of the call (runner/migrate.py)
+    digest: str | None = None  # the sandbox's digest of the call (runner/operations/migrate.py)
 
 
 @dataclass(frozen=True, slots=True)
@@ -237,8 +237,8 @@ class DriveRequest:
     # Publishing asks what a bundle exports (docs/ARCHITECTURE.md, Publishing): the module is
     # evaluated, no body runs, and the outcome's output describes each export.
     inspect: bool = False
-    # A migration's check (runner/migrate.py): every journal entry must be reached before the
-    # drive ends, or the outcome is a divergence naming the first one missed.
+    # A migration's check (runner/operations/migrate.py): every journal entry must be reached
+    # before the drive ends, or the outcome is a divergence naming the first one missed.
     strict: bool = False
     # `bundle_digest(bundle)` (bridge/digest.py), when the caller has it (a stored bundle's
     # checksum): an executor is sent each text once, and the pool names it by this.

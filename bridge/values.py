@@ -72,7 +72,7 @@ _REVIVE_ERRORS = (KeyError, TypeError, ValueError, OverflowError, struct.error, 
 @dataclass(frozen=True, slots=True)
 class SecretRef:
     """A secret binding by name: what the sandbox holds and the journal stores. Only the host,
-    calling a tool, puts the value in its place (runner/environment.py)."""
+    calling a tool, puts the value in its place (runner/tenancy/environment.py)."""
 
     name: str
 

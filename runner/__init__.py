@@ -30,7 +30,7 @@ if TYPE_CHECKING:
         UnknownWorkflow,
     )
     from qjsflow.runner.runner import PublishedWorkflow, PublishResult, Runner
-    from qjsflow.runner.scopes import ALL_SCOPES, AllScopes, InvalidScope, validate_scope
+    from qjsflow.runner.tenancy.scopes import ALL_SCOPES, AllScopes, InvalidScope, validate_scope
     from qjsflow.runner.views import (
         PersistedRun,
         RunView,
@@ -49,7 +49,7 @@ _HOMES = {
         "RunNotFound", "SnapshotNotFound", "UnknownWorkflow",
     ),
     "qjsflow.runner.runner": ("PublishResult", "PublishedWorkflow", "Runner"),
-    "qjsflow.runner.scopes": ("ALL_SCOPES", "AllScopes", "InvalidScope", "validate_scope"),
+    "qjsflow.runner.tenancy.scopes": ("ALL_SCOPES", "AllScopes", "InvalidScope", "validate_scope"),
     "qjsflow.runner.views": (
         "PersistedRun", "RunView", "StartRunInput", "StepView", "ToolCallView",
     ),

@@ -11,18 +11,35 @@ from qjsflow.bridge.limits import Limits
 from qjsflow.bundles import BuildLimits, TreeLimits
 from qjsflow.bundles.manifest import Capabilities
 from qjsflow.runner.bindings import Bindings
-from qjsflow.runner.budgets import Budgets
-from qjsflow.runner.environment import ScopeEnvironment
-from qjsflow.runner.retention import Retention
 from qjsflow.runner.scopedb.policy import SqlLimits
+from qjsflow.runner.store import ENDED
+from qjsflow.runner.tenancy.budgets import Budgets
+from qjsflow.runner.tenancy.environment import ScopeEnvironment
 from qjsflow.sandbox import PoolConfig
 
-__all__ = ["RunnerConfig", "system_clock"]
+__all__ = ["Retention", "RunnerConfig", "system_clock"]
 
 
 def system_clock() -> float:
     """Seconds since the epoch; tests inject their own clock instead."""
     return time.time()
+
+
+@dataclass(frozen=True, slots=True)
+class Retention:
+    """Keep ended runs this long after they ended; workers prune every `every_s`."""
+
+    older_than_s: float
+    statuses: frozenset[str] = ENDED
+    snapshots: bool = False  # also snapshots no run is pinned to, published as long ago
+    every_s: float = 3600.0
+
+    def __post_init__(self) -> None:
+        if not self.older_than_s > 0 or not self.every_s > 0:
+            raise ValueError("retention periods must be more than 0 seconds")
+        unknown = set(self.statuses) - ENDED
+        if unknown:
+            raise ValueError(f"only ended runs are pruned, not {sorted(unknown)}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,7 +53,7 @@ class RunnerConfig:
     limits: Limits = field(default_factory=Limits)
     pool: PoolConfig = field(default_factory=PoolConfig)
     bindings: Bindings = field(default_factory=Bindings)  # used when a call passes none
-    # What each scope's runs find in `env` (runner/environment.py): vars, and secrets whose
+    # What each scope's runs find in `env` (runner/tenancy/environment.py): vars, and secrets whose
     # values stay in this process.
     environments: Mapping[str, ScopeEnvironment] = field(default_factory=dict)
     lease_ttl_s: float = 30.0
@@ -55,7 +72,7 @@ class RunnerConfig:
     # every worker on the journal (no limit when not named).
     scope_weights: Mapping[str, float] = field(default_factory=dict)
     scope_concurrency: Mapping[str, int] = field(default_factory=dict)
-    # Budgets per scope (runner/budgets.py, docs/TENANCY.md): live runs and journal bytes
+    # Budgets per scope (runner/tenancy/budgets.py, docs/TENANCY.md): live runs and journal bytes
     # refuse a start past them (BudgetExceeded); every budget spent parks the scope's runs as
     # `throttled` until its window ends.
     scope_budgets: Mapping[str, Budgets] = field(default_factory=dict)

@@ -18,12 +18,12 @@ from pathlib import Path
 from typing import Any
 
 from qjsflow.runner.bindings import Bindings
-from qjsflow.runner.cli_output import render_json, table
+from qjsflow.runner.cli.output import render_json, table
 from qjsflow.runner.config import RunnerConfig
+from qjsflow.runner.engine.worker import worker_command
+from qjsflow.runner.operations.timeline import timeline_rows
 from qjsflow.runner.runner import Runner
-from qjsflow.runner.timeline import timeline_rows
 from qjsflow.runner.views import StartRunInput
-from qjsflow.runner.worker import worker_command
 
 __all__ = ["DEMO_TOOLS", "run_demo"]
 

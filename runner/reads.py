@@ -21,7 +21,6 @@ from functools import partial
 from qjsflow.bridge import InvalidInput
 from qjsflow.bridge.values import to_python
 from qjsflow.runner.errors import RunNotFound, RunTimeout, SnapshotNotFound
-from qjsflow.runner.scopes import ALL_SCOPES, AllScopes, InvalidScope, run_key, validate_scope
 from qjsflow.runner.store import (
     JournalStore,
     JournalTransaction,
@@ -29,6 +28,13 @@ from qjsflow.runner.store import (
     RunRecord,
     SnapshotRecord,
     snapshot_records,
+)
+from qjsflow.runner.tenancy.scopes import (
+    ALL_SCOPES,
+    AllScopes,
+    InvalidScope,
+    run_key,
+    validate_scope,
 )
 from qjsflow.runner.views import (
     TERMINAL,

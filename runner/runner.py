@@ -19,10 +19,17 @@ from qjsflow.bridge.values import from_python
 from qjsflow.bundles import build_snapshot, name_workflows
 from qjsflow.bundles.manifest import Capabilities
 from qjsflow.runner.bindings import Bindings
-from qjsflow.runner.budgets import current_windows
-from qjsflow.runner.capabilities import Reach, check_publish
-from qjsflow.runner.config import RunnerConfig
-from qjsflow.runner.control import (
+from qjsflow.runner.config import Retention, RunnerConfig
+from qjsflow.runner.engine.driver import SIGNAL_TIMER, BeforeLease, RunDriver
+from qjsflow.runner.engine.worker import IDLE_HORIZON_MS, Worker
+from qjsflow.runner.errors import (
+    InvalidEvent,
+    InvalidRunId,
+    RunClosed,
+    RunConflict,
+    UnknownWorkflow,
+)
+from qjsflow.runner.operations.control import (
     FRESH_ATTEMPT,
     Checked,
     StepRef,
@@ -32,18 +39,10 @@ from qjsflow.runner.control import (
     restart_run,
     terminate_run,
 )
-from qjsflow.runner.driver import SIGNAL_TIMER, BeforeLease, RunDriver
-from qjsflow.runner.environment import env_of
-from qjsflow.runner.errors import (
-    InvalidEvent,
-    InvalidRunId,
-    RunClosed,
-    RunConflict,
-    UnknownWorkflow,
-)
-from qjsflow.runner.fork_check import check_fork
-from qjsflow.runner.inspect import describe_exports
-from qjsflow.runner.migrate import MigrationReport, migrate_runs
+from qjsflow.runner.operations.fork_check import check_fork
+from qjsflow.runner.operations.inspect import describe_exports
+from qjsflow.runner.operations.migrate import MigrationReport, migrate_runs
+from qjsflow.runner.operations.retention import Pruned, prune
 from qjsflow.runner.reads import (
     RUN_ID,
     RunReads,
@@ -51,15 +50,7 @@ from qjsflow.runner.reads import (
     found_run,
     snapshot_in,
 )
-from qjsflow.runner.retention import Pruned, prune
 from qjsflow.runner.scopedb import ScopeDatabases
-from qjsflow.runner.scopes import (
-    ALL_SCOPES,
-    AllScopes,
-    run_key,
-    split_run_key,
-    validate_scope,
-)
 from qjsflow.runner.store import (
     JournalStore,
     JournalTransaction,
@@ -67,15 +58,24 @@ from qjsflow.runner.store import (
     SnapshotRecord,
     WorkflowRecord,
 )
-from qjsflow.runner.tracing import new_traceparent
-from qjsflow.runner.usage import ScopeUsage, admit, scope_usage
+from qjsflow.runner.telemetry.tracing import new_traceparent
+from qjsflow.runner.tenancy.budgets import current_windows
+from qjsflow.runner.tenancy.capabilities import Reach, check_publish
+from qjsflow.runner.tenancy.environment import env_of
+from qjsflow.runner.tenancy.scopes import (
+    ALL_SCOPES,
+    AllScopes,
+    run_key,
+    split_run_key,
+    validate_scope,
+)
+from qjsflow.runner.tenancy.usage import ScopeUsage, admit, scope_usage
 from qjsflow.runner.views import (
     TERMINAL,
     RunView,
     StartRunInput,
     run_view,
 )
-from qjsflow.runner.worker import IDLE_HORIZON_MS, Worker
 from qjsflow.sandbox import ExecutorPool
 
 __all__ = ["PublishResult", "PublishedWorkflow", "Runner", "Source"]
@@ -361,7 +361,7 @@ class Runner(RunReads):
     ) -> MigrationReport:
         """Move one run (`run_id`), or every run of `workflow` on `from_snapshot` that has not
         ended, to `to_snapshot` — each only if replaying its journal against the new code
-        makes the same calls (runner/migrate.py); the others are reported with where they
+        makes the same calls (runner/operations/migrate.py); the others are reported with where they
         diverge. `dry_run` checks and writes nothing."""
         scope = validate_scope(scope)
         target = await self.find_snapshot(to_snapshot, scope=scope)
@@ -508,13 +508,22 @@ class Runner(RunReads):
             bindings or self.config.bindings,
             concurrency=concurrency,
             idle_horizon_ms=int(idle_horizon_s * 1000),
+            prune=self._prune_retained,
         )
         await worker.serve(until_idle=until_idle, stop=stop)
         return worker.drives
 
+    async def _prune_retained(self, before_ms: int, retention: Retention) -> tuple[int, int]:
+        """A worker's pruning under the retention setting: (runs, snapshots) pruned."""
+        done = await prune(
+            self._store, self.scopes, before_ms=before_ms, statuses=retention.statuses,
+            snapshots=retention.snapshots,
+        )  # fmt: skip
+        return done.runs, done.snapshots
+
     async def usage(self, *, scope: str | AllScopes) -> dict[str, ScopeUsage]:
         """Per scope: its runs by status, and what it used of each measure in the current
-        window, with its budgets (runner/budgets.py)."""
+        window, with its budgets (runner/tenancy/budgets.py)."""
         chosen = None if scope is ALL_SCOPES else validate_scope(scope)
         now = self._driver.now_ms()
         runs = await self._store.count_runs_by_scope()

@@ -27,11 +27,11 @@ from qjsflow.bridge.limits import Limits
 from qjsflow.bridge.values import from_python
 from qjsflow.runner.bindings import Bindings, ToolFn
 from qjsflow.runner.config import RunnerConfig, system_clock
-from qjsflow.runner.environment import ScopeEnvironment
+from qjsflow.runner.operations.timeline import timeline_rows
 from qjsflow.runner.runner import Runner, Source
-from qjsflow.runner.scopes import run_key
 from qjsflow.runner.store import JournalTransaction
-from qjsflow.runner.timeline import timeline_rows
+from qjsflow.runner.tenancy.environment import ScopeEnvironment
+from qjsflow.runner.tenancy.scopes import run_key
 from qjsflow.runner.views import TERMINAL, RunView, StartRunInput, StepView
 from qjsflow.sandbox import PoolConfig
 

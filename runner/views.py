@@ -11,8 +11,8 @@ from typing import Any, Literal, get_args
 from qjsflow.bridge import loads
 from qjsflow.bridge.failure import failure_from_json
 from qjsflow.bridge.values import to_python
-from qjsflow.runner.scopes import split_run_key
 from qjsflow.runner.store import ENDED, EventRecord, RunRecord, StepRow, ToolCallRecord
+from qjsflow.runner.tenancy.scopes import split_run_key
 
 __all__ = [
     "PersistedRun",

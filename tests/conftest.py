@@ -41,7 +41,7 @@ async def runner(tmp_path: Path) -> AsyncIterator[Runner]:
 @pytest.fixture
 def frames(monkeypatch: pytest.MonkeyPatch) -> list[list[OpEnvelope]]:
     """Every frame of ops the product's host (`DriveHost`) was given, in order."""
-    from qjsflow.runner.host import DriveHost  # noqa: PLC0415  (only the tests that count)
+    from qjsflow.runner.engine.host import DriveHost  # noqa: PLC0415  (only the tests that count)
 
     seen: list[list[OpEnvelope]] = []
     original = DriveHost.__call__

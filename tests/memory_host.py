@@ -30,7 +30,7 @@ from qjsflow.bridge.types import (
     Suspend,
     Value,
 )
-from qjsflow.runner.steps import event_value
+from qjsflow.runner.engine.steps import event_value
 
 
 @dataclass

@@ -12,7 +12,7 @@ from qjsflow.bridge.limits import Limits
 from qjsflow.bridge.rules import RULES
 from qjsflow.bundles import PublishError
 from qjsflow.runner import Bindings, Runner, RunnerConfig, StartRunInput
-from qjsflow.runner.locations import SourceMap
+from qjsflow.runner.engine.locations import SourceMap
 from tests.conftest import start_source
 
 

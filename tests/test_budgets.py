@@ -13,10 +13,10 @@ from typing import Any
 import pytest
 
 from qjsflow.runner import ALL_SCOPES, Bindings, Runner, RunnerConfig, StartRunInput
-from qjsflow.runner.budgets import Budgets
-from qjsflow.runner.egress import EgressPolicy
-from qjsflow.runner.environment import ScopeEnvironment
 from qjsflow.runner.errors import BudgetExceeded, InvalidEvent
+from qjsflow.runner.tenancy.budgets import Budgets
+from qjsflow.runner.tenancy.egress import EgressPolicy
+from qjsflow.runner.tenancy.environment import ScopeEnvironment
 from qjsflow.sandbox import PoolConfig
 from qjsflow.testing import MockTool
 from tests.conftest import FakeClock

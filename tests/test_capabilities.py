@@ -13,12 +13,12 @@ import pytest
 from qjsflow.bundles import SourceTreeError
 from qjsflow.bundles.manifest import Capabilities
 from qjsflow.runner import Bindings, Runner, RunnerConfig, StartRunInput
-from qjsflow.runner.cli_output import render_publish, render_snapshots
-from qjsflow.runner.egress import EgressPolicy
-from qjsflow.runner.environment import ScopeEnvironment
+from qjsflow.runner.cli.output import render_publish, render_snapshots
 from qjsflow.runner.errors import CapabilityRefused
 from qjsflow.runner.runner import PublishResult
 from qjsflow.runner.store import SnapshotRecord
+from qjsflow.runner.tenancy.egress import EgressPolicy
+from qjsflow.runner.tenancy.environment import ScopeEnvironment
 from qjsflow.sandbox import PoolConfig
 from tests.journal_reads import query
 

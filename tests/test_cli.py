@@ -14,7 +14,7 @@ from typing import Any
 import orjson
 import pytest
 
-from qjsflow.runner.cli import main as cli_main
+from qjsflow.runner.cli.commands import main as cli_main
 from qjsflow.runner.store import JournalStore
 from tests.conftest import PROJECT_ROOT
 from tests.leases import seconds_until_lease_lapses
@@ -434,13 +434,13 @@ def test_start_without_waiting_then_wait_for_the_result(tmp_path: Path) -> None:
 # What only publishing, starting, driving and changing runs need: a command that only reads
 # the journal must not pay for importing it (docs/PERFORMANCE.md, `qjsflow status`).
 _NOT_FOR_READING = (
-    "qjsflow.runner.runner", "qjsflow.runner.driver", "qjsflow.runner.host",
-    "qjsflow.runner.cli_host", "qjsflow.sandbox.pool", "qjsflow.bundles.esbuild",
-    "qjsflow.bundles.tree", "qjsflow.bridge.types", "qjsflow.runner.budgets",
-    "qjsflow.runner.environment", "qjsflow.bundles.toolchain", "qjsflow.sandbox.confine",
+    "qjsflow.runner.runner", "qjsflow.runner.engine.driver", "qjsflow.runner.engine.host",
+    "qjsflow.runner.cli.host", "qjsflow.sandbox.pool", "qjsflow.bundles.esbuild",
+    "qjsflow.bundles.tree", "qjsflow.bridge.types", "qjsflow.runner.tenancy.budgets",
+    "qjsflow.runner.tenancy.environment", "qjsflow.bundles.toolchain", "qjsflow.sandbox.confine",
 )  # fmt: skip
 _PROBE = (
-    "import sys; from qjsflow.runner.cli import main; code = main(sys.argv[1:]); "
+    "import sys; from qjsflow.runner.cli.commands import main; code = main(sys.argv[1:]); "
     f"print(sorted(m for m in {_NOT_FOR_READING!r} if m in sys.modules), file=sys.stderr); "
     "sys.exit(code)"
 )

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from qjsflow.runner import Bindings, Runner, RunnerConfig, StartRunInput
-from qjsflow.runner.scopes import run_key
+from qjsflow.runner.tenancy.scopes import run_key
 from qjsflow.sandbox import PoolConfig
 from tests.conftest import FakeClock, start_source
 from tests.postgres import PostgresServer

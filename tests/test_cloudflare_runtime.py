@@ -18,8 +18,8 @@ from qjsflow.bridge import InvalidInput
 from qjsflow.bridge.limits import Limits
 from qjsflow.bridge.values import SecretRef
 from qjsflow.runner import Bindings, Runner, RunnerConfig, StartRunInput
-from qjsflow.runner.egress import EgressPolicy
-from qjsflow.runner.environment import ScopeEnvironment, load_environments
+from qjsflow.runner.tenancy.egress import EgressPolicy
+from qjsflow.runner.tenancy.environment import ScopeEnvironment, load_environments
 from qjsflow.sandbox import pool as pool_module
 from tests.conftest import PROJECT_ROOT, past_short_sleeps, start_source
 from tests.journal_reads import query

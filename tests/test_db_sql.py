@@ -14,8 +14,8 @@ import apsw
 import pytest
 
 from qjsflow.runner import InvalidScope, Runner, RunnerConfig, StartRunInput
+from qjsflow.runner.engine.worker import worker_command
 from qjsflow.runner.scopedb import MIN_SQLITE_VERSION, ScopeDatabases, SqlLimits
-from qjsflow.runner.worker import worker_command
 from qjsflow.sandbox import PoolConfig
 from tests.conftest import PROJECT_ROOT, FakeClock, start_source
 from tests.crash_points import CRASH_AFTER_SQL

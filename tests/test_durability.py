@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from qjsflow.runner import Runner, RunnerConfig, StartRunInput
-from qjsflow.runner.scopes import run_key
-from qjsflow.runner.worker import worker_command
+from qjsflow.runner.engine.worker import worker_command
+from qjsflow.runner.tenancy.scopes import run_key
 from qjsflow.sandbox import PoolConfig
 from tests.conftest import PROJECT_ROOT
 from tests.journal_reads import query

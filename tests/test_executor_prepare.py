@@ -14,7 +14,7 @@ from qjsflow.bridge.digest import bundle_digest
 from qjsflow.bridge.types import Answer, Completed, OpEnvelope, Suspended
 from qjsflow.bridge.wire import request_to_wire
 from qjsflow.runner import Runner, StartRunInput
-from qjsflow.runner import driver as driver_module
+from qjsflow.runner.engine import driver as driver_module
 from qjsflow.sandbox import ExecutorPool, PoolConfig
 from qjsflow.sandbox import executor as executor_module
 from qjsflow.sandbox import pool as pool_module

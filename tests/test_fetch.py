@@ -14,9 +14,9 @@ import httpx
 import pytest
 
 from qjsflow.runner import Runner, RunnerConfig, StartRunInput
-from qjsflow.runner.egress import EgressPolicy, fetch
-from qjsflow.runner.environment import ScopeEnvironment
 from qjsflow.runner.errors import FatalToolError
+from qjsflow.runner.tenancy.egress import EgressPolicy, fetch
+from qjsflow.runner.tenancy.environment import ScopeEnvironment
 from qjsflow.testing import WorkflowTest
 from tests.conftest import past_short_sleeps
 from tests.journal_reads import query

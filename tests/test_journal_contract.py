@@ -11,12 +11,12 @@ import psycopg
 import pytest
 
 from qjsflow.runner import Bindings, Runner, RunnerConfig
-from qjsflow.runner.scopes import run_key
 from qjsflow.runner.store import LeaseLost
 from qjsflow.runner.store.connection import connect_sqlite
 from qjsflow.runner.store.dialect import SQLITE
 from qjsflow.runner.store.journal import _Job, _run_batch
 from qjsflow.runner.store.migrations import migrate
+from qjsflow.runner.tenancy.scopes import run_key
 from qjsflow.sandbox import PoolConfig
 from tests.conftest import FakeClock, start_source
 from tests.journal_reads import table_counts

@@ -18,10 +18,10 @@ from typing import Any
 import pytest
 
 from qjsflow.runner import Runner, StartRunInput
-from qjsflow.runner import kept as kept_module
-from qjsflow.runner.control import request_pause
-from qjsflow.runner.kept import Kept, KeptBeginnings, OpenSteps
-from qjsflow.runner.scopes import run_key
+from qjsflow.runner.engine import kept as kept_module
+from qjsflow.runner.engine.kept import Kept, KeptBeginnings, OpenSteps
+from qjsflow.runner.operations.control import request_pause
+from qjsflow.runner.tenancy.scopes import run_key
 from tests.conftest import WAITER, FakeClock, never_leased_early, start_source
 from tests.test_leases_taken_late import (
     event_types,

@@ -7,7 +7,7 @@ import asyncio
 
 import pytest
 
-from qjsflow.runner.driver import _KeyedLocks
+from qjsflow.runner.engine.driver import _KeyedLocks
 
 
 async def test_one_holder_at_a_time_and_nothing_kept_after() -> None:

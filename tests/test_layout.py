@@ -56,6 +56,63 @@ def test_imports_flow_one_way(package: str) -> None:
         assert not wrong, f"{path.relative_to(PROJECT_ROOT)} imports {sorted(wrong)}"
 
 
+# Inside runner/, its parts in layers, lowest first (docs/ARCHITECTURE.md): a module imports
+# only from its own layer or those below. A part is a subpackage or a top-level module.
+RUNNER_LAYERS = (
+    ("errors", "bindings", "telemetry"),
+    ("store",),
+    ("tenancy",),
+    ("scopedb",),
+    ("config", "views", "reads"),
+    ("engine",),
+    ("operations",),
+    ("runner", "testing"),
+    ("cli", "console", "demo"),
+)
+_LAYER_OF = {part: n for n, parts in enumerate(RUNNER_LAYERS) for part in parts}
+
+
+def _runner_part(path: Path) -> str:
+    relative = path.relative_to(PROJECT_ROOT / "runner").parts
+    return relative[0] if len(relative) > 1 else relative[0].removesuffix(".py")
+
+
+def _runner_parts_imported(path: Path) -> set[str]:
+    parts = set()
+    for name in _imported_names(path):
+        pieces = name.split(".")
+        if pieces[:2] == ["qjsflow", "runner"] and len(pieces) > 2:
+            parts.add(pieces[2])
+    return parts
+
+
+def test_runner_parts_import_only_their_layer_and_below() -> None:
+    modules = [
+        p for p in _modules("runner") if p.name != "__init__.py" or p.parent.name != "runner"
+    ]
+    parts = {_runner_part(path) for path in modules}
+    assert parts == set(_LAYER_OF), "every part of runner/ has a layer, and every layer a part"
+    for path in modules:
+        layer = _LAYER_OF[_runner_part(path)]
+        above = {p for p in _runner_parts_imported(path) if _LAYER_OF.get(p, -1) > layer}
+        assert not above, f"{path.relative_to(PROJECT_ROOT)} imports {sorted(above)} from above"
+
+
+def test_the_layer_check_sees_an_import_from_above(tmp_path: Path) -> None:
+    upward = tmp_path / "upward.py"
+    upward.write_text(
+        "from qjsflow.runner.engine.driver import RunDriver\nimport qjsflow.runner.cli\n"
+    )
+    assert _runner_parts_imported(upward) == {"engine", "cli"}
+    assert _LAYER_OF["engine"] > _LAYER_OF["store"]  # so a store module importing it is refused
+
+
+def test_runners_top_level_stays_small() -> None:
+    """Its parts are packages that show the design; fewer than 15 modules beside them."""
+    top = [p for p in (PROJECT_ROOT / "runner").glob("*.py") if p.name != "__init__.py"]
+    assert len(top) < 15, sorted(p.name for p in top)
+
+
 def test_the_import_check_sees_a_reverse_import(tmp_path: Path) -> None:
     reverse = tmp_path / "reverse.py"
     reverse.write_text(
@@ -119,7 +176,7 @@ def test_the_facade_names_exist(package: str) -> None:
 def test_a_package_loads_nothing_it_is_not_asked_for() -> None:
     """Importing a part of the runner (the journal store) runs the package's `__init__` first:
     it must not load the Runner, its driver or the publish path."""
-    heavy = ("qjsflow.runner.runner", "qjsflow.runner.driver", "qjsflow.runner.config",
+    heavy = ("qjsflow.runner.runner", "qjsflow.runner.engine.driver", "qjsflow.runner.config",
              "qjsflow.bundles.esbuild", "qjsflow.sandbox.pool")  # fmt: skip
     assert _loaded("qjsflow.runner.store", heavy) == []
 
@@ -154,4 +211,5 @@ def test_the_core_imports_none_of_the_extras() -> None:
     """`pip install qjsflow` without extras must run: the runner, the CLI and the publish path
     import psycopg, OpenTelemetry, Prometheus and the console's web stack only when used."""
     extras = ("psycopg", "opentelemetry", "prometheus_client", "starlette", "jinja2", "uvicorn")
-    assert _loaded("qjsflow, qjsflow.runner.cli, qjsflow.runner, qjsflow.bundles", extras) == []
+    assert _loaded("qjsflow, qjsflow.runner.cli.commands, qjsflow.runner, qjsflow.bundles",
+                   extras) == []  # fmt: skip

@@ -15,9 +15,9 @@ from typing import Any
 import pytest
 
 from qjsflow.runner import Runner, RunnerConfig, StartRunInput
-from qjsflow.runner.budgets import Budgets
-from qjsflow.runner.scopes import run_key
 from qjsflow.runner.store import JournalTransaction, Lease
+from qjsflow.runner.tenancy.budgets import Budgets
+from qjsflow.runner.tenancy.scopes import run_key
 from qjsflow.sandbox import PoolConfig
 from tests.conftest import WAITER, never_leased_early, start_source, statements
 from tests.journal_reads import query, table_counts

@@ -1,4 +1,4 @@
-"""Moving in-flight runs to new code, proven by replay (runner/migrate.py): compatible changes
+"""Moving in-flight runs to new code, proven by replay (runner/operations/migrate.py): compatible changes
 re-pin, incompatible ones are reported with the step and the new code's line, and an ordinary
 replay whose calls differ from the journal stops with a divergence."""
 

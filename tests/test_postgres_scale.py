@@ -9,7 +9,7 @@ import psycopg
 import pytest
 
 from qjsflow.runner import Runner, RunnerConfig, StartRunInput
-from qjsflow.runner.worker import worker_command
+from qjsflow.runner.engine.worker import worker_command
 from qjsflow.sandbox import PoolConfig
 from tests.conftest import PROJECT_ROOT
 from tests.postgres import PostgresServer

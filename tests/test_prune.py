@@ -9,8 +9,7 @@ import pytest
 
 from qjsflow.bridge import InvalidInput
 from qjsflow.runner import ALL_SCOPES, Runner, RunNotFound, SnapshotNotFound, StartRunInput
-from qjsflow.runner.config import RunnerConfig
-from qjsflow.runner.retention import Retention
+from qjsflow.runner.config import Retention, RunnerConfig
 from qjsflow.sandbox import PoolConfig
 from tests.conftest import FakeClock, start_source
 from tests.journal_reads import query, table_counts

@@ -18,9 +18,9 @@ from qjsflow.bridge.limits import Limits
 from qjsflow.bridge.types import Answer, OpEnvelope, RetryPolicy, StepRecord
 from qjsflow.bridge.wire import ProtocolError
 from qjsflow.runner import Bindings, Runner, RunnerConfig
-from qjsflow.runner.host import DriveHost
-from qjsflow.runner.scopes import run_key
+from qjsflow.runner.engine.host import DriveHost
 from qjsflow.runner.store import JournalTransaction
+from qjsflow.runner.tenancy.scopes import run_key
 from qjsflow.sandbox import ExecutorPool, PoolConfig
 from qjsflow.sandbox import pool as pool_module
 from qjsflow.testing import MockTool

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from qjsflow.runner import Runner, RunnerConfig
-from qjsflow.runner.control import request_pause
+from qjsflow.runner.operations.control import request_pause
 from qjsflow.runner.store import JournalTransaction
 from tests.conftest import WAITER, never_leased_early, start_source, statements
 from tests.journal_reads import execute, query

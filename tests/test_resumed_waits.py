@@ -10,8 +10,8 @@ import pytest
 
 from qjsflow.bridge.types import DriveOutcome, DriveRequest, OpEnvelope
 from qjsflow.runner import Runner, RunnerConfig
-from qjsflow.runner.budgets import Budgets
 from qjsflow.runner.store import JournalStore
+from qjsflow.runner.tenancy.budgets import Budgets
 from qjsflow.sandbox import ExecutorPool
 from tests.conftest import FakeClock, start_source
 
@@ -105,7 +105,7 @@ async def test_a_wait_with_an_event_or_past_its_deadline_is_asked_of_the_host(
 async def test_a_scope_with_budgets_asks_the_host_for_every_wait(
     tmp_path: Path, frames: list[list[OpEnvelope]]
 ) -> None:
-    """A spent budget parks the run at its next call, a wait included (runner/budgets.py):
+    """A spent budget parks the run at its next call, a wait included (runner/tenancy/budgets.py):
     such a scope's waits are never answered in the drive."""
     config = RunnerConfig(scope_budgets={"acme": Budgets(steps_per_day=1000)})
     async with Runner.open(tmp_path / "j.db", config) as runner:

@@ -15,7 +15,7 @@ from qjsflow.runner import Bindings, RunClosed, Runner, RunView
 from qjsflow.runner import runner as runner_module
 from qjsflow.runner.config import RunnerConfig
 from qjsflow.runner.errors import RunChanged
-from qjsflow.runner.fork_check import ForkMismatch, check_fork
+from qjsflow.runner.operations.fork_check import ForkMismatch, check_fork
 from qjsflow.sandbox import PoolConfig
 from tests.conftest import FakeClock, start_source
 
@@ -286,7 +286,7 @@ async def test_a_limit_hit_is_logged_as_a_warning_naming_the_run(
 
 
 def test_every_command_line_argument_has_help() -> None:
-    from qjsflow.runner.cli_parser import build_parser as _parser  # noqa: PLC0415
+    from qjsflow.runner.cli.parser import build_parser as _parser  # noqa: PLC0415
 
     parser = _parser()
     commands = next(a for a in parser._actions if a.dest == "command")

@@ -13,12 +13,12 @@ import psycopg
 import pytest
 
 from qjsflow.runner import Runner, RunnerConfig, StartRunInput
-from qjsflow.runner.scopes import run_key
 from qjsflow.runner.store import JournalTransaction, LeaseLost, RunRecord
 from qjsflow.runner.store.connection import connect_sqlite
 from qjsflow.runner.store.dialect import SQLITE
 from qjsflow.runner.store.journal import _Job, _run_batch
 from qjsflow.runner.store.migrations import migrate
+from qjsflow.runner.tenancy.scopes import run_key
 from tests.conftest import WAITER, FakeClock, start_source, statements
 from tests.postgres import PostgresServer
 from tests.test_commit_here import TEN

@@ -15,7 +15,7 @@ from qjsflow.runner import (
     RunNotFound,
     StartRunInput,
 )
-from qjsflow.runner.scopes import run_key
+from qjsflow.runner.tenancy.scopes import run_key
 from tests.conftest import FakeClock, start_source
 from tests.journal_reads import table_counts
 

@@ -9,8 +9,8 @@ from typing import Any
 from qjsflow.bridge.limits import Limits
 from qjsflow.bridge.types import OpEnvelope, RetryPolicy, StepCheck, StepRecord, Value
 from qjsflow.runner import Bindings, Runner, StartRunInput
-from qjsflow.runner.host import DriveHost
-from qjsflow.runner.scopes import run_key
+from qjsflow.runner.engine.host import DriveHost
+from qjsflow.runner.tenancy.scopes import run_key
 from tests.conftest import FakeClock, executor_pids, start_source
 
 

@@ -18,7 +18,7 @@ from qjsflow.runner import (
     UnknownWorkflow,
     current_tool_call,
 )
-from qjsflow.runner.scopes import run_key
+from qjsflow.runner.tenancy.scopes import run_key
 from tests.conftest import FakeClock, start_source
 
 ALWAYS_FAILS = """

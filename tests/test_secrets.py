@@ -15,8 +15,8 @@ from typing import Any, ClassVar
 import pytest
 
 from qjsflow.runner import Bindings, Runner, RunnerConfig, StartRunInput
-from qjsflow.runner.egress import EgressPolicy
-from qjsflow.runner.environment import ScopeEnvironment
+from qjsflow.runner.tenancy.egress import EgressPolicy
+from qjsflow.runner.tenancy.environment import ScopeEnvironment
 from tests.conftest import past_short_sleeps
 from tests.net import http_server
 from tests.secrets_scan import assert_no_secret_anywhere

@@ -16,7 +16,8 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import NonRecordingSpan, SpanContext
 
 from qjsflow.bridge import InvalidInput
-from qjsflow.runner import Bindings, Runner, StartRunInput, tracing
+from qjsflow.runner import Bindings, Runner, StartRunInput
+from qjsflow.runner.telemetry import tracing
 from tests.conftest import FakeClock
 
 _EXPORTER = InMemorySpanExporter()
@@ -128,7 +129,7 @@ def test_step_spans_are_made_only_under_a_drive_span_that_records() -> None:
 _NO_PROVIDER = """
 from opentelemetry import trace
 from opentelemetry.sdk.trace import TracerProvider
-from qjsflow.runner import tracing
+from qjsflow.runner.telemetry import tracing
 
 parent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
 with tracing.drive_span(parent, lambda: {"qjsflow.run_id": "r"}) as span:

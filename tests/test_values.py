@@ -12,7 +12,7 @@ import pytest
 
 from qjsflow.bridge.values import from_python, to_json_form, to_python
 from qjsflow.runner import Bindings, Runner
-from qjsflow.runner.scopes import run_key
+from qjsflow.runner.tenancy.scopes import run_key
 from tests.conftest import PROJECT_ROOT, FakeClock, start_source
 from tests.value_vectors import VECTORS, Vector
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from qjsflow.runner import Bindings, Runner, RunnerConfig, StartRunInput
-from qjsflow.runner.worker import Worker
+from qjsflow.runner.engine.worker import Worker
 from tests.conftest import statements
 
 QUICK = "export default async (event, step) => step.do('one', async () => 1);\n"

@@ -36,7 +36,7 @@ from qjsflow.runner.console import views
 from qjsflow.runner.console.auth import OPERATOR, SESSION_COOKIE, Principal, Sessions, Tokens
 from qjsflow.runner.console.guard import LOOPBACK_NAMES, prove_same_origin, served_host
 from qjsflow.runner.runner import Runner
-from qjsflow.runner.scopes import ALL_SCOPES, AllScopes
+from qjsflow.runner.tenancy.scopes import ALL_SCOPES, AllScopes
 from qjsflow.runner.views import RUN_STATUSES
 
 __all__ = ["create_app"]

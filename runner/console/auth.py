@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from qjsflow.bridge import InvalidInput
-from qjsflow.runner.scopes import validate_scope
+from qjsflow.runner.tenancy.scopes import validate_scope
 
 __all__ = ["SESSION_COOKIE", "Principal", "Session", "Sessions", "Tokens"]
 

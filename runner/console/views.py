@@ -13,12 +13,12 @@ from starlette.exceptions import HTTPException
 
 from qjsflow.bridge import CodecError, InvalidInput, loads
 from qjsflow.bridge.codec import dumps_text
+from qjsflow.bridge.printable import printable
 from qjsflow.bridge.values import to_json_form
-from qjsflow.runner.cli_output import printable
 from qjsflow.runner.console.auth import Principal
+from qjsflow.runner.operations.timeline import rows_of
 from qjsflow.runner.runner import Runner
-from qjsflow.runner.scopes import ALL_SCOPES, run_key
-from qjsflow.runner.timeline import rows_of
+from qjsflow.runner.tenancy.scopes import ALL_SCOPES, run_key
 from qjsflow.runner.views import RUN_STATUSES, TERMINAL, RunView, event_view, step_view
 
 __all__ = ["FILTERS", "RunQuery", "act", "list_runs", "plain", "run_detail", "snapshot_detail"]

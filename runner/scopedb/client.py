@@ -23,7 +23,7 @@ from typing import Any
 
 from qjsflow.bridge.codec import dumps, loads
 from qjsflow.runner.scopedb.policy import SqlLimits
-from qjsflow.runner.scopes import validate_scope
+from qjsflow.runner.tenancy.scopes import validate_scope
 from qjsflow.sandbox.frames import FrameError, frame, read_frame_async
 
 __all__ = ["ScopeDatabases", "SqlOutcome"]

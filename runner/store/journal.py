@@ -27,7 +27,6 @@ from qjsflow.bridge import dumps_text, loads
 from qjsflow.bridge.digest import bundle_digest
 from qjsflow.bundles.manifest import Capabilities, capabilities_from_json
 from qjsflow.runner.errors import JournalUnavailable, StoredCodeDamaged
-from qjsflow.runner.metrics import METRICS
 from qjsflow.runner.store.backends import Backend, is_postgres_url, open_backend
 from qjsflow.runner.store.records import (
     ENDED_SQL,
@@ -48,6 +47,7 @@ from qjsflow.runner.store.tx import (
     write_batch_usage,
 )
 from qjsflow.runner.store.wal_mark import follows
+from qjsflow.runner.telemetry.metrics import METRICS
 
 if TYPE_CHECKING:  # only publishing builds one: reading the journal loads no esbuild driver
     from qjsflow.bundles import Snapshot
@@ -357,7 +357,7 @@ class JournalStore:
         """`work`, queued once the caller has gone on (or before any transaction asked for
         after this), committed as `transact_soon` would (not fsynced, `then` told its result
         and mark), and not awaited: for records nothing waits on (a drive that changed nothing
-        of its run: runner/driver.py). Every read of this store waits for it first, so this
+        of its run: runner/engine/driver.py). Every read of this store waits for it first, so this
         process reads what it wrote; a failure is logged (nothing depends on it)."""
         self._unqueued.append((work, then))
         if len(self._unqueued) == 1:
@@ -552,7 +552,7 @@ class JournalStore:
         )
         return {str(row[0]): int(row[1]) for row in rows}
 
-    # -- the local Cloudflare bindings (runner/cloudflare_bindings.py) ----------------------
+    # -- the local Cloudflare bindings (runner/tenancy/cloudflare_bindings.py) ------------------
 
     async def kv_get(self, scope: str, namespace: str, key: str) -> str | None:
         rows = await self._all(

@@ -29,8 +29,8 @@ __all__ = [
 # The statuses of a run that has ended: nothing drives it again (but an operator's restart).
 ENDED: frozenset[str] = frozenset({"completed", "failed", "cancelled", "terminated"})
 ENDED_SQL = "(" + ", ".join(f"'{status}'" for status in sorted(ENDED)) + ")"
-# The timer of a `throttled` run (runner/budgets.py): the only one that may wake it, when the
-# budget its scope spent has room again.
+# The timer of a `throttled` run (runner/tenancy/budgets.py): the only one that may wake it,
+# when the budget its scope spent has room again.
 THROTTLE_TIMER = "throttle"
 # A timer that may wake a run of the given alias `r`, joined as `t`: not a paused run's, and
 # only its throttle timer for a throttled run.

@@ -214,7 +214,7 @@ function diverge(message) {
   fail(`divergence: ${message}`, false, where.stack);
   return where;
 }
-// A migration's check (runner/migrate.py): the calls the journal did not hold, where made;
+// A migration's check (runner/operations/migrate.py): the calls the journal did not hold, where made;
 // and for the run's own steps, the turn of the replay each was reached in (a turn ends when a
 // replayed step settles: calls made in one turn are concurrent, a Promise.all).
 const newCalls = [];

@@ -1,4 +1,4 @@
-// fetch, Headers and Response: a fetch is a journaled host call (runner/egress.py does it
+// fetch, Headers and Response: a fetch is a journaled host call (runner/tenancy/egress.py does it
 // under the scope's egress policy), so a replayed step never fetches again.
 
 const FETCH_ADDRESS = "qjsflow.fetch";

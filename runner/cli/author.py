@@ -16,7 +16,7 @@ from typing import Any
 from qjsflow.bridge import CodecError, InvalidInput, loads
 from qjsflow.bundles import PublishError
 from qjsflow.runner.bindings import ToolFn
-from qjsflow.runner.cli_output import printable, render_json, table
+from qjsflow.runner.cli.output import printable, render_json, table
 from qjsflow.runner.config import RunnerConfig
 from qjsflow.runner.runner import Runner
 from qjsflow.runner.testing import Idle, MockTool, WorkflowTest

@@ -7,9 +7,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from qjsflow.runner.budgets import MEASURES, Budgets, window_start
 from qjsflow.runner.errors import BudgetExceeded
 from qjsflow.runner.store import ENDED, JournalTransaction
+from qjsflow.runner.tenancy.budgets import MEASURES, Budgets, window_start
 
 __all__ = ["MeasureUsage", "ScopeUsage", "admit", "scope_usage"]
 

@@ -19,26 +19,9 @@ from functools import partial
 from qjsflow.runner.scopedb import ScopeDatabases
 from qjsflow.runner.store import ENDED, JournalStore, JournalTransaction
 
-__all__ = ["Pruned", "Retention", "prune"]
+__all__ = ["Pruned", "prune"]
 
 _BATCH = 500  # runs deleted per transaction: writers wait at most for one batch
-
-
-@dataclass(frozen=True, slots=True)
-class Retention:
-    """Keep ended runs this long after they ended; workers prune every `every_s`."""
-
-    older_than_s: float
-    statuses: frozenset[str] = ENDED
-    snapshots: bool = False  # also snapshots no run is pinned to, published as long ago
-    every_s: float = 3600.0
-
-    def __post_init__(self) -> None:
-        if not self.older_than_s > 0 or not self.every_s > 0:
-            raise ValueError("retention periods must be more than 0 seconds")
-        unknown = set(self.statuses) - ENDED
-        if unknown:
-            raise ValueError(f"only ended runs are pruned, not {sorted(unknown)}")
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,11 +19,11 @@ from typing import Literal
 
 from qjsflow.bridge import dumps_text
 from qjsflow.bridge.types import Failed
-from qjsflow.runner.control import Checked
-from qjsflow.runner.driver import RunDriver
-from qjsflow.runner.fork_check import replay_without_calls
-from qjsflow.runner.scopes import split_run_key
+from qjsflow.runner.engine.driver import RunDriver
+from qjsflow.runner.operations.control import Checked
+from qjsflow.runner.operations.fork_check import replay_without_calls
 from qjsflow.runner.store import ENDED, BundleRecord, JournalTransaction, RunRecord, StepRow
+from qjsflow.runner.tenancy.scopes import split_run_key
 
 __all__ = ["MigrationReport", "RunVerdict", "check_run", "migrate_runs", "settled_steps"]
 

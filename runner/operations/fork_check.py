@@ -32,10 +32,10 @@ from qjsflow.bridge.types import (
     Suspend,
     needs_answer,
 )
-from qjsflow.runner.control import StepRef, kept_steps
-from qjsflow.runner.driver import RunDriver
-from qjsflow.runner.scopes import split_run_key
+from qjsflow.runner.engine.driver import RunDriver
+from qjsflow.runner.operations.control import StepRef, kept_steps
 from qjsflow.runner.store import BundleRecord, RunRecord, StepRow
+from qjsflow.runner.tenancy.scopes import split_run_key
 
 __all__ = ["ForkMismatch", "NoAnswers", "check_fork", "replay_without_calls"]
 

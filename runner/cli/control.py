@@ -12,14 +12,14 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from qjsflow.bridge import InvalidInput, QjsflowError
-from qjsflow.runner.cli_output import printable
+from qjsflow.runner.cli.output import printable
 from qjsflow.runner.reads import RunReads
-from qjsflow.runner.scopes import ALL_SCOPES
+from qjsflow.runner.tenancy.scopes import ALL_SCOPES
 from qjsflow.runner.views import RUN_STATUSES, TERMINAL, RunView
 
 if TYPE_CHECKING:  # the types of what the Runner returns: the module is loaded by then
-    from qjsflow.runner.migrate import MigrationReport
-    from qjsflow.runner.retention import Pruned
+    from qjsflow.runner.operations.migrate import MigrationReport
+    from qjsflow.runner.operations.retention import Pruned
     from qjsflow.runner.runner import Runner
 
 __all__ = [

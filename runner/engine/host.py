@@ -1,6 +1,6 @@
 """The host side of the bridge: the ops of one drive serviced against the journal.
 
-The meaning of each op lives in runner/steps.py as a synchronous journal transaction; this
+The meaning of each op lives in runner/engine/steps.py as a synchronous journal transaction; this
 module runs them (`JournalStore.transact`, fenced by the drive's lease: each commits before its
 answer goes back) and does what must happen outside any transaction: calling tools, sending
 notifications, running author SQL in the scope-database process. A tool call is written ahead
@@ -43,7 +43,6 @@ from qjsflow.bridge.types import (
     needs_answer,
 )
 from qjsflow.bridge.values import from_python, to_python
-from qjsflow.runner import steps, tracing
 from qjsflow.runner.bindings import (
     Bindings,
     Notification,
@@ -52,9 +51,17 @@ from qjsflow.runner.bindings import (
     bind_tool_call,
     unbind_tool_call,
 )
-from qjsflow.runner.budgets import BY_CALL, Budgets, DriveUsage, Throttle, exhausted
-from qjsflow.runner.capabilities import DENIED, SQL_ADDRESS, Reach
-from qjsflow.runner.cloudflare_bindings import (
+from qjsflow.runner.engine import steps
+from qjsflow.runner.engine.locations import Locator
+from qjsflow.runner.engine.steps import Answered
+from qjsflow.runner.errors import FatalToolError
+from qjsflow.runner.scopedb import ScopeDatabases, SqlOutcome
+from qjsflow.runner.store import JournalStore, JournalTransaction, Lease
+from qjsflow.runner.telemetry import tracing
+from qjsflow.runner.telemetry.metrics import METRICS
+from qjsflow.runner.tenancy.budgets import BY_CALL, Budgets, DriveUsage, Throttle, exhausted
+from qjsflow.runner.tenancy.capabilities import DENIED, SQL_ADDRESS, Reach
+from qjsflow.runner.tenancy.cloudflare_bindings import (
     BINDING_ADDRESSES,
     KV_ADDRESS,
     QUEUE_ADDRESS,
@@ -63,16 +70,10 @@ from qjsflow.runner.cloudflare_bindings import (
     queue_tool,
     r2_tool,
 )
-from qjsflow.runner.egress import FETCH_ADDRESS, fetch
-from qjsflow.runner.environment import MissingSecret, ScopeEnvironment, reveal
-from qjsflow.runner.errors import FatalToolError
-from qjsflow.runner.locations import Locator
-from qjsflow.runner.metrics import METRICS
-from qjsflow.runner.scopedb import ScopeDatabases, SqlOutcome
-from qjsflow.runner.scopes import split_run_key
-from qjsflow.runner.secret_values import RunSecrets
-from qjsflow.runner.steps import Answered
-from qjsflow.runner.store import JournalStore, JournalTransaction, Lease
+from qjsflow.runner.tenancy.egress import FETCH_ADDRESS, fetch
+from qjsflow.runner.tenancy.environment import MissingSecret, ScopeEnvironment, reveal
+from qjsflow.runner.tenancy.scopes import split_run_key
+from qjsflow.runner.tenancy.secret_values import RunSecrets
 
 __all__ = ["PARKED", "DriveHost"]
 
@@ -141,7 +142,7 @@ class DriveHost:
         # Which of them the run may reach (its env's handles), and masks for all of them.
         self.secrets = RunSecrets(self.environment.secrets, run_env)
         self.monotonic = monotonic
-        self.locate = locate  # the engine's frames -> the author's (runner/locations.py)
+        self.locate = locate  # the engine's frames -> the author's (runner/engine/locations.py)
         self.scopes = scopes
         self.journal_bytes = journal_bytes  # of the run's recorded results, kept up to date
         self.store = store
@@ -173,7 +174,7 @@ class DriveHost:
         self.diverged = False
         # The scope's budgets, what it had used when the drive began, what this drive used
         # since (charged when it ends), and the budget it spent, if it did: the run's own
-        # next call then parks it (runner/budgets.py).
+        # next call then parks it (runner/tenancy/budgets.py).
         self.budgets = budgets if budgets is not None and budgets.any else None
         self.used = dict(used or {})
         self.usage = DriveUsage()
@@ -194,7 +195,8 @@ class DriveHost:
 
     def _refuses(self, tx: JournalTransaction, step: str, call: str) -> bool:
         """Whether a call parks the run before it starts: a pause is asked and the call is the
-        run's own, or its scope has spent a budget this kind of call uses (runner/budgets.py).
+        run's own, or its scope has spent a budget this kind of call uses
+        (runner/tenancy/budgets.py).
         A call inside a step body parks it too: the step's attempt is set aside when the
         drive ends, and runs again, answered from what it recorded, after the throttle."""
         if self._holds(tx, step):
@@ -688,7 +690,7 @@ class DriveHost:
         )
 
     async def _fetch(self, args: Any) -> Any:
-        """The sandbox's `fetch`, under the scope's egress policy (runner/egress.py)."""
+        """The sandbox's `fetch`, under the scope's egress policy (runner/tenancy/egress.py)."""
         egress = self.reach.egress(self.environment.egress)
         response = await fetch(args, egress, self.scope, self.secrets.reachable)
         if response.get("bodyEncoding") == "base64":  # masked as bytes: text masks cannot see

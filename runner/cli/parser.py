@@ -15,7 +15,7 @@ from typing import Any
 from qjsflow.bridge import InvalidInput
 from qjsflow.bridge.printable import printable
 from qjsflow.bundles.versions import ESBUILD_VERSION
-from qjsflow.runner.cli_control import add_control_commands
+from qjsflow.runner.cli.control import add_control_commands
 from qjsflow.runner.views import RUN_STATUSES
 from qjsflow.sandbox.confinement_modes import CONFINEMENT_MODES
 

@@ -20,9 +20,9 @@ from typing import Any
 from qjsflow.bridge import CodecError, InvalidInput, loads
 from qjsflow.bridge.values import BindingRef, SecretRef
 from qjsflow.bundles.manifest import Capabilities, capabilities_from_json
-from qjsflow.runner.budgets import Budgets, budgets_from_json
-from qjsflow.runner.egress import EgressPolicy
-from qjsflow.runner.scopes import validate_scope
+from qjsflow.runner.tenancy.budgets import Budgets, budgets_from_json
+from qjsflow.runner.tenancy.egress import EgressPolicy
+from qjsflow.runner.tenancy.scopes import validate_scope
 
 __all__ = [
     "MissingSecret",
@@ -44,7 +44,7 @@ class ScopeEnvironment:
     egress: EgressPolicy = field(default_factory=EgressPolicy)  # where `fetch` may go
     # Binding objects by name: KV namespaces (`env.CACHE.get(key)`) and queues
     # (`env.EMAILS.send(body)`), kept in the journal's database unless an operator binds the
-    # tools `qjsflow.kv` / `qjsflow.queue` (runner/cloudflare_bindings.py).
+    # tools `qjsflow.kv` / `qjsflow.queue` (runner/tenancy/cloudflare_bindings.py).
     kv: tuple[str, ...] = ()
     queues: tuple[str, ...] = ()
     r2: tuple[str, ...] = ()  # buckets: objects as text, kept like KV (`qjsflow.r2`)
@@ -79,7 +79,7 @@ class MissingSecret(InvalidInput):
 @dataclass(frozen=True)
 class ScopeSettings:
     """What an operator's env file sets for each scope: its environment, and its budgets
-    (runner/budgets.py)."""
+    (runner/tenancy/budgets.py)."""
 
     environments: Mapping[str, ScopeEnvironment]
     budgets: Mapping[str, Budgets]
@@ -175,7 +175,7 @@ def env_of(
     allowed: Callable[[str], bool] = lambda name: True,
 ) -> dict[str, Any]:
     """A run's env at its start: the scope's vars, secret handles and binding objects that
-    its snapshot may reach (`allowed`: runner/capabilities.py), then what the caller passed
+    its snapshot may reach (`allowed`: runner/tenancy/capabilities.py), then what the caller passed
     (which wins)."""
     env: dict[str, Any] = {}
     if environment is not None:

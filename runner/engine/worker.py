@@ -16,18 +16,21 @@ import functools
 import logging
 import sys
 import time
+from collections.abc import Awaitable, Callable
 
 from qjsflow.runner.bindings import Bindings
-from qjsflow.runner.driver import RunDriver
+from qjsflow.runner.config import Retention
+from qjsflow.runner.engine.driver import RunDriver
 from qjsflow.runner.errors import JournalUnavailable
-from qjsflow.runner.metrics import METRICS
-from qjsflow.runner.retention import prune
-from qjsflow.runner.scopes import split_run_key
 from qjsflow.runner.store import JournalStore
+from qjsflow.runner.telemetry.metrics import METRICS
+from qjsflow.runner.tenancy.scopes import split_run_key
 
 __all__ = ["Worker", "worker_command"]
 
 _log = logging.getLogger("qjsflow.worker")
+# Prunes the runs that ended before a time under a retention setting: (runs, snapshots) pruned.
+Pruner = Callable[[int, Retention], Awaitable[tuple[int, int]]]
 IDLE_HORIZON_MS = 1000
 _BLOCKED_LOOKED_AT = 100  # blocked runs looked at per claim
 
@@ -109,6 +112,7 @@ class Worker:
         poll_interval_s: float = 0.2,
         shutdown_grace_s: float = 10.0,
         idle_horizon_ms: int = IDLE_HORIZON_MS,
+        prune: Pruner | None = None,
     ) -> None:
         self.store = store
         self.driver = driver
@@ -124,6 +128,9 @@ class Worker:
         self.backoff = _Backoff()
         self.retries = _Retries(poll_interval_s)
         self.pruned = 0  # runs this worker pruned under the retention setting
+        # Pruning is an operation over the journal and the scope databases: handed in by the
+        # runner (runner/operations/retention.py), so the engine depends on no operation.
+        self.prune = prune
         self._reported_kills: dict[str, int] = {}
         # Per scope: drives this worker gave it over its weight (see _fair_order).
         self._virtual: collections.defaultdict[str, float] = collections.defaultdict(float)
@@ -196,16 +203,13 @@ class Worker:
         """Under a retention setting, prune ended runs once every `every_s` (several workers
         may prune at once: each batch deletes what is still there)."""
         retention = self.driver.config.retention
-        if retention is None or time.monotonic() < self._next_prune:
+        if retention is None or self.prune is None or time.monotonic() < self._next_prune:
             return
         self._next_prune = time.monotonic() + retention.every_s
-        done = await prune(
-            self.store, self.driver.scopes, before_ms=now - int(retention.older_than_s * 1000),
-            statuses=retention.statuses, snapshots=retention.snapshots,
-        )  # fmt: skip
-        self.pruned += done.runs
-        if done.runs or done.snapshots:
-            _log.info("pruned %d ended runs and %d snapshots", done.runs, done.snapshots)
+        runs, snapshots = await self.prune(now - int(retention.older_than_s * 1000), retention)
+        self.pruned += runs
+        if runs or snapshots:
+            _log.info("pruned %d ended runs and %d snapshots", runs, snapshots)
 
     async def _claim(
         self, tasks: dict[str, asyncio.Task[bool]], ended: asyncio.Event, now: int

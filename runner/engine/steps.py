@@ -138,7 +138,8 @@ def begin_attempt(
 
 def set_aside(tx: JournalTransaction, run_id: str, key: str, now: int) -> None:
     """Undo the attempt of step `key` under way, which its scope's budgets stopped before it
-    ended (runner/budgets.py): it has not failed, it starts again when the run is driven next.
+    ended (runner/tenancy/budgets.py): it has not failed, it starts again when the run is
+    driven next.
     Its first attempt is forgotten; a later one is a retry due at once. Steps begun inside it
     that had not ended are forgotten too; those that ended keep their results (the attempt
     run again is answered from them)."""

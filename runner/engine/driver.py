@@ -46,29 +46,14 @@ from qjsflow.bridge.types import (
     JournalEntry,
     Suspended,
 )
-from qjsflow.runner import tracing
 from qjsflow.runner.bindings import Bindings
-from qjsflow.runner.budgets import (
-    AT_DRIVE,
-    MINUTE_MS,
-    Budgets,
-    Charges,
-    DriveUsage,
-    Throttle,
-    current_windows,
-    exhausted,
-    forget_before,
-)
-from qjsflow.runner.capabilities import Reach
 from qjsflow.runner.config import RunnerConfig
+from qjsflow.runner.engine.host import DriveHost
+from qjsflow.runner.engine.kept import Kept, KeptBeginnings, OpenSteps
+from qjsflow.runner.engine.locations import Locator, SourceMap, author_frames
+from qjsflow.runner.engine.steps import set_aside, still_waiting
 from qjsflow.runner.errors import JournalUnavailable, RunNotFound, StoredCodeDamaged
-from qjsflow.runner.host import DriveHost
-from qjsflow.runner.kept import Kept, KeptBeginnings, OpenSteps
-from qjsflow.runner.locations import Locator, SourceMap, author_frames
-from qjsflow.runner.metrics import METRICS
 from qjsflow.runner.scopedb import ScopeDatabases
-from qjsflow.runner.scopes import split_run_key
-from qjsflow.runner.steps import set_aside, still_waiting
 from qjsflow.runner.store import (
     ENDED as TERMINAL,
 )
@@ -83,6 +68,21 @@ from qjsflow.runner.store import (
     Unleased,
     with_compute,
 )
+from qjsflow.runner.telemetry import tracing
+from qjsflow.runner.telemetry.metrics import METRICS
+from qjsflow.runner.tenancy.budgets import (
+    AT_DRIVE,
+    MINUTE_MS,
+    Budgets,
+    Charges,
+    DriveUsage,
+    Throttle,
+    current_windows,
+    exhausted,
+    forget_before,
+)
+from qjsflow.runner.tenancy.capabilities import Reach
+from qjsflow.runner.tenancy.scopes import split_run_key
 from qjsflow.sandbox import ExecutorPool
 
 __all__ = ["SIGNAL_TIMER", "BeforeLease", "RunDriver", "park_paused"]
@@ -151,7 +151,7 @@ class RunDriver:
         run that is not paused and has no cancel or pause asked. A worker's claim takes the
         lease first: claims skip leased runs (a run in flight is not claimed again, here or by
         another worker) and number each scope's turns without them. A resume may begin from
-        what the run's last drive here left kept (runner/kept.py)."""
+        what the run's last drive here left kept (runner/engine/kept.py)."""
         run = await self.claim(run_id, bindings, first=first, read_first=read_first)
         if run is None:
             run = await self.store.get_run(run_id)
@@ -206,7 +206,7 @@ class RunDriver:
                        clock=self.now_ms)  # fmt: skip
 
     def _from_kept(self, kept: Kept) -> tuple[Lease, _Begun, bool]:
-        """A drive's beginning from what a drive before it left kept (runner/kept.py): as
+        """A drive's beginning from what a drive before it left kept (runner/engine/kept.py): as
         `_read_begin` would read it, with no wake-up timer to serve (one set since, by a
         signal elsewhere, wakes the run again); its lease is taken only if the run's epoch
         and row are still as kept."""
@@ -258,9 +258,9 @@ class RunDriver:
         return run_id in self._active
 
     def forget(self, run_id: str) -> None:
-        """Drop what is kept of `run_id`'s beginning (runner/kept.py): an event delivered to it
-        here makes it stale (a drive from it would suspend, find the event at its end, and
-        drive the run again)."""
+        """Drop what is kept of `run_id`'s beginning (runner/engine/kept.py): an event
+        delivered to it here makes it stale (a drive from it would suspend, find the event at
+        its end, and drive the run again)."""
         self._kept.forget(run_id)
 
     def stop(self, run_id: str) -> None:
@@ -511,7 +511,7 @@ class RunDriver:
     ) -> RunRecord:
         """A drive's last steps once its end is recorded (the run left as `run`, at `epoch`):
         the host's writes are in, idle executors prepare (unless they were told `prepared`),
-        and, with `keep`, the run's beginning is kept for its next drive (runner/kept.py)."""
+        and, with `keep`, the run's beginning is kept for its next drive (runner/engine/kept.py)."""
         await host.flush()
         if not prepared:
             asyncio.get_running_loop().call_soon(self.pool.prepare_idle)
@@ -712,7 +712,7 @@ def _take_read(
     it, the drive's end writes the lease: `JournalTransaction.check_fence`). The wake-up
     timers it serves are those the read found (`woken`): one set since is left to wake the
     run again, as it would be under a lease taken first. A drive begun from what was `kept`
-    (runner/kept.py) also needs the run's row as that was kept: anything written to it since
+    (runner/engine/kept.py) also needs the run's row as that was kept: anything written to it since
     (a pause or a cancel asked, a migration) may change how the drive should begin."""
     now = clock()
     if kept is not None and tx.get_run(run_id) != kept:  # (before the lease marks it running)
@@ -762,7 +762,8 @@ def _journal_and_open(
     )
     open_rows = tx.unsettled_steps(run_id)
     # A scope with budgets has every wait asked of the host, which parks the run when one is
-    # spent (runner/budgets.py); otherwise a wait with nothing to take is answered in the drive.
+    # spent (runner/tenancy/budgets.py); otherwise a wait with nothing to take is answered
+    # in the drive.
     waits = () if budgeted else still_waiting(tx, open_rows, now)
     waiting = tuple((key, event_type) for key, event_type, _ in waits)
     until = min((deadline for _, _, deadline in waits), default=None)
@@ -817,8 +818,8 @@ def _ledger(
     charges: Charges,
     now: int,
 ) -> dict[str, object]:
-    """What every drive adds, however it ended: to its scope's usage (runner/budgets.py) and,
-    returned, to its run: compute, and console lines."""
+    """What every drive adds, however it ended: to its scope's usage
+    (runner/tenancy/budgets.py) and, returned, to its run: compute, and console lines."""
     tx.charge_usage(current.scope, charges.rows, charges.forget)
     return {
         "cpu_used_s": current.cpu_used_s + outcome.cpu_s,

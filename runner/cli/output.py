@@ -17,7 +17,7 @@ from qjsflow.runner.views import TERMINAL, EventView, RunView, StepView, ToolCal
 
 if TYPE_CHECKING:  # rendered only by the commands that load the Runner
     from qjsflow.runner.runner import PublishResult
-    from qjsflow.runner.usage import ScopeUsage
+    from qjsflow.runner.tenancy.usage import ScopeUsage
 
 __all__ = [
     "printable",

@@ -11,9 +11,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from qjsflow.bundles.manifest import SQL_MODES, Capabilities, exceeding
-from qjsflow.runner.cloudflare_bindings import BINDING_ADDRESSES
-from qjsflow.runner.egress import FETCH_ADDRESS, EgressPolicy
 from qjsflow.runner.errors import CapabilityRefused
+from qjsflow.runner.tenancy.cloudflare_bindings import BINDING_ADDRESSES
+from qjsflow.runner.tenancy.egress import FETCH_ADDRESS, EgressPolicy
 
 __all__ = ["DENIED", "SQL_ADDRESS", "Reach", "check_publish"]
 
@@ -65,7 +65,7 @@ class Reach:
 
 def _fetches(capabilities: Capabilities, url: str) -> bool:
     """Whether `url` is within the capabilities' fetch entries (matched as egress is)."""
-    import httpx  # noqa: PLC0415  (only a fetch needs it; see runner/egress.py)
+    import httpx  # noqa: PLC0415  (only a fetch needs it; see runner/tenancy/egress.py)
 
     try:
         parsed = httpx.URL(url)

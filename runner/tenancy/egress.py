@@ -62,7 +62,7 @@ class EgressPolicy:
     max_response_bytes: int = 512 * 1024  # a response is journaled: under the value limit
     max_redirects: int = 5
     # Allow lists that must each allow a URL too: the snapshot's manifest and the scope's
-    # capability policy (runner/capabilities.py), checked at every redirect like `allow`.
+    # capability policy (runner/tenancy/capabilities.py), checked at every redirect like `allow`.
     within: tuple[tuple[str, ...], ...] = ()
 
     def allows(self, url: httpx.URL) -> bool:

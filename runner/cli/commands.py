@@ -23,9 +23,10 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from qjsflow.bridge import CodecError, InvalidInput, QjsflowError
 from qjsflow.bridge.codec import loads
 from qjsflow.bundles import PublishError
-from qjsflow.runner import cli_control, cli_output
-from qjsflow.runner.cli_control import CONTROL_VERBS, Bulk
-from qjsflow.runner.cli_output import (
+from qjsflow.runner.cli import control as cli_control
+from qjsflow.runner.cli import output as cli_output
+from qjsflow.runner.cli.control import CONTROL_VERBS, Bulk
+from qjsflow.runner.cli.output import (
     printable,
     render_history,
     render_json,
@@ -40,7 +41,7 @@ from qjsflow.runner.cli_output import (
     render_usage,
     table,
 )
-from qjsflow.runner.cli_parser import (
+from qjsflow.runner.cli.parser import (
     EXIT_FAILED,
     EXIT_OK,
     EXIT_USAGE,
@@ -50,11 +51,11 @@ from qjsflow.runner.cli_parser import (
     confinement_of,
 )
 from qjsflow.runner.errors import RunNotFound
+from qjsflow.runner.operations.timeline import timeline_rows
 from qjsflow.runner.reads import RunReads, reading
-from qjsflow.runner.scopes import ALL_SCOPES
 from qjsflow.runner.store import SnapshotRecord
 from qjsflow.runner.store.backends import is_postgres_url
-from qjsflow.runner.timeline import timeline_rows
+from qjsflow.runner.tenancy.scopes import ALL_SCOPES
 from qjsflow.runner.views import TERMINAL, RunView, StartRunInput, StepView
 
 if TYPE_CHECKING:
@@ -66,7 +67,7 @@ __all__ = ["main"]
 # (the driver, pool and publish path) only they load (`_with_runner`).
 _Read = Callable[[argparse.Namespace, RunReads], Awaitable[Any]]
 _Command = Callable[[argparse.Namespace, "Runner"], Awaitable[Any]]
-# Commands that are neither reads nor Runner calls (runner/cli_host.py carries them out).
+# Commands that are neither reads nor Runner calls (runner/cli/host.py carries them out).
 _HOST_COMMANDS = frozenset({"demo", "console", "run", "dev", "doctor", "setup-tools"})
 
 
@@ -82,7 +83,7 @@ def _check_options(args: argparse.Namespace) -> None:
     does: bad input is refused (exit 2) whichever command carries it. Only when some is given
     does it load what checking them takes."""
     if args.env or args.tools or args.notify:
-        from qjsflow.runner import cli_host  # noqa: PLC0415  (loads what the options name)
+        from qjsflow.runner.cli import host as cli_host  # noqa: PLC0415  (loads what the options name)
 
         cli_host.config_of(args)
     else:
@@ -101,7 +102,7 @@ async def _with_runner(args: argparse.Namespace, action: _Command, *, create: bo
     """`action` on a Runner: the commands that publish, start, drive or change runs."""
     if not create:
         _journal_must_exist(args)
-    from qjsflow.runner import cli_host  # noqa: PLC0415  (loads the driver, pool, publish path)
+    from qjsflow.runner.cli import host as cli_host  # noqa: PLC0415  (loads the driver, pool, publish path)
 
     return await cli_host.with_runner(args, action, create=create)
 
@@ -127,7 +128,7 @@ async def _serve(args: argparse.Namespace, runner: Runner) -> int:
         _serve_metrics(args.listen_host, args.metrics_port)
     health = None
     if args.health_port is not None:
-        from qjsflow.runner.health import serve_health  # noqa: PLC0415
+        from qjsflow.runner.operations.health import serve_health  # noqa: PLC0415
 
         health = await serve_health(args.listen_host, args.health_port, runner.store,
                                     serving.is_set)  # fmt: skip
@@ -142,7 +143,7 @@ async def _serve(args: argparse.Namespace, runner: Runner) -> int:
 
 
 def _serve_metrics(host: str, port: int) -> None:
-    from qjsflow.runner.metrics import METRICS  # noqa: PLC0415
+    from qjsflow.runner.telemetry.metrics import METRICS  # noqa: PLC0415
 
     if not METRICS.enable():
         raise InvalidInput("--metrics-port needs prometheus-client: pip install 'qjsflow[otel]'")
@@ -239,7 +240,7 @@ def _run(args: argparse.Namespace) -> str | tuple[str, int]:
     if command in ("publish", "start") and not args.scope:
         raise InvalidInput(f"{command} needs --scope (or QJSFLOW_SCOPE)")
     if command in _HOST_COMMANDS:
-        from qjsflow.runner import cli_host  # noqa: PLC0415  (loads the driver, pool, publish path)
+        from qjsflow.runner.cli import host as cli_host  # noqa: PLC0415  (loads the driver, pool, publish path)
 
         return cli_host.run_command(args)
     if command == "publish":

@@ -19,13 +19,13 @@ from typing import Any
 from qjsflow.bridge import InvalidInput
 from qjsflow.bundles import ESBUILD_VERSION, BuildLimits, find_toolchain, setup_tools
 from qjsflow.runner.bindings import Bindings, Notification, ToolFn
-from qjsflow.runner.cli_author import develop, run_workflow
-from qjsflow.runner.cli_output import render_json
-from qjsflow.runner.cli_parser import check_lease_ttl, confinement_of
+from qjsflow.runner.cli.author import develop, run_workflow
+from qjsflow.runner.cli.output import render_json
+from qjsflow.runner.cli.parser import check_lease_ttl, confinement_of
 from qjsflow.runner.config import RunnerConfig
 from qjsflow.runner.demo import run_demo
-from qjsflow.runner.environment import ScopeSettings, load_scope_settings
 from qjsflow.runner.runner import Runner
+from qjsflow.runner.tenancy.environment import ScopeSettings, load_scope_settings
 from qjsflow.sandbox import PoolConfig
 
 __all__ = ["config_of", "load_tools", "run_command", "with_runner"]
@@ -107,7 +107,7 @@ def run_command(args: argparse.Namespace) -> str | tuple[str, int]:
         asyncio.run(develop(args, args.db, config_of(args)))
         return ""
     if command == "doctor":
-        from qjsflow.runner import doctor  # noqa: PLC0415  (only this command needs it)
+        from qjsflow.runner.operations import doctor  # noqa: PLC0415  (only this command needs it)
 
         report = asyncio.run(doctor.diagnose(config_of(args).pool))
         return render_json(report) if args.json else doctor.render(report)

@@ -13,11 +13,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from qjsflow.bridge import InvalidInput, dumps_text
-from qjsflow.runner.budgets import Budgets
 from qjsflow.runner.errors import RunChanged, RunClosed, RunNotFound
-from qjsflow.runner.scopes import split_run_key
 from qjsflow.runner.store import ENDED, JournalTransaction, RunRecord, StepRow
-from qjsflow.runner.usage import admit
+from qjsflow.runner.tenancy.budgets import Budgets
+from qjsflow.runner.tenancy.scopes import split_run_key
+from qjsflow.runner.tenancy.usage import admit
 
 __all__ = [
     "FRESH_ATTEMPT",

@@ -4,8 +4,8 @@ executed it and those that replayed it (what `qjsflow timeline` and the demo pri
 from __future__ import annotations
 
 from qjsflow.runner.reads import RunReads
-from qjsflow.runner.scopes import run_key
 from qjsflow.runner.store import EventRecord, StepRow
+from qjsflow.runner.tenancy.scopes import run_key
 from qjsflow.runner.views import RunView
 
 __all__ = ["rows_of", "timeline_rows"]

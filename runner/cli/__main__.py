@@ -1,0 +1,5 @@
+"""`python -m qjsflow.runner.cli`."""
+
+from qjsflow.runner.cli.commands import main
+
+raise SystemExit(main())

@@ -1,0 +1,2 @@
+"""Operations on runs: control verbs, retention (prune), migration, forks and inspection
+through a replay that calls nothing, and timelines."""

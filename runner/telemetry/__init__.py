@@ -1,0 +1,1 @@
+"""Telemetry: metrics, traces, the worker's health endpoints and `qjsflow doctor`."""
