@@ -41,7 +41,6 @@ from qjsflow.bridge.printable import printable
 from qjsflow.bridge.types import (
     Completed,
     DriveOutcome,
-    DriveRequest,
     Failed,
     JournalEntry,
     Suspended,
@@ -51,6 +50,7 @@ from qjsflow.runner.config import RunnerConfig
 from qjsflow.runner.engine.host import DriveHost
 from qjsflow.runner.engine.kept import Kept, KeptBeginnings, OpenSteps
 from qjsflow.runner.engine.locations import Locator, SourceMap, author_frames
+from qjsflow.runner.engine.requests import run_request
 from qjsflow.runner.engine.steps import set_aside, still_waiting
 from qjsflow.runner.errors import JournalUnavailable, RunNotFound, StoredCodeDamaged
 from qjsflow.runner.scopedb import ScopeDatabases
@@ -545,22 +545,7 @@ class RunDriver:
             return Failed(False, str(damaged), 0.0), host
         host.locate = self._locator(bundle)
         host.reach = Reach(bundle.capabilities, self.config.scope_policies.get(run.scope))
-        request = DriveRequest(
-            run_id=split_run_key(run.run_id)[1],  # the author's event.instanceId
-            workflow=run.workflow,
-            bundle=bundle.code,
-            input=run.input,
-            created_at_ms=run.created_at,
-            journal=journal,
-            env=run.persisted_bindings,
-            limits=self.config.limits,
-            cpu_used_s=run.cpu_used_s,
-            logs_seen=run.logs_count,
-            unsettled=unsettled.keys,
-            waiting=unsettled.waiting,
-            export=bundle.export,
-            bundle_key=bundle.digest,
-        )
+        request = run_request(run, bundle, journal, self.config.limits, open_steps=unsettled)
         try:
             outcome = await self.pool.drive(request, host)
         except BaseException:

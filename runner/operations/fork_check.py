@@ -12,15 +12,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from qjsflow.bridge import InvalidInput
-from qjsflow.bridge.failure import failure_from_json
 from qjsflow.bridge.keys import step_key
 from qjsflow.bridge.types import (
     Answer,
     DbSql,
     DriveOutcome,
-    DriveRequest,
     Failed,
-    JournalEntry,
     OpEnvelope,
     StepBegin,
     StepCheck,
@@ -33,9 +30,9 @@ from qjsflow.bridge.types import (
     needs_answer,
 )
 from qjsflow.runner.engine.driver import RunDriver
+from qjsflow.runner.engine.requests import journal_of, run_request
 from qjsflow.runner.operations.control import StepRef, kept_steps
 from qjsflow.runner.store import BundleRecord, RunRecord, StepRow
-from qjsflow.runner.tenancy.scopes import split_run_key
 
 __all__ = ["ForkMismatch", "NoAnswers", "check_fork", "replay_without_calls"]
 
@@ -80,19 +77,8 @@ async def replay_without_calls(
     """Drive `run`'s code in `bundle` once, with the settled `rows` as its journal (their call
     digests checked when `digests`) and a host that answers nothing; `strict`: every recorded
     step must be reached, in order (a migration's check)."""
-    journal = tuple(
-        JournalEntry(
-            row.key, row.output, None if row.error is None else failure_from_json(row.error),
-            row.clock_at or row.started_at, row.args_digest if digests else None,
-        )
-        for row in rows
-    )  # fmt: skip
-    request = DriveRequest(
-        run_id=split_run_key(run.run_id)[1], workflow=run.workflow, bundle=bundle.code,
-        input=run.input, created_at_ms=run.created_at, journal=journal,
-        env=run.persisted_bindings, limits=driver.config.limits, export=bundle.export,
-        strict=strict, bundle_key=bundle.digest,
-    )  # fmt: skip
+    journal = journal_of(rows, digests=digests)
+    request = run_request(run, bundle, journal, driver.config.limits, strict=strict)
     host = NoAnswers()
     return await driver.pool.drive(request, host), host
 

@@ -12,13 +12,13 @@ from qjsflow.bridge.limits import Limits
 from qjsflow.bridge.types import (
     Answer,
     Completed,
-    DriveRequest,
     Log,
     OpEnvelope,
     StepBegin,
 )
 from qjsflow.bridge.values import to_python
 from qjsflow.bundles import SourceTreeError, WorkflowBundle
+from qjsflow.runner.engine.requests import exports_request
 from qjsflow.sandbox import ExecutorPool
 
 __all__ = ["describe_exports"]
@@ -33,15 +33,7 @@ async def describe_exports(
 ) -> list[dict[str, Any]]:
     """One `{export, kind, className}` per export of the bundle's module; a module that fails
     to load is a publish error naming its file."""
-    request = DriveRequest(
-        run_id="publish",
-        workflow=bundle.workflow,
-        bundle=bundle.code,
-        input="null",
-        created_at_ms=now_ms,
-        limits=limits,
-        inspect=True,
-    )
+    request = exports_request(bundle.code, bundle.workflow, limits, now_ms)
     outcome = await pool.drive(request, _refuse_ops)
     if not isinstance(outcome, Completed):
         message = getattr(outcome, "message", "the module did not load")
