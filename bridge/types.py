@@ -13,6 +13,8 @@ from qjsflow.bridge.failure import StepFailure
 from qjsflow.bridge.limits import Limits
 
 __all__ = [
+    "STEP_KINDS",
+    "STEP_KIND_OF",
     "Answer",
     "Completed",
     "DbSql",
@@ -159,6 +161,13 @@ Op = (
     StepBegin | StepCheck | StepRecord | StepTool | StepSleep | StepWaitForEvent | StepNotify
     | DbSql | Log
 )  # fmt: skip
+# The one list of step kinds: the journal's kind of the step each op is about (a console line
+# is none). Step keys, operators' `KIND:NAME[:COUNT]` and replays all take it from here.
+STEP_KIND_OF: dict[type, str] = {
+    StepBegin: "do", StepCheck: "do", StepRecord: "do", StepTool: "tool", StepSleep: "sleep",
+    StepWaitForEvent: "waitForEvent", StepNotify: "notify", DbSql: "sql",
+}  # fmt: skip
+STEP_KINDS: tuple[str, ...] = tuple(dict.fromkeys(STEP_KIND_OF.values()))
 
 
 def needs_answer(op: Op) -> bool:

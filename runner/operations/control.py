@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from qjsflow.bridge import InvalidInput, dumps_text
+from qjsflow.bridge.types import STEP_KINDS
 from qjsflow.runner.errors import RunChanged, RunClosed, RunNotFound
 from qjsflow.runner.store import ENDED, JournalTransaction, RunRecord, StepRow
 from qjsflow.runner.tenancy.budgets import Budgets
@@ -39,7 +40,6 @@ FRESH_ATTEMPT: dict[str, object] = {
     "waiting_for": None, "cancel_requested": 0, "pause_requested": 0,
     "cpu_used_s": 0.0, "sql_used_s": 0.0, "executor_deaths": 0, "logs_count": 0,
 }  # fmt: skip
-STEP_KINDS = ("do", "tool", "sleep", "waitForEvent", "notify", "sql")
 _COUNT = re.compile(r"^(.*):([1-9][0-9]{0,8})$")
 
 

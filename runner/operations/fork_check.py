@@ -14,18 +14,11 @@ from collections.abc import Sequence
 from qjsflow.bridge import InvalidInput
 from qjsflow.bridge.keys import step_key
 from qjsflow.bridge.types import (
+    STEP_KIND_OF,
     Answer,
-    DbSql,
     DriveOutcome,
     Failed,
     OpEnvelope,
-    StepBegin,
-    StepCheck,
-    StepNotify,
-    StepRecord,
-    StepSleep,
-    StepTool,
-    StepWaitForEvent,
     Suspend,
     needs_answer,
 )
@@ -51,18 +44,12 @@ class NoAnswers:
         answers = []
         for envelope in ops:
             op = envelope.op
-            kind = _KINDS.get(type(op))
+            kind = STEP_KIND_OF.get(type(op))
             if kind is not None:
                 self.keys.append(step_key(kind, op.count, op.step))  # type: ignore[union-attr]
             if needs_answer(op):
                 answers.append(Answer(envelope.id, Suspend("retry"), None))
         return answers
-
-
-_KINDS: dict[type, str] = {
-    StepBegin: "do", StepCheck: "do", StepRecord: "do", StepTool: "tool", StepSleep: "sleep",
-    StepWaitForEvent: "waitForEvent", StepNotify: "notify", DbSql: "sql",
-}  # fmt: skip
 
 
 async def replay_without_calls(
