@@ -18,7 +18,7 @@ from typing import Any
 from qjsflow.bridge import dumps, loads
 from qjsflow.bundles.toolchain import Toolchain, find_toolchain
 
-__all__ = ["BuildLimits", "run_driver"]
+__all__ = ["BuildLimits", "confined_command", "run_driver"]
 
 _DRIVER = Path(__file__).with_name("driver.mjs")
 
@@ -45,7 +45,7 @@ async def run_driver(request: dict[str, Any], limits: BuildLimits) -> Any:
         }
     )
     process = await asyncio.create_subprocess_exec(
-        *_confined(toolchain, request["root"], limits.confinement),
+        *confined_command(toolchain, request["root"], limits.confinement),
         toolchain.node,
         "--max-old-space-size=512",
         str(_DRIVER),
@@ -80,7 +80,7 @@ async def run_driver(request: dict[str, Any], limits: BuildLimits) -> Any:
     return loads(stdout, max_bytes=limits.max_output_bytes + _ENVELOPE_BYTES)
 
 
-def _confined(toolchain: Toolchain, root: str, mode: str) -> list[str]:
+def confined_command(toolchain: Toolchain, root: str, mode: str) -> list[str]:
     """The command that puts the bundler under Landlock (sandbox/confined_exec.py): it may read the
     tree, the driver and a few system files, read and run node, the system's libraries and the
     esbuild packages, and nothing else; no TCP. Empty for `off`."""

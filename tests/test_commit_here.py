@@ -207,13 +207,13 @@ async def test_jobs_needing_no_fsync_are_committed_sixteen_at_a_time(
     batches of at most sixteen, so the first drives of a worker's claim start when theirs are
     in. A burst holding a job that must be durable is one batch (one fsync)."""
     sizes: list[int] = []
-    batch_of = journal_module._run_batch
+    batch_of = journal_module.run_batch
 
     def counted(connection: Any, batch: list[Any], backend: Any) -> Any:
         sizes.append(len(batch))
         return batch_of(connection, batch, backend)
 
-    monkeypatch.setattr(journal_module, "_run_batch", counted)
+    monkeypatch.setattr(journal_module, "run_batch", counted)
     store = await JournalStore.open(tmp_path / "journal.db")
     try:
         for durable in (False, True):

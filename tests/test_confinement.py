@@ -13,7 +13,7 @@ import pytest
 from qjsflow.bridge import QjsflowError
 from qjsflow.bridge.types import Completed, Failed
 from qjsflow.bundles import find_toolchain
-from qjsflow.bundles.esbuild import _confined
+from qjsflow.bundles.esbuild import confined_command
 from qjsflow.runner.scopedb import ScopeDatabases
 from qjsflow.sandbox import ExecutorPool, PoolConfig
 from qjsflow.sandbox.confine import ALLOWED
@@ -179,7 +179,7 @@ def test_the_bundler_reads_its_tree_only(tmp_path: Path, mode: str) -> None:
     (tree / "inside.ts").write_text("export {};")
     outside.write_text("host secret")
     toolchain = find_toolchain()
-    command = [*_confined(toolchain, str(tree), mode), toolchain.node, "-e", BUNDLER_PROBE,
+    command = [*confined_command(toolchain, str(tree), mode), toolchain.node, "-e", BUNDLER_PROBE,
                str(tree / "inside.ts"), str(outside), str(tree / "written.txt")]  # fmt: skip
     done = subprocess.run(command, capture_output=True, text=True, timeout=60, check=False)
     assert done.returncode == 0, done.stderr

@@ -32,13 +32,13 @@ export default async (event, step) => {
 def fsynced(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
     """Each committed batch: whether it was fsynced."""
     seen: list[bool] = []
-    original = journal._run_batch
+    original = journal.run_batch
 
     def counting(connection: Any, batch: list[Any], backend: Any) -> Any:
         seen.append(any(job.durable for job in batch))
         return original(connection, batch, backend)
 
-    monkeypatch.setattr(journal, "_run_batch", counting)
+    monkeypatch.setattr(journal, "run_batch", counting)
     return seen
 
 
@@ -83,7 +83,7 @@ async def test_starting_a_run_is_one_trip_to_the_journal(
     published = await runner.publish("acme", {"workflows/flow.ts": PURE})
     jobs: list[str] = []
     original_run = connection.JobThread.run
-    original_batch = journal._run_batch
+    original_batch = journal.run_batch
 
     async def on_thread(self: connection.JobThread, job: Any, *args: Any) -> Any:
         if getattr(job, "func", None) is not batch:
@@ -91,15 +91,15 @@ async def test_starting_a_run_is_one_trip_to_the_journal(
         return await original_run(self, job, *args)
 
     def batch(connection: Any, batch: list[Any], backend: Any) -> Any:
-        jobs.append("_run_batch")
+        jobs.append("run_batch")
         return original_batch(connection, batch, backend)
 
     monkeypatch.setattr(connection.JobThread, "run", on_thread)
-    monkeypatch.setattr(journal, "_run_batch", batch)
+    monkeypatch.setattr(journal, "run_batch", batch)
     request = StartRunInput("acme", "flow", published.snapshot_id[:12], None, "r1")
     run = await runner.start(request, drive=False)
     assert run.status == "running"
-    assert jobs == ["_run_batch"]
+    assert jobs == ["run_batch"]
     again = await runner.start(request, drive=False)  # the same start: the same run
     assert again.run_id == run.run_id
     with pytest.raises(SnapshotNotFound):

@@ -14,7 +14,7 @@ from qjsflow.runner import Bindings, Runner, RunnerConfig
 from qjsflow.runner.store import LeaseLost
 from qjsflow.runner.store.connection import connect_sqlite
 from qjsflow.runner.store.dialect import SQLITE
-from qjsflow.runner.store.journal import _Job, _run_batch
+from qjsflow.runner.store.journal import BatchJob, run_batch
 from qjsflow.runner.store.migrations import migrate
 from qjsflow.runner.tenancy.scopes import run_key
 from qjsflow.sandbox import PoolConfig
@@ -165,9 +165,9 @@ def test_a_batchs_usage_is_written_last_and_only_for_jobs_that_succeed(tmp_path:
 
     loop = asyncio.new_event_loop()
     jobs = [
-        _Job(charging(2), None, True, loop.create_future()),
-        _Job(charging(5, fail=True), None, True, loop.create_future()),
-        _Job(charging(3), None, True, loop.create_future()),
+        BatchJob(charging(2), None, True, loop.create_future()),
+        BatchJob(charging(5, fail=True), None, True, loop.create_future()),
+        BatchJob(charging(3), None, True, loop.create_future()),
     ]
 
     class Backend:  # the SQLite backend's dialect and transaction, on the logged connection
@@ -177,7 +177,7 @@ def test_a_batchs_usage_is_written_last_and_only_for_jobs_that_succeed(tmp_path:
         def begin(self, connection: Any, full: bool, write: bool = True) -> None:
             connection.execute("BEGIN IMMEDIATE")
 
-    outcomes, _ = _run_batch(Logged(), jobs, Backend())  # type: ignore[arg-type]
+    outcomes, _ = run_batch(Logged(), jobs, Backend())  # type: ignore[arg-type]
     loop.close()
     assert [ok for ok, _ in outcomes] == [True, False, True]
     assert statements[-2:] == ["many usage", "COMMIT"]

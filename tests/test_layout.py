@@ -107,6 +107,15 @@ def test_the_layer_check_sees_an_import_from_above(tmp_path: Path) -> None:
     assert _LAYER_OF["engine"] > _LAYER_OF["store"]  # so a store module importing it is refused
 
 
+def test_no_test_imports_a_private_name() -> None:
+    """Tests use the package's public seams; a name starting with `_` may change any day."""
+    for path in sorted((PROJECT_ROOT / "tests").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("qjsflow"):
+                private = [a.name for a in node.names if a.name.startswith("_")]
+                assert not private, f"{path.name} imports {private} from {node.module}"
+
+
 def test_runners_top_level_stays_small() -> None:
     """Its parts are packages that show the design; fewer than 15 modules beside them."""
     top = [p for p in (PROJECT_ROOT / "runner").glob("*.py") if p.name != "__init__.py"]

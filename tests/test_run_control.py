@@ -286,9 +286,9 @@ async def test_a_limit_hit_is_logged_as_a_warning_naming_the_run(
 
 
 def test_every_command_line_argument_has_help() -> None:
-    from qjsflow.runner.cli.parser import build_parser as _parser  # noqa: PLC0415
+    from qjsflow.runner.cli.parser import build_parser  # noqa: PLC0415
 
-    parser = _parser()
+    parser = build_parser()
     commands = next(a for a in parser._actions if a.dest == "command")
     assert isinstance(commands.choices, dict)
     missing = [

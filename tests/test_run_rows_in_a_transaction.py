@@ -16,7 +16,7 @@ from qjsflow.runner import Runner, RunnerConfig, StartRunInput
 from qjsflow.runner.store import JournalTransaction, LeaseLost, RunRecord
 from qjsflow.runner.store.connection import connect_sqlite
 from qjsflow.runner.store.dialect import SQLITE
-from qjsflow.runner.store.journal import _Job, _run_batch
+from qjsflow.runner.store.journal import BatchJob, run_batch
 from qjsflow.runner.store.migrations import migrate
 from qjsflow.runner.tenancy.scopes import run_key
 from tests.conftest import WAITER, FakeClock, start_source, statements
@@ -234,8 +234,8 @@ def test_a_fence_is_trusted_only_while_no_job_wrote_a_run(tmp_path: Any) -> None
     def batch(*works: Any) -> list[tuple[bool, Any]]:
         loop = asyncio.new_event_loop()
         try:
-            jobs = [_Job(work, lease, False, loop.create_future()) for work in works]
-            return _run_batch(Logged(), jobs, Backend())[0]  # type: ignore[arg-type]
+            jobs = [BatchJob(work, lease, False, loop.create_future()) for work in works]
+            return run_batch(Logged(), jobs, Backend())[0]  # type: ignore[arg-type]
         finally:
             loop.close()
 

@@ -53,10 +53,12 @@ if TYPE_CHECKING:  # only publishing builds one: reading the journal loads no es
     from qjsflow.bundles import Snapshot
 
 __all__ = [
+    "BatchJob",
     "BundleRecord",
     "JournalStore",
     "SnapshotRecord",
     "WorkflowRecord",
+    "run_batch",
     "snapshot_records",
 ]
 
@@ -105,12 +107,12 @@ class BundleRecord:
     digest: str = ""  # `bundle_digest(code)`, as stored and checked
 
 
-# Told a job's result and its commit's mark (`_Job.then`).
+# Told a job's result and its commit's mark (`BatchJob.then`).
 _Then = Callable[[Any, bytes | None], None]
 
 
 @dataclass(slots=True)
-class _Job:
+class BatchJob:
     work: Callable[[JournalTransaction], Any]
     fence: Lease | None
     durable: bool
@@ -125,7 +127,7 @@ class _Job:
 _Batch = tuple[list[tuple[bool, Any]], bytes | None]
 
 
-def _run_batch(connection: Any, batch: list[_Job], backend: Backend) -> _Batch:
+def run_batch(connection: Any, batch: list[BatchJob], backend: Backend) -> _Batch:
     """On the connection's thread: the whole batch in one transaction and one commit, and,
     for a job told `then`, the commit's mark (runner/store/wal_mark.py).
 
@@ -224,7 +226,7 @@ def _never() -> bool:
     return False
 
 
-def _one_drives(batch: list[_Job]) -> bool:
+def _one_drives(batch: list[BatchJob]) -> bool:
     """Whether `batch` serves one drive (a single job, or jobs all under one lease), so that it
     may commit on the event loop's thread (`JournalStore.commit_here`). One that serves several
     (a burst of leases, several drives' ends) goes to the journal's thread: on the loop it
@@ -253,7 +255,7 @@ class JournalStore:
         self.path = (
             None if is_postgres_url(location) else Path(str(location).removeprefix("sqlite:///"))
         )
-        self._queue: list[_Job] = []
+        self._queue: list[BatchJob] = []
         self._committer: asyncio.Task[None] | None = None
         self._busy = False  # a batch is being committed (by the committer, or in place)
         self.retry_s = DEFAULT_RETRY_S  # how long a transient write failure is retried
@@ -293,7 +295,7 @@ class JournalStore:
 
         With a `fence`, the lease's epoch is checked first and `LeaseLost` raised (nothing
         written) if another driver has taken the run over. `durable=False` is for writes that
-        nothing outside the journal depends on (see `_run_batch`); `writes=False` for work
+        nothing outside the journal depends on (see `run_batch`); `writes=False` for work
         that only reads, but must see the journal as of one moment (a batch of such work
         alone takes no write lock).
 
@@ -334,7 +336,7 @@ class JournalStore:
     ) -> asyncio.Future[T]:
         """`transact`, queued now — committed before any transaction queued after this call —
         and awaited later (a write behind an answer already given). `then` is told the result
-        and the commit's mark (`_Job.then`; not if the commit has to be made again)."""
+        and the commit's mark (`BatchJob.then`; not if the commit has to be made again)."""
         self._queue_behind()
         first = self._enqueue(work, fence, durable, then=then)
 
@@ -405,7 +407,7 @@ class JournalStore:
         if not self._queue and not self._busy and self.commit_here():
             # Nothing queued or being committed, and the loop would only wait for this: it
             # commits now, in the caller's task (no committer task, no turns of the loop).
-            job = _Job(work, fence, durable, asyncio.get_running_loop().create_future(), writes)
+            job = BatchJob(work, fence, durable, asyncio.get_running_loop().create_future(), writes)
             ok, value = (await self._commit([job]))[0][0]
             if not ok:
                 raise value
@@ -423,19 +425,19 @@ class JournalStore:
     ) -> asyncio.Future[Any]:
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Any] = loop.create_future()
-        self._queue.append(_Job(work, fence, durable, future, writes, then))
+        self._queue.append(BatchJob(work, fence, durable, future, writes, then))
         if self._committer is None or self._committer.done():
             self._committer = loop.create_task(self._commit_queued())
         return future
 
-    async def _commit(self, batch: list[_Job]) -> _Batch:
+    async def _commit(self, batch: list[BatchJob]) -> _Batch:
         """One batch in one transaction; each job's outcome (raises if the commit failed), and
         the commit's mark for the jobs told `then`."""
         began = time.monotonic()
         self._busy = True
         try:
             outcomes = await self._backend.transaction(
-                partial(_run_batch, batch=batch, backend=self._backend),
+                partial(run_batch, batch=batch, backend=self._backend),
                 here=_one_drives(batch) and self.commit_here(),
             )
         except UnknownCommit as unknown:

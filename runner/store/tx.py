@@ -341,7 +341,7 @@ class JournalTransaction:
 
     def fence_held(self, lease: Lease, run: RunRecord) -> None:
         """`check_fence`, known to hold: the job before this one, in the same transaction,
-        checked it and wrote nothing to any run's row since (see `_run_batch`); `run` is what
+        checked it and wrote nothing to any run's row since (see `run_batch`); `run` is what
         that check read (`fence_read`), still the row."""
         self._locked.add(lease.run_id)
         self._runs[lease.run_id] = run
