@@ -48,7 +48,15 @@ from qjsflow.sandbox.cpu_clock import CpuClock
 from qjsflow.sandbox.frames import FrameError, frame, read_frame_async
 from qjsflow.sandbox.messages import drive_message
 
-__all__ = ["FORBIDDEN_CALL", "ExecutorPool", "Host", "PoolConfig", "remove_stale_workdirs"]
+__all__ = [
+    "DIAGNOSTICS_LOGGED",
+    "DIAGNOSTIC_CHARS",
+    "FORBIDDEN_CALL",
+    "ExecutorPool",
+    "Host",
+    "PoolConfig",
+    "remove_stale_workdirs",
+]
 
 FORBIDDEN_CALL = (
     "the executor made a system call its filter forbids and was killed by the kernel (SIGSYS):"
@@ -82,8 +90,8 @@ _WORKDIR_PREFIX = "qjsflow-executor-"
 # file (a worker run as `qjsflow worker 2>>worker.log`) refuses every write under the
 # executor's no-files rlimit, and the line would be lost. Lines past the first few of an
 # executor's life are counted, not logged: a flood from a broken executor fills no disk.
-_DIAGNOSTIC_CHARS = 500
-_DIAGNOSTICS_LOGGED = 20
+DIAGNOSTIC_CHARS = 500
+DIAGNOSTICS_LOGGED = 20
 
 
 def remove_stale_workdirs(root: str | None = None) -> int:
@@ -159,7 +167,7 @@ class _Executor:
         self._diagnostics = asyncio.get_running_loop().create_task(self._log_diagnostics())
 
     async def _log_diagnostics(self) -> None:
-        """Log the executor's stderr lines until it exits (`_DIAGNOSTIC_CHARS`)."""
+        """Log the executor's stderr lines until it exits (`DIAGNOSTIC_CHARS`)."""
         stderr = self.process.stderr
         if stderr is None:
             return
@@ -172,13 +180,13 @@ class _Executor:
             if not line:
                 break
             seen += 1
-            if seen <= _DIAGNOSTICS_LOGGED:
-                cut = line.rstrip(b"\n")[: _DIAGNOSTIC_CHARS * 4]  # UTF-8: at most 4 a character
-                text = cut.decode("utf-8", "replace")[:_DIAGNOSTIC_CHARS]
+            if seen <= DIAGNOSTICS_LOGGED:
+                cut = line.rstrip(b"\n")[: DIAGNOSTIC_CHARS * 4]  # UTF-8: at most 4 a character
+                text = cut.decode("utf-8", "replace")[:DIAGNOSTIC_CHARS]
                 _log.warning("executor %d: %s", pid, printable(text))
-        if seen > _DIAGNOSTICS_LOGGED:
+        if seen > DIAGNOSTICS_LOGGED:
             _log.warning("executor %d: %d more lines on its stderr, not logged", pid,
-                         seen - _DIAGNOSTICS_LOGGED)  # fmt: skip
+                         seen - DIAGNOSTICS_LOGGED)  # fmt: skip
 
     @classmethod
     async def spawn(cls, config: PoolConfig, cpu_limit_s: int) -> _Executor:
@@ -194,7 +202,7 @@ class _Executor:
             *config.entry_args,
             stdin=asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,  # its lines are logged here (`_DIAGNOSTIC_CHARS`)
+            stderr=asyncio.subprocess.PIPE,  # its lines are logged here (`DIAGNOSTIC_CHARS`)
             cwd=workdir,
             env=_EXECUTOR_ENV,
             limit=2**20,

@@ -16,7 +16,7 @@ import pytest
 from qjsflow.bridge.types import Completed
 from qjsflow.sandbox import ExecutorPool, PoolConfig
 from qjsflow.sandbox.confinement_probe import STDERR_LINES
-from qjsflow.sandbox.pool import _DIAGNOSTIC_CHARS, _DIAGNOSTICS_LOGGED
+from qjsflow.sandbox.pool import DIAGNOSTIC_CHARS, DIAGNOSTICS_LOGGED
 from tests.conftest import bundle_of
 from tests.memory_host import MemoryHost
 
@@ -53,13 +53,13 @@ async def test_an_executors_stderr_lines_are_logged_escaped_and_bounded(
     lines = [found.string for found in matched if found is not None]
     pid = next(int(found.group(1)) for found in matched if found is not None)
     # The first lines, each cut and escaped: no escape, carriage return or bidi override left.
-    assert len(lines) == _DIAGNOSTICS_LOGGED + 1
+    assert len(lines) == DIAGNOSTICS_LOGGED + 1
     first = lines[0].removeprefix(f"executor {pid}: ")
     assert first.startswith("line 0: \\x1b[2J\\x0dforged \\u202ex")
-    assert len(first) == _DIAGNOSTIC_CHARS + len("\\x1b\\x0d\\u202e") - 3
+    assert len(first) == DIAGNOSTIC_CHARS + len("\\x1b\\x0d\\u202e") - 3
     assert not any(c in line for line in lines for c in "\x1b\r\u202e")
     # The rest counted, not logged; nothing went to the worker's own stderr.
     assert lines[-1] == (
-        f"executor {pid}: {STDERR_LINES - _DIAGNOSTICS_LOGGED} more lines on its stderr, not logged"
+        f"executor {pid}: {STDERR_LINES - DIAGNOSTICS_LOGGED} more lines on its stderr, not logged"
     )
     assert (tmp_path / "worker.log").read_text() == ""

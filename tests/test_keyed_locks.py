@@ -7,11 +7,11 @@ import asyncio
 
 import pytest
 
-from qjsflow.runner.engine.driver import _KeyedLocks
+from qjsflow.runner.engine.locks import KeyedLocks
 
 
 async def test_one_holder_at_a_time_and_nothing_kept_after() -> None:
-    locks = _KeyedLocks()
+    locks = KeyedLocks()
     order: list[str] = []
 
     async def hold(name: str, key: str) -> None:
@@ -27,7 +27,7 @@ async def test_one_holder_at_a_time_and_nothing_kept_after() -> None:
 
 
 async def test_a_waiter_cancelled_or_a_holder_failing_leaves_nothing() -> None:
-    locks = _KeyedLocks()
+    locks = KeyedLocks()
     entered = asyncio.Event()
 
     async def holder() -> None:

@@ -50,6 +50,7 @@ from qjsflow.runner.config import RunnerConfig
 from qjsflow.runner.engine.host import DriveHost
 from qjsflow.runner.engine.kept import Kept, KeptBeginnings, OpenSteps
 from qjsflow.runner.engine.locations import Locator, SourceMap, author_frames
+from qjsflow.runner.engine.locks import KeyedLocks
 from qjsflow.runner.engine.requests import run_request
 from qjsflow.runner.engine.steps import set_aside, still_waiting
 from qjsflow.runner.errors import JournalUnavailable, RunNotFound, StoredCodeDamaged
@@ -120,7 +121,7 @@ class RunDriver:
         self.pool = pool
         self.config = config
         self.worker_id = f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(4)}"
-        self._locks = _KeyedLocks()
+        self._locks = KeyedLocks()
         self._bundles: dict[tuple[str, str, str], BundleRecord] = {}
         self._swept: dict[str, int] = {}  # scope -> the minute its old usage was last dropped
         self._maps: dict[BundleRecord, SourceMap] = {}  # read on a bundle's first error
@@ -1120,46 +1121,3 @@ def _observe(span: Any, run_id: str, outcome: DriveOutcome, seconds: float) -> N
             METRICS.limits_hit.labels(kind=kind).inc()
             _log.warning("run %s hit its %s limit: %s", run_id, kind,
                          printable(outcome.message[:200]))  # fmt: skip
-
-
-class _KeyedLocks:
-    """One asyncio lock per key, kept only while someone holds or awaits it: a runner with
-    thousands of suspended runs keeps no per-run state."""
-
-    def __init__(self) -> None:
-        self._locks: dict[str, tuple[asyncio.Lock, int]] = {}
-
-    def hold(self, key: str) -> _Held:
-        return _Held(self._locks, key)
-
-
-class _Held:
-    """`_KeyedLocks.hold`: a plain class (a generator-made context manager cost a drive
-    ~10 µs more, cold)."""
-
-    __slots__ = ("_key", "_lock", "_locks")
-
-    def __init__(self, locks: dict[str, tuple[asyncio.Lock, int]], key: str) -> None:
-        self._locks = locks
-        self._key = key
-
-    async def __aenter__(self) -> None:
-        lock, users = self._locks.get(self._key) or (asyncio.Lock(), 0)
-        self._locks[self._key] = (lock, users + 1)
-        self._lock = lock
-        try:
-            await lock.acquire()
-        except BaseException:
-            self._leave()
-            raise
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        self._lock.release()
-        self._leave()
-
-    def _leave(self) -> None:
-        lock, users = self._locks[self._key]
-        if users == 1:
-            del self._locks[self._key]
-        else:
-            self._locks[self._key] = (lock, users - 1)
