@@ -103,13 +103,12 @@ class Runner(RunReads):
 
     def __init__(self, store: JournalStore, config: RunnerConfig) -> None:
         super().__init__(store)
-        store.retry_s = config.journal_retry_s
         self.config = config
         self._pool = ExecutorPool(config.pool)
         scope_root = config.scope_root or _default_scope_root(store)
         self.scopes = ScopeDatabases(scope_root, config.sql_limits)
         self._driver = RunDriver(store, self._pool, config, self.scopes)
-        store.commit_here = self._driver.alone
+        store.serve_runner(retry_s=config.journal_retry_s, commit_here=self._driver.alone)
 
     @classmethod
     @asynccontextmanager

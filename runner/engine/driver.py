@@ -533,19 +533,23 @@ class RunDriver:
         traced: bool,
     ) -> tuple[DriveOutcome, DriveHost]:
         recorded = sum(len(e.value or "") for e in journal)
+        try:
+            bundle: BundleRecord | None = await self.bundle_of(run)
+            damaged = None
+        except StoredCodeDamaged as error:  # never run code that is not what was published
+            bundle, damaged = None, error
         host = DriveHost(
             self.store, lease, bindings, self.config.limits, self.now_ms, scopes=self.scopes,
             journal_bytes=recorded, monotonic=self.config.monotonic,
             environment=self.config.environments.get(run.scope), run_env=run.persisted_bindings,
             generation=run.generation,
             budgets=self.config.scope_budgets.get(run.scope), used=used, traced=traced,
+            locate=self._locator(bundle) if bundle is not None else _nowhere,
+            reach=Reach(None if bundle is None else bundle.capabilities,
+                        self.config.scope_policies.get(run.scope)),
         )  # fmt: skip
-        try:
-            bundle = await self.bundle_of(run)
-        except StoredCodeDamaged as damaged:  # never run code that is not what was published
+        if bundle is None:
             return Failed(False, str(damaged), 0.0), host
-        host.locate = self._locator(bundle)
-        host.reach = Reach(bundle.capabilities, self.config.scope_policies.get(run.scope))
         request = run_request(run, bundle, journal, self.config.limits, open_steps=unsettled)
         try:
             outcome = await self.pool.drive(request, host)
@@ -1121,3 +1125,8 @@ def _observe(span: Any, run_id: str, outcome: DriveOutcome, seconds: float) -> N
             METRICS.limits_hit.labels(kind=kind).inc()
             _log.warning("run %s hit its %s limit: %s", run_id, kind,
                          printable(outcome.message[:200]))  # fmt: skip
+
+
+def _nowhere(stack: str | None) -> str | None:
+    """No bundle, no source map: frames are not located."""
+    return None

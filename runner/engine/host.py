@@ -127,6 +127,7 @@ class DriveHost:
         journal_bytes: int = 0,
         monotonic: Callable[[], float] = time.monotonic,
         locate: Locator = lambda stack: None,
+        reach: Reach | None = None,
         environment: ScopeEnvironment | None = None,
         run_env: str | None = None,
         generation: int = 0,
@@ -183,9 +184,8 @@ class DriveHost:
         # nor recorded in the journal, so the next drive runs them afresh.
         self._unbegun: set[tuple[str, int]] = set()
         self.set_aside: set[str] = set()  # keys of the run's steps whose attempt is undone
-        # What the run may reach: its snapshot's manifest and its scope's policy (set by the
-        # driver with the bundle).
-        self.reach = Reach()
+        # What the run may reach: its snapshot's manifest and its scope's policy.
+        self.reach = reach or Reach()
 
     def _holds(self, tx: JournalTransaction, step: str) -> bool:
         """Whether the answer to a call parks the run: a pause is asked, and the call is the

@@ -267,6 +267,12 @@ class JournalStore:
         self._behind: set[asyncio.Future[Any]] = set()  # `write_behind` work not yet committed
         self._unqueued: list[tuple[Callable[[JournalTransaction], Any], _Then | None]] = []
 
+    def serve_runner(self, *, retry_s: float, commit_here: Callable[[], bool]) -> None:
+        """What the runner using this store decides of it: how long a transient write failure
+        is retried, and whether a transaction may commit on the event loop's thread now."""
+        self.retry_s = retry_s
+        self.commit_here = commit_here
+
     @classmethod
     async def open(cls, location: str | Path, *, create: bool = True) -> JournalStore:
         """A path or `sqlite:///path` (created if missing), or a `postgresql://` URL. Without
