@@ -9,19 +9,47 @@ from typing import TYPE_CHECKING, Any
 
 from qjsflow.lazy_exports import lazy_exports
 
+# Where each public name lives. Every error, configuration and result type a user handles is
+# here (README, The Python API; tests/test_layout.py imports each name the README lists).
+_HOMES: dict[str, tuple[str, ...]] = {
+    "qjsflow.bridge": ("InvalidInput", "QjsflowError"),
+    "qjsflow.bridge.limits": ("Limits",),
+    "qjsflow.bridge.values": ("JsValue",),
+    "qjsflow.bundles": ("PublishError",),
+    "qjsflow.bundles.manifest": ("Capabilities",),
+    "qjsflow.sandbox": ("PoolConfig",),
+    "qjsflow.runner": (
+        "ALL_SCOPES", "Bindings", "Notification", "PublishResult", "RunView", "Runner",
+        "StartRunInput", "StepView", "ToolCall", "ToolCallView", "current_tool_call",
+    ),
+    "qjsflow.runner.config": ("Retention", "RunnerConfig"),
+    "qjsflow.runner.errors": (
+        "BudgetExceeded", "CapabilityRefused", "FatalToolError", "InvalidEvent", "InvalidRunId",
+        "JournalUnavailable", "RunChanged", "RunClosed", "RunConflict", "RunNotFound",
+        "RunTimeout", "SnapshotNotFound", "StoredCodeDamaged", "UnknownWorkflow",
+    ),
+    "qjsflow.runner.operations.fork_check": ("ForkMismatch",),
+    "qjsflow.runner.operations.migrate": ("MigrationReport",),
+    "qjsflow.runner.operations.retention": ("Pruned",),
+    "qjsflow.runner.scopedb.policy": ("SqlLimits",),
+    "qjsflow.runner.tenancy.budgets": ("Budgets",),
+    "qjsflow.runner.tenancy.egress": ("EgressPolicy",),
+    "qjsflow.runner.tenancy.environment": ("ScopeEnvironment",),
+    "qjsflow.runner.tenancy.usage": ("ScopeUsage",),
+}  # fmt: skip
+
 if TYPE_CHECKING:
     from qjsflow.bridge import InvalidInput, QjsflowError
     from qjsflow.bridge.limits import Limits
     from qjsflow.bridge.values import JsValue
+    from qjsflow.bundles import PublishError
+    from qjsflow.bundles.manifest import Capabilities
     from qjsflow.runner import (
         ALL_SCOPES,
         Bindings,
-        FatalToolError,
         Notification,
         PublishResult,
         Runner,
-        RunnerConfig,
-        RunNotFound,
         RunView,
         StartRunInput,
         StepView,
@@ -29,20 +57,36 @@ if TYPE_CHECKING:
         ToolCallView,
         current_tool_call,
     )
+    from qjsflow.runner.config import Retention, RunnerConfig
+    from qjsflow.runner.errors import (
+        BudgetExceeded,
+        CapabilityRefused,
+        FatalToolError,
+        InvalidEvent,
+        InvalidRunId,
+        JournalUnavailable,
+        RunChanged,
+        RunClosed,
+        RunConflict,
+        RunNotFound,
+        RunTimeout,
+        SnapshotNotFound,
+        StoredCodeDamaged,
+        UnknownWorkflow,
+    )
+    from qjsflow.runner.operations.fork_check import ForkMismatch
+    from qjsflow.runner.operations.migrate import MigrationReport
+    from qjsflow.runner.operations.retention import Pruned
+    from qjsflow.runner.scopedb.policy import SqlLimits
+    from qjsflow.runner.tenancy.budgets import Budgets
+    from qjsflow.runner.tenancy.egress import EgressPolicy
+    from qjsflow.runner.tenancy.environment import ScopeEnvironment
+    from qjsflow.runner.tenancy.usage import ScopeUsage
+    from qjsflow.sandbox import PoolConfig
 
 # Imported when first used: `python -m qjsflow.sandbox.executor` (each executor process) must
 # not load the runner, asyncio and the journal's drivers just because it lives in qjsflow.
-_FROM_RUNNER = (
-    "ALL_SCOPES", "Bindings", "FatalToolError", "Notification", "PublishResult", "RunNotFound",
-    "RunView", "Runner", "RunnerConfig", "StartRunInput", "StepView", "ToolCall", "ToolCallView",
-    "current_tool_call",
-)  # fmt: skip
-_exports = lazy_exports(__name__, {
-    "qjsflow.bridge": ("InvalidInput", "QjsflowError"),
-    "qjsflow.bridge.limits": ("Limits",),
-    "qjsflow.bridge.values": ("JsValue",),
-    "qjsflow.runner": _FROM_RUNNER,
-})  # fmt: skip
+_exports = lazy_exports(__name__, _HOMES)
 
 
 def __getattr__(name: str) -> Any:
@@ -61,21 +105,45 @@ def __getattr__(name: str) -> Any:
 __all__ = [
     "ALL_SCOPES",
     "Bindings",
+    "BudgetExceeded",
+    "Budgets",
+    "Capabilities",
+    "CapabilityRefused",
+    "EgressPolicy",
     "FatalToolError",
+    "ForkMismatch",
+    "InvalidEvent",
     "InvalidInput",
+    "InvalidRunId",
+    "JournalUnavailable",
     "JsValue",
     "Limits",
+    "MigrationReport",
     "Notification",
+    "PoolConfig",
+    "Pruned",
+    "PublishError",
     "PublishResult",
     "QjsflowError",
+    "Retention",
+    "RunChanged",
+    "RunClosed",
+    "RunConflict",
     "RunNotFound",
+    "RunTimeout",
     "RunView",
     "Runner",
     "RunnerConfig",
+    "ScopeEnvironment",
+    "ScopeUsage",
+    "SnapshotNotFound",
+    "SqlLimits",
     "StartRunInput",
     "StepView",
+    "StoredCodeDamaged",
     "ToolCall",
     "ToolCallView",
+    "UnknownWorkflow",
     "__version__",
     "current_tool_call",
 ]

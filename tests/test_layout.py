@@ -222,3 +222,16 @@ def test_the_core_imports_none_of_the_extras() -> None:
     extras = ("psycopg", "opentelemetry", "prometheus_client", "starlette", "jinja2", "uvicorn")
     assert _loaded("qjsflow, qjsflow.runner.cli.commands, qjsflow.runner, qjsflow.bundles",
                    extras) == []  # fmt: skip
+
+
+def test_every_name_the_readme_gives_the_python_api_is_importable_from_qjsflow() -> None:
+    """The README's API section and `qjsflow.__all__` name the same things."""
+    import qjsflow  # noqa: PLC0415
+
+    readme = (PROJECT_ROOT / "README.md").read_text()
+    section = readme.split("## The Python API", 1)[1].split("\n## ", 1)[0]
+    listed = set(re.findall(r"`([A-Za-z_][A-Za-z0-9_]*)`", section.split("- Running:", 1)[1]))
+    exported = set(qjsflow.__all__) - {"__version__"}
+    assert listed == exported, (sorted(listed - exported), sorted(exported - listed))
+    for name in sorted(listed):
+        assert getattr(qjsflow, name) is not None, name
