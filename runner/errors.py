@@ -44,10 +44,8 @@ class RunNotFound(InvalidInput):
 
 
 class SnapshotNotFound(InvalidInput):
-    def __init__(self, scope: str, snapshot_id: str) -> None:
-        super().__init__(
-            f"no snapshot {snapshot_id!r} in scope {scope!r}: publish the source first"
-        )
+    def __init__(self, scope: str, snapshot_id: str, why: str = "publish the source first") -> None:
+        super().__init__(f"no snapshot {snapshot_id!r} in scope {scope!r}: {why}")
 
 
 class UnknownWorkflow(InvalidInput):

@@ -229,7 +229,10 @@ def snapshot_in(tx: JournalTransaction, *, reference: str, scope: str) -> Snapsh
     elif _SNAPSHOT_PREFIX.fullmatch(reference):
         rows = tx.snapshot_rows(scope, id_prefix=reference, limit=2)
     else:
-        rows = []
+        raise SnapshotNotFound(
+            scope, reference[:80], "a snapshot is named by its id, a prefix of it of 8 or more "
+            "hex digits (0-9, a-f), or `latest`",
+        )  # fmt: skip
     found = snapshot_records(rows)
     if len(found) > 1:
         raise InvalidInput(

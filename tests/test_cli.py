@@ -495,3 +495,32 @@ def test_reading_commands_load_neither_the_runner_nor_the_publish_path(tmp_path:
         cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=60, check=False,
     )  # fmt: skip
     assert "qjsflow.runner.runner" in control.stderr
+
+
+def test_a_multi_line_error_shows_as_lines(cli: Cli, tmp_path: Path) -> None:
+    root = tmp_path / "lines"
+    (root / "workflows").mkdir(parents=True)
+    (root / "workflows" / "two.ts").write_text(
+        'export default async () => { throw new Error("first line\\nsecond \\u202e line"); };\n'
+    )
+    cli.ok("publish", str(root), "--scope", "acme")
+    cli.run("start", "two", "--scope", "acme", "--snapshot", "latest", "--run-id", "m1", json=False)
+    shown = cli.run("status", "m1", "--scope", "acme", json=False).stdout.splitlines()
+    error = next(n for n, line in enumerate(shown) if line.startswith("error"))
+    assert shown[error].endswith("Error: first line")
+    assert shown[error + 1].strip() == "second \\u202e line"  # its own line, escaped there
+    assert not any("\\x0a" in line for line in shown)
+
+
+def test_a_missing_extra_is_named_by_its_extra(tmp_path: Path) -> None:
+    script = (
+        "import sys; sys.modules['starlette'] = None\n"  # as if the extra were not installed
+        "from qjsflow.runner.cli.commands import main\n"
+        f"sys.exit(main(['--db', {str(tmp_path / 'j.db')!r}, 'console']))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], cwd=PROJECT_ROOT, capture_output=True,
+                          text=True, timeout=60, check=False)  # fmt: skip
+    assert done.returncode == 1, done.stderr
+    assert done.stderr.strip() == (
+        "qjsflow: error: this needs qjsflow's `console` extra: pip install 'qjsflow[console]'"
+    )

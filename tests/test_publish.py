@@ -163,7 +163,7 @@ async def test_snapshots_are_listed_and_found_by_prefix_or_latest(runner: Runner
         with pytest.raises(SnapshotNotFound, match=f"no snapshot '{reference}' in scope 'acme'"):
             await runner.find_snapshot(reference, scope="acme")
     for too_short in ("latest ", older.snapshot_id[:7], "LATEST", older.snapshot_id.upper()):
-        with pytest.raises(SnapshotNotFound):
+        with pytest.raises(SnapshotNotFound, match="a prefix of it of 8 or more hex digits"):
             await runner.find_snapshot(too_short, scope="acme")
 
 

@@ -451,9 +451,34 @@ def _fail(error: BaseException, code: int, debug: bool) -> int:
             shown = line if line.startswith("  hint: ") else f"qjsflow: error: {line}"
             print(printable(shown), file=sys.stderr)
         return code
-    message = " | ".join(line.strip() for line in str(error).splitlines() if line.strip())
-    print(f"qjsflow: error: {printable(message or type(error).__name__)}", file=sys.stderr)
+    missing = _missing_extra(error)
+    if missing is not None:
+        print(f"qjsflow: error: {missing}", file=sys.stderr)
+        return code
+    first, *rest = [line for line in str(error).splitlines() if line.strip()] or [
+        type(error).__name__
+    ]
+    print(f"qjsflow: error: {printable(first)}", file=sys.stderr)
+    for line in rest:  # a line each, escaped each
+        print(f"  {printable(line)}", file=sys.stderr)
     return code
+
+
+# The optional dependencies' top-level modules, by the extra that installs them.
+_EXTRA_OF = {
+    "starlette": "console", "jinja2": "console", "uvicorn": "console",
+    "opentelemetry": "otel", "prometheus_client": "otel", "psycopg": "postgres",
+}  # fmt: skip
+
+
+def _missing_extra(error: BaseException) -> str | None:
+    """What to install when `error` is a missing optional dependency: its extra, not its
+    module."""
+    name = error.name if isinstance(error, ModuleNotFoundError) else None
+    extra = _EXTRA_OF.get((name or "").split(".")[0])
+    if extra is None:
+        return None
+    return f"this needs qjsflow's `{extra}` extra: pip install 'qjsflow[{extra}]'"
 
 
 if __name__ == "__main__":

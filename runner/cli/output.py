@@ -147,8 +147,10 @@ def render_run(run: RunView, colour: bool, retries: Sequence[tuple[str, str]] = 
     lines.append(("input", _short(run.input)))
     if run.status == "completed":
         lines.append(("output", _short(run.output)))
-    if run.error:
-        lines.append(("error", printable(run.error)))
+    if run.error:  # a line each, escaped each (a newline shown as `\x0a` reads as none)
+        first, *rest = run.error.splitlines() or [""]
+        lines.append(("error", printable(first)))
+        lines += [("", printable(line)) for line in rest]
         lines += [("", printable(frame)) for frame in run.error_stack]
     width = max(len(name) for name, _ in lines)
     return "\n".join(f"{name.ljust(width)}  {value}" for name, value in lines)
