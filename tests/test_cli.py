@@ -524,3 +524,22 @@ def test_a_missing_extra_is_named_by_its_extra(tmp_path: Path) -> None:
     assert done.stderr.strip() == (
         "qjsflow: error: this needs qjsflow's `console` extra: pip install 'qjsflow[console]'"
     )
+
+
+def test_a_signal_of_a_type_the_run_never_waited_for_says_so(cli: Cli, tmp_path: Path) -> None:
+    root = tmp_path / "waits"
+    (root / "workflows").mkdir(parents=True)
+    (root / "workflows" / "w.ts").write_text(
+        "export default async (e: unknown, step: any) => "
+        '(await step.waitForEvent("approval", { type: "approve" })).payload;\n'
+    )
+    cli.ok("publish", str(root), "--scope", "acme")
+    cli.ok("start", "w", "--scope", "acme", "--snapshot", "latest", "--run-id", "s1")
+    typo = cli.run("signal", "s1", "aprove", "--scope", "acme")
+    assert typo.returncode == 0, typo.stderr  # delivered all the same
+    assert "has never waited for an event of type 'aprove'" in typo.stderr
+    assert "(the types it waited for: approve)" in typo.stderr
+    right = cli.run("signal", "s1", "approve", "--payload", "7", "--scope", "acme")
+    assert right.returncode == 0, right.stderr
+    assert "never waited" not in right.stderr
+    assert orjson.loads(right.stdout)["output"] == 7

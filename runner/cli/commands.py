@@ -186,7 +186,17 @@ async def _scope_of(args: argparse.Namespace, reads: RunReads) -> str:
 async def _signal(args: argparse.Namespace, runner: Runner) -> RunView:
     payload = _json_arg(args.payload, "--payload")
     scope = await _scope_of(args, runner)
-    return await runner.signal(args.run, args.type, payload, scope=scope, event_id=args.event_id)
+    done = await runner.signal(args.run, args.type, payload, scope=scope, event_id=args.event_id)
+    waited = {
+        str(event.data.get("type")) for event in await runner.history(args.run, scope=scope)
+        if event.type == "waiting_for_event" and isinstance(event.data, dict)
+    }  # fmt: skip
+    if args.type not in waited:  # delivered all the same: a later wait may ask for it
+        types = ", ".join(sorted(waited)) or "none yet"
+        print(printable(f"qjsflow: note: run {args.run!r} has never waited for an event of type "
+                        f"{args.type!r} (the types it waited for: {types}); the event is kept "
+                        "for a wait that asks for it"), file=sys.stderr)  # fmt: skip
+    return done
 
 
 async def _list(args: argparse.Namespace, reads: RunReads) -> list[RunView]:
