@@ -198,13 +198,25 @@ async def test_what_the_policy_does_not_allow_is_refused_naming_it(
 
 
 async def test_private_addresses_need_allowing_explicitly(tmp_path: Path, server: str) -> None:
-    policy = EgressPolicy(allow=(f"{server}/",))  # the host is listed, private not allowed
+    by_name = server.replace("127.0.0.1", "localhost")
+    policy = EgressPolicy(allow=(f"{by_name}/",))  # a name listed, private not allowed
     config = RunnerConfig(environments={"acme": ScopeEnvironment(egress=policy)})
     async with Runner.open(tmp_path / "j.db", config) as runner:
-        run = await _run(runner, f"return await fetch({server + '/json'!r});")
+        run = await _run(runner, f"return await fetch({by_name + '/json'!r});")
     assert run.error is not None
     assert "resolves to a private, loopback, link-local or reserved address" in run.error
     assert _Handler.seen == []
+
+
+async def test_a_private_address_listed_itself_is_allowed(server: str) -> None:
+    """The address written in the allowlist is the operator's choice: no second switch."""
+    listed = EgressPolicy(allow=(f"{server}/",))  # http://127.0.0.1:PORT/, allow_private off
+    done = await fetch({"url": f"{server}/json"}, listed, "acme")
+    assert done["status"] == 200
+    assert [seen["path"] for seen in _Handler.seen] == ["/json"]
+    by_name = EgressPolicy(allow=(server.replace("127.0.0.1", "localhost"),))
+    with pytest.raises(FatalToolError, match="list the address itself"):
+        await fetch({"url": server.replace("127.0.0.1", "localhost") + "/json"}, by_name, "acme")
 
 
 async def test_a_response_over_the_cap_is_refused(fetching: Runner) -> None:

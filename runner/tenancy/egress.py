@@ -223,14 +223,25 @@ async def _checked_address(url: httpx.URL, policy: EgressPolicy, scope: str) -> 
         infos = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
     except socket.gaierror as error:
         raise FatalToolError(f"fetch: cannot resolve {host!r} ({error.strerror})") from None
+    literal = _ip_literal(host)
     for *_, sockaddr in infos:
         address = ipaddress.ip_address(sockaddr[0])
-        if policy.allow_private or address.is_global:
+        # An address the allowlist names itself is the operator's choice; a name that
+        # resolves to a private one could be anyone's DNS answer (allow_private allows those).
+        if policy.allow_private or address.is_global or address == literal:
             return str(address)
     raise FatalToolError(
         f"fetch to {host!r} is refused: it resolves to a private, loopback, link-local or "
-        "reserved address (EgressPolicy.allow_private allows those)"
+        "reserved address (list the address itself in EgressPolicy.allow, or set "
+        "allow_private for names that resolve to one)"
     )
+
+
+def _ip_literal(host: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    try:
+        return ipaddress.ip_address(host.strip("[]"))
+    except ValueError:
+        return None
 
 
 @dataclass(frozen=True)
