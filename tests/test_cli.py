@@ -543,3 +543,24 @@ def test_a_signal_of_a_type_the_run_never_waited_for_says_so(cli: Cli, tmp_path:
     assert right.returncode == 0, right.stderr
     assert "never waited" not in right.stderr
     assert orjson.loads(right.stdout)["output"] == 7
+
+
+def test_an_idle_worker_waits_for_timers_within_its_window_and_says_what_it_left(
+    cli: Cli, tmp_path: Path
+) -> None:
+    root = tmp_path / "naps"
+    (root / "workflows").mkdir(parents=True)
+    (root / "workflows" / "nap.ts").write_text(
+        'export default async (e: unknown, step: any) => { await step.sleep("nap", "2 seconds");'
+        ' return "rested"; };\n'
+    )
+    cli.ok("publish", str(root), "--scope", "acme")
+    for run_id in ("short", "long"):
+        cli.ok("start", "nap", "--scope", "acme", "--snapshot", "latest", "--run-id", run_id)
+    hasty = cli.run("worker", "--until-idle", "--idle-window", "0", json=False)
+    assert hasty.returncode == 0, hasty.stderr
+    assert "qjsflow worker: idle; left 2 sleeping; the next timer is due in" in hasty.stderr
+    patient = cli.run("worker", "--until-idle", "--idle-window", "30", json=False)
+    assert patient.returncode == 0, patient.stderr
+    assert "qjsflow worker: idle; left no run; no timer is due" in patient.stderr
+    assert cli.ok("status", "short", "--scope", "acme")["output"] == "rested"

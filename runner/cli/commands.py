@@ -53,7 +53,7 @@ from qjsflow.runner.cli.parser import (
 from qjsflow.runner.errors import RunNotFound
 from qjsflow.runner.operations.timeline import timeline_rows
 from qjsflow.runner.reads import RunReads, reading
-from qjsflow.runner.store import SnapshotRecord
+from qjsflow.runner.store import ENDED, SnapshotRecord
 from qjsflow.runner.store.backends import is_postgres_url
 from qjsflow.runner.tenancy.scopes import ALL_SCOPES
 from qjsflow.runner.views import TERMINAL, RunView, StartRunInput, StepView
@@ -134,12 +134,28 @@ async def _serve(args: argparse.Namespace, runner: Runner) -> int:
                                     serving.is_set)  # fmt: skip
     loop.call_soon(serving.set)  # ready once the loop below runs
     try:
-        return await runner.serve(
-            until_idle=args.until_idle, concurrency=args.concurrency, stop=stop
-        )
+        drove = await runner.serve(
+            until_idle=args.until_idle, concurrency=args.concurrency, stop=stop,
+            idle_horizon_s=args.idle_window,
+        )  # fmt: skip
+        if args.until_idle:
+            print(f"qjsflow worker: idle; {await _left(runner)}", file=sys.stderr, flush=True)
+        return drove
     finally:
         if health is not None:
             health.close()
+
+
+async def _left(runner: Runner) -> str:
+    """What an idle worker leaves: runs that have not ended, and when the next timer is due."""
+    counts = await runner.store.count_runs_by_status(None)
+    left = ", ".join(f"{n} {status}" for status, n in sorted(counts.items())
+                     if status not in ENDED and n)  # fmt: skip
+    due = await runner.store.next_due()
+    if due is None:
+        return f"left {left or 'no run'}; no timer is due"
+    after_s = max(0.0, due / 1000 - time.time())
+    return f"left {left or 'no run'}; the next timer is due in {after_s:.0f} s"
 
 
 def _serve_metrics(host: str, port: int) -> None:

@@ -195,8 +195,12 @@ def _add_worker(add: Callable[..., argparse.ArgumentParser]) -> None:
     worker.add_argument(
         "--until-idle",
         action="store_true",
-        help="exit once nothing is running and no timer is due within 1 s",
+        help="exit once nothing is running and no timer is due within --idle-window",
     )
+    worker.add_argument(
+        "--idle-window", type=_number(float, 0.0, 3600.0), default=1.0, metavar="SECONDS",
+        help="with --until-idle, the timers it still waits for: those due within this (1)",
+    )  # fmt: skip
     worker.add_argument("--concurrency", type=_DRIVES, default=8, help="drives at once (8)")
     worker.add_argument("-v", "--verbose", action="store_true",
                         help="print one line per drive on stderr")  # fmt: skip
