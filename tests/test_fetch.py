@@ -337,3 +337,19 @@ async def test_one_deadline_bounds_the_whole_call(server: str) -> None:
         await fetch({"url": f"{server}/drip"}, policy, "acme")
     patient = EgressPolicy(allow=(server,), allow_private=True, timeout_s=60.0)
     assert (await fetch({"url": f"{server}/drip"}, patient, "acme"))["body"] == "x" * 20
+
+
+async def test_a_refused_fetch_is_an_error_the_workflow_can_catch_and_is_not_retried(
+    fetching: Runner,
+) -> None:
+    run = await _run(
+        fetching,
+        """
+        try { await fetch("https://not-allowed.example/x"); return "fetched"; }
+        catch (error) { return [error.name, error.message.slice(0, 55)]; }
+        """,
+    )
+    assert run.status == "completed", run.error
+    assert run.output == ["FatalError", "fetch to 'not-allowed.example' is not allowed for scope"]
+    calls = query(fetching.store.location, "SELECT attempt FROM tool_calls")
+    assert calls == [(1,)]  # refused once, never tried again
