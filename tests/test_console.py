@@ -407,7 +407,19 @@ def test_a_signal_from_the_page_wakes_the_waiting_run(browser: Any, console: Con
     page.fill("form[action$='/signal'] input[name=type]", "approve")
     page.fill("form[action$='/signal'] input[name=payload]", '"from the console"')
     page.click("form[action$='/signal'] button")
-    page.wait_for_url(console.url + "/runs/acme/r1")
+    page.wait_for_url(console.url + "/runs/acme/r1?done=signal")
+    assert page.inner_text("#notice").startswith("Event sent")  # the page says it was sent
+    # The actions come before the history; times and statuses keep to one line.
+    assert page.evaluate(
+        "document.querySelector('.actions').compareDocumentPosition("
+        "document.querySelector('table.history')) & Node.DOCUMENT_POSITION_FOLLOWING"
+    )
+    assert (
+        page.evaluate(
+            "getComputedStyle(document.querySelector('table.history td.when')).whiteSpace"
+        )
+        == "nowrap"
+    )
     _in_thread(_serve_worker(console.db, console.db.with_name("scopes")))
     page.reload()
     assert page.inner_text("#run-status") == "completed"
@@ -422,7 +434,7 @@ def test_a_restart_from_a_step_from_the_page(browser: Any, console: Console) -> 
     page.select_option("form[action$='/restart'] select", "sleep:breathe:1")
     page.check("form[action$='/restart'] input[name=confirm]")
     page.click("form[action$='/restart'] button")
-    page.wait_for_url(console.url + "/runs/other/r1")
+    page.wait_for_url(console.url + "/runs/other/r1?done=restart")
     assert page.inner_text("#run-status") == "running"
     history = page.inner_text("table.history")
     assert "run_restarted" in history

@@ -49,6 +49,13 @@ _CSP = (
 _MAX_FORM_BYTES = 64 * 1024
 _VERBS = ("signal", "cancel", "terminate", "pause", "resume", "restart", "fork")
 _CONFIRMED = ("cancel", "terminate", "restart", "fork")
+_DONE = {
+    "signal": "Event sent: the run takes it when a wait asks for it.",
+    "cancel": "Cancel asked: the run stops at its next suspension.",
+    "terminate": "Terminated.", "pause": "Pause asked: the run parks after the steps under way.",
+    "resume": "Resumed: a worker drives the run.", "restart": "Restarted: a worker drives the run.",
+    "fork": "Forked: this is the new run.",
+}  # fmt: skip
 
 
 class _KnownHosts:
@@ -171,7 +178,8 @@ class _Console:
         detail = await views.run_detail(self.runner, scope, run_id)
         if _api(request):
             return JSONResponse(views.plain(detail))
-        return self.page(request, "run.html", **detail)
+        notice = _DONE.get(request.query_params.get("done", ""))
+        return self.page(request, "run.html", notice=notice, **detail)
 
     async def run_state(self, request: Request) -> Response:
         """What a run's page polls: it reloads when this changes."""
@@ -202,7 +210,8 @@ class _Console:
                              back=f"/runs/{scope}/{run_id}")  # fmt: skip
         if api:
             return JSONResponse(views.plain(done))
-        return RedirectResponse(f"/runs/{done.scope}/{done.run_id}", status_code=303)
+        # The page says what was done (the verb only: nothing the form carried is echoed).
+        return RedirectResponse(f"/runs/{done.scope}/{done.run_id}?done={verb}", status_code=303)
 
     async def snapshots(self, request: Request) -> Response:
         return await self._per_scope(
