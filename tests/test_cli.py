@@ -497,13 +497,18 @@ def test_reading_commands_load_neither_the_runner_nor_the_publish_path(tmp_path:
     assert "qjsflow.runner.runner" in control.stderr
 
 
+def _publish_one(cli: Cli, folder: Path, name: str, source: str) -> None:
+    """A tree of one workflow file, published into scope acme."""
+    (folder / "workflows").mkdir(parents=True)
+    (folder / "workflows" / f"{name}.ts").write_text(source)
+    cli.ok("publish", str(folder), "--scope", "acme")
+
+
 def test_a_multi_line_error_shows_as_lines(cli: Cli, tmp_path: Path) -> None:
-    root = tmp_path / "lines"
-    (root / "workflows").mkdir(parents=True)
-    (root / "workflows" / "two.ts").write_text(
+    throws = (
         'export default async () => { throw new Error("first line\\nsecond \\u202e line"); };\n'
     )
-    cli.ok("publish", str(root), "--scope", "acme")
+    _publish_one(cli, tmp_path / "lines", "two", throws)
     cli.run("start", "two", "--scope", "acme", "--snapshot", "latest", "--run-id", "m1", json=False)
     shown = cli.run("status", "m1", "--scope", "acme", json=False).stdout.splitlines()
     error = next(n for n, line in enumerate(shown) if line.startswith("error"))
@@ -527,13 +532,9 @@ def test_a_missing_extra_is_named_by_its_extra(tmp_path: Path) -> None:
 
 
 def test_a_signal_of_a_type_the_run_never_waited_for_says_so(cli: Cli, tmp_path: Path) -> None:
-    root = tmp_path / "waits"
-    (root / "workflows").mkdir(parents=True)
-    (root / "workflows" / "w.ts").write_text(
-        "export default async (e: unknown, step: any) => "
-        '(await step.waitForEvent("approval", { type: "approve" })).payload;\n'
-    )
-    cli.ok("publish", str(root), "--scope", "acme")
+    _publish_one(cli, tmp_path / "waits", "w",
+                 "export default async (e: unknown, step: any) => "
+                 '(await step.waitForEvent("approval", { type: "approve" })).payload;\n')  # fmt: skip
     cli.ok("start", "w", "--scope", "acme", "--snapshot", "latest", "--run-id", "s1")
     typo = cli.run("signal", "s1", "aprove", "--scope", "acme")
     assert typo.returncode == 0, typo.stderr  # delivered all the same
@@ -548,13 +549,9 @@ def test_a_signal_of_a_type_the_run_never_waited_for_says_so(cli: Cli, tmp_path:
 def test_an_idle_worker_waits_for_timers_within_its_window_and_says_what_it_left(
     cli: Cli, tmp_path: Path
 ) -> None:
-    root = tmp_path / "naps"
-    (root / "workflows").mkdir(parents=True)
-    (root / "workflows" / "nap.ts").write_text(
-        'export default async (e: unknown, step: any) => { await step.sleep("nap", "2 seconds");'
-        ' return "rested"; };\n'
-    )
-    cli.ok("publish", str(root), "--scope", "acme")
+    _publish_one(cli, tmp_path / "naps", "nap",
+                 'export default async (e: unknown, step: any) => { await step.sleep("nap", '
+                 '"2 seconds"); return "rested"; };\n')  # fmt: skip
     for run_id in ("short", "long"):
         cli.ok("start", "nap", "--scope", "acme", "--snapshot", "latest", "--run-id", run_id)
     hasty = cli.run("worker", "--until-idle", "--idle-window", "0", json=False)
