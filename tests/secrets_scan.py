@@ -5,10 +5,10 @@ the console's pages and API."""
 from __future__ import annotations
 
 import asyncio
+import socket
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -18,7 +18,6 @@ import uvicorn
 from qjsflow.runner import Runner, RunnerConfig
 from qjsflow.runner.console import create_app
 from tests.conftest import PROJECT_ROOT
-from tests.net import free_port
 
 _VIEWS = ("status", "steps", "logs", "tools", "history", "timeline")
 
@@ -65,15 +64,15 @@ def _console_texts(journal: Path, scope_root: Path, runs: list[tuple[str, str]])
     async def factory() -> Runner:
         return await Runner.connect(journal, config, create=False)
 
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(create_app(factory, None), host="127.0.0.1",
-                                           port=port, log_level="warning"))  # fmt: skip
-    thread = threading.Thread(target=lambda: asyncio.run(server.serve()), daemon=True)
+    # Bound and listening before the server runs: requests wait in the socket's backlog until
+    # it accepts them, so nothing has to watch for it to start.
+    listening = socket.create_server(("127.0.0.1", 0))
+    port = listening.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(create_app(factory, None), log_level="warning"))
+    thread = threading.Thread(
+        target=lambda: asyncio.run(server.serve(sockets=[listening])), daemon=True
+    )
     thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started:
-        assert time.monotonic() < deadline, "the console did not start"
-        time.sleep(0.02)
     try:
         texts = []
         with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30) as client:
@@ -88,3 +87,4 @@ def _console_texts(journal: Path, scope_root: Path, runs: list[tuple[str, str]])
     finally:
         server.should_exit = True
         thread.join(10)
+        listening.close()

@@ -13,6 +13,7 @@ from pathlib import Path
 from qjsflow.bridge.types import Answer, Completed, OpEnvelope
 from qjsflow.bridge.values import to_python
 from qjsflow.runner.scopedb import ScopeDatabases
+from qjsflow.runner.scopedb.policy import SqlLimits
 from qjsflow.sandbox import ExecutorPool, PoolConfig
 from tests.conftest import bundle_of
 from tests.memory_host import MemoryHost
@@ -88,21 +89,24 @@ async def test_an_executor_whose_drive_was_cancelled_serves_no_other_drive() -> 
 
 async def test_contention_on_a_scope_file_is_waited_for(tmp_path: Path) -> None:
     """Two workers on one machine share the scope folder: one's write lock on a scope file
-    makes the other's call wait (bounded), not kill its SQL process nor fail the call."""
+    makes the other's call wait, up to its bound, then fail coded `busy` — never kill its SQL
+    process; once the lock is gone the same process serves the next call."""
     root = tmp_path / "scopes"
-    first, second = ScopeDatabases(root), ScopeDatabases(root)
+    first = ScopeDatabases(root)
+    second = ScopeDatabases(root, SqlLimits(busy_wait_s=0.5))
     try:
         assert await _sql(first, "CREATE TABLE t (n INTEGER)", "make") == []
-        assert await _sql(second, "SELECT count(*) AS n FROM t", "look") == [{"n": 0}]
         holder = sqlite3.connect(root / "acme.sqlite", isolation_level=None)
-        holder.execute("BEGIN IMMEDIATE")  # another process's write, under way
-        insert = asyncio.create_task(_sql(second, "INSERT INTO t VALUES (1)", "insert"))
-        # Observed for a moment: a call that met the lock at once would have ended by then.
-        done, _ = await asyncio.wait({insert}, timeout=0.5)
-        assert not done, insert.result()
+        holder.execute("BEGIN IMMEDIATE")  # another process's write, under way throughout
+        held = await second.execute(
+            "acme", run_id="acme/i", call_key="insert", sql="INSERT INTO t VALUES (1)",
+            params="[]", deadline_s=10.0,
+        )  # fmt: skip
+        assert (held.result, held.code) == (None, "busy"), held.message
+        assert "held the scope database's lock for more than 0.5 s" in str(held.message)
         holder.execute("COMMIT")
         holder.close()
-        assert await insert == []
+        assert await _sql(second, "INSERT INTO t VALUES (1)", "insert-again") == []
         assert await _sql(second, "SELECT count(*) AS n FROM t", "after") == [{"n": 1}]
     finally:
         await first.aclose()

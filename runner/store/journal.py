@@ -260,12 +260,17 @@ class JournalStore:
         self._busy = False  # a batch is being committed (by the committer, or in place)
         self.retry_s = DEFAULT_RETRY_S  # how long a transient write failure is retried
         self.transient_faults = 0  # transactions met by a transient fault (and run again)
+        self._faulted = asyncio.Event()
         # Whether a transaction may run on the event loop's own thread now, which saves two
         # wake-ups (`SqliteBackend.transaction`): the runner says yes while at most one drive
         # is in progress, when the loop would only wait for it.
         self.commit_here: Callable[[], bool] = _never
         self._behind: set[asyncio.Future[Any]] = set()  # `write_behind` work not yet committed
         self._unqueued: list[tuple[Callable[[JournalTransaction], Any], _Then | None]] = []
+
+    async def transient_fault(self) -> None:
+        """Return once a transaction has met a transient fault (and is being run again)."""
+        await self._faulted.wait()
 
     def serve_runner(self, *, retry_s: float, commit_here: Callable[[], bool]) -> None:
         """What the runner using this store decides of it: how long a transient write failure
@@ -323,6 +328,7 @@ class JournalStore:
                 if not self._backend.is_transient(error):
                     raise
                 self.transient_faults += 1
+                self._faulted.set()
                 waited = time.monotonic() - started
                 if waited + delay > self.retry_s:
                     raise JournalUnavailable(
