@@ -11,7 +11,6 @@ from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from functools import partial
-from pathlib import Path
 
 from qjsflow.bridge import InvalidInput, dumps_text
 from qjsflow.bridge.rules import RULES, is_event_type
@@ -50,7 +49,7 @@ from qjsflow.runner.reads import (
     found_run,
     snapshot_in,
 )
-from qjsflow.runner.scopedb import ScopeDatabases
+from qjsflow.runner.scopedb import ScopeDatabases, default_root
 from qjsflow.runner.store import (
     JournalStore,
     JournalTransaction,
@@ -105,7 +104,7 @@ class Runner(RunReads):
         super().__init__(store)
         self.config = config
         self._pool = ExecutorPool(config.pool)
-        scope_root = config.scope_root or _default_scope_root(store)
+        scope_root = config.scope_root or default_root(store.path)
         self.scopes = ScopeDatabases(scope_root, config.sql_limits)
         self._driver = RunDriver(store, self._pool, config, self.scopes)
         store.serve_runner(retry_s=config.journal_retry_s, commit_here=self._driver.alone)
@@ -570,14 +569,6 @@ class _Existing(Exception):
         super().__init__(run.run_id)
         self.run = run
         self.wanted = wanted
-
-
-def _default_scope_root(store: JournalStore) -> Path:
-    """Beside the journal file (`<journal>.scopes`); for a server journal, in the working
-    folder (`./qjsflow.scopes`): scope databases are local SQLite files either way."""
-    if store.path is None:
-        return Path("qjsflow.scopes").resolve()
-    return store.path.with_name(store.path.name + ".scopes")
 
 
 def _operator_text(text: str, what: str) -> str:

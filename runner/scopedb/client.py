@@ -26,7 +26,7 @@ from qjsflow.runner.scopedb.policy import SqlLimits
 from qjsflow.runner.tenancy.scopes import validate_scope
 from qjsflow.sandbox.frames import FrameError, frame, read_frame_async
 
-__all__ = ["ScopeDatabases", "SqlOutcome"]
+__all__ = ["ScopeDatabases", "SqlOutcome", "default_root"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -219,3 +219,12 @@ class ScopeDatabases:
                     with contextlib.suppress(TimeoutError):
                         await asyncio.wait_for(process.wait(), 5)
                 await slot.stop()  # kills it if it did not end, and its reader
+
+
+def default_root(journal: Path | None) -> Path:
+    """Where scope databases live unless configured: beside the journal file
+    (`<journal>.scopes`); for a server journal (no file), in the working folder
+    (`./qjsflow.scopes`). They are local SQLite files either way."""
+    if journal is None:
+        return Path("qjsflow.scopes").resolve()
+    return journal.with_name(journal.name + ".scopes")

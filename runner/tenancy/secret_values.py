@@ -44,7 +44,8 @@ class RunSecrets:
     """One run's view of its scope's secret values."""
 
     def __init__(self, scope_secrets: Mapping[str, str], run_env: str | None) -> None:
-        names = set(handle_names(_decoded(run_env)))
+        # Made for every drive: a scope without secrets decodes nothing.
+        names = set(handle_names(_decoded(run_env))) if scope_secrets else set()
         self.reachable = {name: value for name, value in scope_secrets.items() if name in names}
         # Longest first: a value holding another is masked whole.
         self._masked = sorted(
