@@ -47,7 +47,6 @@ from qjsflow.runner.cli.parser import (
     EXIT_USAGE,
     GLOBAL_DEFAULTS,
     build_parser,
-    check_lease_ttl,
     confinement_of,
 )
 from qjsflow.runner.errors import RunNotFound
@@ -87,7 +86,6 @@ def _check_options(args: argparse.Namespace) -> None:
 
         cli_host.config_of(args)
     else:
-        check_lease_ttl(args)
         confinement_of(os.environ)
 
 

@@ -21,7 +21,7 @@ from qjsflow.bundles import ESBUILD_VERSION, BuildLimits, find_toolchain, setup_
 from qjsflow.runner.bindings import Bindings, Notification, ToolFn
 from qjsflow.runner.cli.author import develop, run_workflow
 from qjsflow.runner.cli.output import render_json
-from qjsflow.runner.cli.parser import check_lease_ttl, confinement_of
+from qjsflow.runner.cli.parser import confinement_of
 from qjsflow.runner.config import RunnerConfig
 from qjsflow.runner.demo import run_demo
 from qjsflow.runner.runner import Runner
@@ -63,7 +63,6 @@ def _load_notify(spec: str) -> Callable[[Notification], Awaitable[None]]:
 
 def config_of(args: argparse.Namespace) -> RunnerConfig:
     """The runner's configuration from the global options and QJSFLOW_CONFINEMENT."""
-    check_lease_ttl(args)
     bindings = Bindings(tools=load_tools(args.tools) if args.tools else {})
     if args.notify:
         bindings = dataclasses.replace(bindings, notify=_load_notify(args.notify))

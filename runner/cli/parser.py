@@ -25,7 +25,6 @@ __all__ = [
     "EXIT_USAGE",
     "GLOBAL_DEFAULTS",
     "build_parser",
-    "check_lease_ttl",
     "confinement_of",
 ]
 
@@ -292,11 +291,6 @@ def _add_author_commands(add: Callable[..., argparse.ArgumentParser]) -> None:
     dev.add_argument("dir", help="the folder holding workflows/")
     dev.add_argument("--scope", default="dev", help="the scope it publishes into (dev)")
     dev.add_argument("--port", type=_PORT, default=8470, help="the console's port (8470)")
-
-
-def check_lease_ttl(args: argparse.Namespace) -> None:
-    if not math.isfinite(args.lease_ttl) or args.lease_ttl <= 0:
-        raise InvalidInput("--lease-ttl must be a finite number of seconds, more than 0")
 
 
 def confinement_of(environment: Mapping[str, str]) -> str:

@@ -42,7 +42,9 @@ class SqlLimits:
     kill_grace_s: float = 1.0  # past its deadline, a statement's process is killed
     # How long a call waits for another process's write lock on the scope's file (two
     # workers on one machine share the scope folder); past it the call fails, coded `busy`.
-    busy_wait_s: float = 10.0
+    # Short: the host cannot tell a wait for the lock from a statement past its deadline, so
+    # a runaway native call is killed only after its deadline, this and `kill_grace_s`.
+    busy_wait_s: float = 2.0
 
     def __post_init__(self) -> None:
         if self.max_sql_length > self.max_length:
