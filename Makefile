@@ -26,7 +26,7 @@ check-wheel: setup
 	scripts/check-wheel.sh
 
 bench: setup
-	.venv/bin/python -m pip install -q --disable-pip-version-check -e '.[bench]'
+	.venv/bin/python -m pip install -q --disable-pip-version-check --config-settings editable_mode=strict -e '.[bench]'
 	.venv/bin/python -m bench
 	.venv/bin/python -m bench.sandbox
 	.venv/bin/python -m bench.scaleout

@@ -20,7 +20,8 @@ from qjsflow.bundles.toolchain import Toolchain, find_toolchain
 
 __all__ = ["BuildLimits", "confined_command", "run_driver"]
 
-_DRIVER = Path(__file__).with_name("driver.mjs")
+# Resolved: node finds its modules from the real file, and confinement grants its real folder.
+_DRIVER = Path(__file__).resolve().with_name("driver.mjs")
 
 
 @dataclass(frozen=True, slots=True)

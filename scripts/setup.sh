@@ -48,12 +48,20 @@ if [ ! -x .venv/bin/python ]; then
   "$python" -m venv .venv
 fi
 
-# Reinstall only when pyproject.toml or the dev tools' lock changed since the last install.
+# The package is installed editable in setuptools' strict mode: a tree of links under build/
+# presents runner/, sandbox/, bridge/, bundles/, fixtures/ and api/ as qjsflow.*, so Python,
+# mypy and editors all resolve `qjsflow.runner...` by path (no import hook). The tree lists
+# files, so it is made again when a file is added or removed, as when pyproject.toml or the dev
+# tools' lock changed since the last install.
 stamp=.venv/.qjsflow-installed
-if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ requirements-dev.txt -nt "$stamp" ]; then
+tree=$(find api runner sandbox bridge bundles fixtures -type f ! -path '*/__pycache__/*' |
+  LC_ALL=C sort | sha256sum | cut -c1-16)
+if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ requirements-dev.txt -nt "$stamp" ] ||
+  [ "$(cat "$stamp")" != "$tree" ] || ! ls -d build/__editable__.qjsflow-* >/dev/null 2>&1; then
   echo "setup: installing qjsflow and its dev tools into .venv"
-  .venv/bin/python -m pip install -q --disable-pip-version-check -c requirements-dev.txt -e '.[dev]'
-  touch "$stamp"
+  .venv/bin/python -m pip install -q --disable-pip-version-check -c requirements-dev.txt \
+    --config-settings editable_mode=strict -e '.[dev]'
+  echo "$tree" >"$stamp"
 fi
 
 .venv/bin/python -m qjsflow.bundles install-esbuild >/dev/null
@@ -62,4 +70,4 @@ fi
 # environment sets PYTHONDONTWRITEBYTECODE, Python never caches it, and every command would
 # compile again each module it loads (~50 ms of a `qjsflow status` of ~150-230 ms). Modules
 # changed since are compiled again as they are imported, as always.
-.venv/bin/python -m compileall -q runner bridge sandbox bundles qjsflow >/dev/null
+.venv/bin/python -m compileall -q build/__editable__.qjsflow-* >/dev/null

@@ -174,7 +174,7 @@ def _loaded(imports: str, watched: tuple[str, ...]) -> list[str]:
     "package", ["qjsflow", "qjsflow.runner", "qjsflow.bundles", "qjsflow.sandbox"]
 )
 def test_the_facade_names_exist(package: str) -> None:
-    """Each package imports its names when first asked (qjsflow/lazy_exports.py): every name it
+    """Each package imports its names when first asked (api/lazy_exports.py): every name it
     lists resolves, and a name it does not list is an AttributeError."""
     module = importlib.import_module(package)
     for name in module.__all__:
@@ -235,3 +235,27 @@ def test_every_name_the_readme_gives_the_python_api_is_importable_from_qjsflow()
     assert listed == exported, (sorted(listed - exported), sorted(exported - listed))
     for name in sorted(listed):
         assert getattr(qjsflow, name) is not None, name
+
+
+def test_the_build_maps_every_package_folder_and_the_tree_holds_no_links() -> None:
+    """The top-level folders are installed as qjsflow.* by pyproject.toml's package mapping:
+    every folder holding an `__init__.py` is listed (a package left out would be missing from
+    the wheel, and from the editable install's tree), each mapping names a folder, and no
+    link stands in for one (tools that read the tree see every file)."""
+    setuptools = tomllib.loads((PROJECT_ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    folder_of: dict[str, str] = setuptools["package-dir"]
+    assert folder_of["qjsflow"] == "api"
+    found = {"qjsflow", "qjsflow.fixtures"}  # fixtures: data only, mapped for the demo
+    for top, folder in folder_of.items():
+        root = PROJECT_ROOT / folder
+        assert root.is_dir(), f"{top} maps to {folder}, not a folder"
+        assert not root.is_symlink(), f"{top} maps to {folder}, a link"
+        for init in root.rglob("__init__.py"):
+            parts = init.parent.relative_to(root).parts
+            found.add(".".join([top, *parts]))
+    assert sorted(setuptools["packages"]) == sorted(found)
+    tracked = subprocess.run(
+        ["git", "ls-files", "-s"], cwd=PROJECT_ROOT, capture_output=True, text=True, check=True
+    ).stdout.splitlines()
+    links = [line.split("\t")[1] for line in tracked if line.startswith("120000")]
+    assert not links, f"links in the tree: {links}"
