@@ -19,7 +19,7 @@ from qjsflow.bundles import build_snapshot, name_workflows
 from qjsflow.bundles.manifest import Capabilities
 from qjsflow.runner.bindings import Bindings
 from qjsflow.runner.config import Retention, RunnerConfig
-from qjsflow.runner.engine.driver import SIGNAL_TIMER, BeforeLease, RunDriver
+from qjsflow.runner.engine.drive import SIGNAL_TIMER, BeforeLease, RunDriver
 from qjsflow.runner.engine.worker import IDLE_HORIZON_MS, Worker
 from qjsflow.runner.errors import (
     InvalidEvent,

@@ -434,7 +434,7 @@ def test_start_without_waiting_then_wait_for_the_result(tmp_path: Path) -> None:
 # What only publishing, starting, driving and changing runs need: a command that only reads
 # the journal must not pay for importing it (docs/PERFORMANCE.md, `qjsflow status`).
 _NOT_FOR_READING = (
-    "qjsflow.runner.runner", "qjsflow.runner.engine.driver", "qjsflow.runner.engine.host",
+    "qjsflow.runner.runner", "qjsflow.runner.engine.drive.driver", "qjsflow.runner.engine.host",
     "qjsflow.runner.cli.host", "qjsflow.sandbox.pool", "qjsflow.bundles.esbuild",
     "qjsflow.bundles.tree", "qjsflow.bridge.types", "qjsflow.runner.tenancy.budgets",
     "qjsflow.runner.tenancy.environment", "qjsflow.bundles.toolchain", "qjsflow.sandbox.confine",

@@ -14,7 +14,9 @@ from qjsflow.bridge.digest import bundle_digest
 from qjsflow.bridge.types import Answer, Completed, OpEnvelope, Suspended
 from qjsflow.bridge.wire import request_to_wire
 from qjsflow.runner import Runner, StartRunInput
-from qjsflow.runner.engine import driver as driver_module
+from qjsflow.runner.engine.drive import RunDriver
+from qjsflow.runner.engine.drive import session as session_module
+from qjsflow.runner.engine.drive.ending import finish as end_of_drive
 from qjsflow.sandbox import ExecutorPool, PoolConfig
 from qjsflow.sandbox import executor as executor_module
 from qjsflow.sandbox import pool as pool_module
@@ -162,7 +164,7 @@ async def test_an_executor_prepares_during_a_lone_drives_end_and_after_others(
     wake first: the executor prepares after it."""
     events: list[str] = []
     prepare = pool_module._Executor.prepare
-    finish = driver_module._finish
+    finish = end_of_drive
 
     def preparing(executor: Any) -> None:
         if not executor.prepared:
@@ -175,8 +177,8 @@ async def test_an_executor_prepares_during_a_lone_drives_end_and_after_others(
 
     monkeypatch.setattr(pool_module, "_PREPARE_LATEST_S", 60.0)
     monkeypatch.setattr(pool_module._Executor, "prepare", preparing)
-    monkeypatch.setattr(driver_module, "_finish", finishing)
-    monkeypatch.setattr(driver_module.RunDriver, "alone", lambda self: alone)
+    monkeypatch.setattr(session_module, "finish", finishing)
+    monkeypatch.setattr(RunDriver, "alone", lambda self: alone)
     async with Runner.open(tmp_path / "journal.db") as runner:
         published = await runner.publish("acme", {"workflows/flow.ts": ANSWER})
         request = StartRunInput("acme", "flow", published.snapshot_id, {}, "r")

@@ -18,8 +18,8 @@ from typing import Any
 import pytest
 
 from qjsflow.runner import Runner, StartRunInput
-from qjsflow.runner.engine import kept as kept_module
-from qjsflow.runner.engine.kept import Kept, KeptBeginnings, OpenSteps
+from qjsflow.runner.engine.drive import kept as kept_module
+from qjsflow.runner.engine.drive.kept import Kept, KeptBeginnings, OpenSteps
 from qjsflow.runner.operations.control import request_pause
 from qjsflow.runner.tenancy.scopes import run_key
 from tests.conftest import WAITER, FakeClock, never_leased_early, start_source
@@ -225,9 +225,9 @@ async def test_an_event_delivered_here_drops_what_was_kept(tmp_path: Path) -> No
     async with Runner.open(tmp_path / "journal.db") as runner:
         run = await start_source(runner, WAITER)
         await runner.resume(run.run_id, scope="acme")
-        assert len(runner._driver._kept) == 1
+        assert len(runner._driver.kept) == 1
         await runner.signal(run.run_id, "go", 1, scope="acme", drive=False)
-        assert len(runner._driver._kept) == 0
+        assert len(runner._driver.kept) == 0
         seen = reads_before_the_executor(runner)
         done = await runner.resume(run.run_id, scope="acme")
         assert done.status == "completed"
@@ -294,4 +294,4 @@ async def test_a_run_started_anew_keeps_nothing(tmp_path: Path) -> None:
     async with Runner.open(tmp_path / "journal.db") as runner:
         published = await runner.publish("acme", {"workflows/flow.ts": WAITER})
         await runner.start(StartRunInput("acme", "flow", published.snapshot_id, None, "s1"))
-        assert len(runner._driver._kept) == 0
+        assert len(runner._driver.kept) == 0

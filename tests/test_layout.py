@@ -101,7 +101,7 @@ def test_runner_parts_import_only_their_layer_and_below() -> None:
 def test_the_layer_check_sees_an_import_from_above(tmp_path: Path) -> None:
     upward = tmp_path / "upward.py"
     upward.write_text(
-        "from qjsflow.runner.engine.driver import RunDriver\nimport qjsflow.runner.cli\n"
+        "from qjsflow.runner.engine.drive import RunDriver\nimport qjsflow.runner.cli\n"
     )
     assert _runner_parts_imported(upward) == {"engine", "cli"}
     assert _LAYER_OF["engine"] > _LAYER_OF["store"]  # so a store module importing it is refused
@@ -185,7 +185,7 @@ def test_the_facade_names_exist(package: str) -> None:
 def test_a_package_loads_nothing_it_is_not_asked_for() -> None:
     """Importing a part of the runner (the journal store) runs the package's `__init__` first:
     it must not load the Runner, its driver or the publish path."""
-    heavy = ("qjsflow.runner.runner", "qjsflow.runner.engine.driver", "qjsflow.runner.config",
+    heavy = ("qjsflow.runner.runner", "qjsflow.runner.engine.drive.driver", "qjsflow.runner.config",
              "qjsflow.bundles.esbuild", "qjsflow.sandbox.pool")  # fmt: skip
     assert _loaded("qjsflow.runner.store", heavy) == []
 

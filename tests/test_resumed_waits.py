@@ -10,6 +10,7 @@ import pytest
 
 from qjsflow.bridge.types import DriveOutcome, DriveRequest, OpEnvelope
 from qjsflow.runner import Runner, RunnerConfig
+from qjsflow.runner.engine.drive.ending import finish, record_unchanged_end
 from qjsflow.runner.store import JournalStore
 from qjsflow.runner.tenancy.budgets import Budgets
 from qjsflow.sandbox import ExecutorPool
@@ -32,12 +33,12 @@ def ends(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
     behind = JournalStore.write_behind
 
     async def watching(self: JournalStore, work: Any, *args: Any, **kwargs: Any) -> Any:
-        if getattr(work, "func", None) is not None and work.func.__name__ == "_finish":
+        if getattr(work, "func", None) is finish:
             seen.append(kwargs.get("durable", True))
         return await original(self, work, *args, **kwargs)
 
     def written_behind(self: JournalStore, work: Any, then: Any = None) -> None:
-        if work.func.__name__ == "_record_unchanged_end":
+        if work.func is record_unchanged_end:
             seen.append(False)
         behind(self, work, then)
 

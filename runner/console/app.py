@@ -41,7 +41,9 @@ from qjsflow.runner.views import RUN_STATUSES
 
 __all__ = ["create_app"]
 
-_HERE = Path(__file__).parent
+# Resolved: the static files are served from their real folder (Starlette refuses a file that
+# is a link out of the folder it serves, as an editable install's files are).
+_HERE = Path(__file__).resolve().parent
 _CSP = (
     "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; "
     "form-action 'self'; frame-ancestors 'none'; base-uri 'none'; connect-src 'self'"

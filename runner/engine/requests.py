@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from qjsflow.bridge.failure import failure_from_json
 from qjsflow.bridge.limits import Limits
 from qjsflow.bridge.types import DriveRequest, JournalEntry
-from qjsflow.runner.engine.kept import OpenSteps
+from qjsflow.runner.engine.drive.kept import OpenSteps
 from qjsflow.runner.store import BundleRecord, RunRecord, StepRow
 from qjsflow.runner.tenancy.scopes import split_run_key
 

@@ -20,7 +20,7 @@ from collections.abc import Awaitable, Callable
 
 from qjsflow.runner.bindings import Bindings
 from qjsflow.runner.config import Retention
-from qjsflow.runner.engine.driver import RunDriver
+from qjsflow.runner.engine.drive import RunDriver
 from qjsflow.runner.errors import JournalUnavailable
 from qjsflow.runner.store import JournalStore
 from qjsflow.runner.telemetry.metrics import METRICS

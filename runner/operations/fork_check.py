@@ -22,7 +22,7 @@ from qjsflow.bridge.types import (
     Suspend,
     needs_answer,
 )
-from qjsflow.runner.engine.driver import RunDriver
+from qjsflow.runner.engine.drive import RunDriver
 from qjsflow.runner.engine.requests import journal_of, run_request
 from qjsflow.runner.operations.control import StepRef, kept_steps
 from qjsflow.runner.store import BundleRecord, RunRecord, StepRow

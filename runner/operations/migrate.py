@@ -19,7 +19,7 @@ from typing import Literal
 
 from qjsflow.bridge import dumps_text
 from qjsflow.bridge.types import Failed
-from qjsflow.runner.engine.driver import RunDriver
+from qjsflow.runner.engine.drive import RunDriver
 from qjsflow.runner.operations.control import Checked
 from qjsflow.runner.operations.fork_check import replay_without_calls
 from qjsflow.runner.store import ENDED, BundleRecord, JournalTransaction, RunRecord, StepRow

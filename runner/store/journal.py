@@ -371,7 +371,7 @@ class JournalStore:
         """`work`, queued once the caller has gone on (or before any transaction asked for
         after this), committed as `transact_soon` would (not fsynced, `then` told its result
         and mark), and not awaited: for records nothing waits on (a drive that changed nothing
-        of its run: runner/engine/driver.py). Every read of this store waits for it first, so this
+        of its run: runner/engine/drive/). Every read of this store waits for it first, so this
         process reads what it wrote; a failure is logged (nothing depends on it)."""
         self._unqueued.append((work, then))
         if len(self._unqueued) == 1:

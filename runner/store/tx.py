@@ -1,6 +1,6 @@
 """`JournalTransaction`: named statements that run inside one `BEGIN IMMEDIATE` transaction.
 
-The run lifecycle (runner/engine/host.py, runner/engine/driver.py, runner/runner.py)
+The run lifecycle (runner/engine/host.py, runner/engine/drive/, runner/runner.py)
 decides; this module only reads and writes. Its methods are synchronous: a whole transaction
 runs as one job on the journal connection's thread (see `JournalStore.transact`), so a
 transaction costs one thread hop however many statements it holds. Every method assumes the
@@ -69,7 +69,7 @@ class Lease:
     epoch: int
     taken_from: str | None = None  # the driver it was taken over from, which never released it
     # A lease not taken yet, `epoch` the one it will have: its drive read the run while no
-    # driver held it (runner/engine/driver.py), and the first transaction fenced by it takes it
+    # driver held it (runner/engine/drive/), and the first transaction fenced by it takes it
     # with this, if the run is as read (`check_fence`): it writes the drive's beginning, and
     # the lease too unless the drive's end gives it up in the same transaction (`written`).
     take: Callable[[JournalTransaction, bool], None] | None = field(default=None, compare=False)
@@ -164,7 +164,8 @@ def write_batch_usage(tx: JournalTransaction, charges: list[UsageCharge]) -> Non
 
 # A drive's beginning marks its run `running` (no error, updated now) in the statement that
 # takes the lease, unless a cancel or a pause was asked: those the beginning handles itself
-# (runner/engine/driver.py, _begin_drive), which then finds the run as it was. One parameter: now.
+# (runner/engine/drive/beginning.py, begin_drive), which then finds the run as it was. One
+# parameter: now.
 _RUNNABLE = "cancel_requested = 0 AND pause_requested = 0"
 BEGIN_DRIVE_SQL = (
     f", status = CASE WHEN {_RUNNABLE} THEN 'running' ELSE status END"
@@ -535,7 +536,7 @@ class JournalTransaction:
         when one does, or there is no such run. In the same statement: whether it has a timer
         of one of `timer_keys`, and, for the event types of its `waits`, whether one waits
         unconsumed in its inbox, and its next timer. Not kept: the row is not locked (a drive
-        reads it before it takes the lease: runner/engine/driver.py)."""
+        reads it before it takes the lease: runner/engine/drive/)."""
         row = self._one(_unleased_sql(len(timer_keys), len(waits)), (*timer_keys, *waits, run_id))
         if row is None or row[1] is not None:
             return None
@@ -674,7 +675,7 @@ class JournalTransaction:
         """Whether the run is still at the `epoch` a drive that took no lease read it at, with
         no lease held; its row then locked for the rest of this transaction. Such a drive's
         records, written behind it, are fenced by this as any drive's writes are by its
-        lease (runner/engine/driver.py)."""
+        lease (runner/engine/drive/)."""
         row = self._one(
             f"SELECT epoch, worker_id FROM runs WHERE run_id = ?{self._dialect.lock_run}",
             (run_id,),

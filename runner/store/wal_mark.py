@@ -11,7 +11,7 @@ process or connection.
 A mark is that header, taken after a commit only when it is the very next one after the
 header read within the transaction (its change counter one on, the same salts): no other
 commit came between. Reading it is one `pread` of 96 bytes (~0.2 ms less on a drive's path,
-after an idle moment, than the one statement it spares: runner/engine/driver.py, "An end already
+after an idle moment, than the one statement it spares: runner/engine/drive/, "An end already
 certified"). Anything unexpected (no such file, a header being written, another journal
 mode) gives no mark, and the caller reads the journal as it otherwise would.
 """

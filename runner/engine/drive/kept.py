@@ -39,7 +39,7 @@ class Kept:
     chars: int  # the journal's values' length, counted against `KeptBeginnings` bound
     # The journal's mark once a commit certified the run as kept (`KeptBeginnings.certify`):
     # while the journal's mark is still this, nothing was committed since, and the next
-    # drive's end need not read the run (runner/engine/driver.py, "An end already certified").
+    # drive's end need not read the run (runner/engine/drive/, "An end already certified").
     mark: bytes | None = None
 
 
