@@ -23,7 +23,7 @@ import uvicorn
 from bench.common import TEN_STEPS, publish
 from qjsflow.runner import Runner, RunnerConfig
 from qjsflow.runner.console import create_app
-from qjsflow.runner.store import JournalTransaction, RunRecord
+from qjsflow.runner.store import JournalTransaction, RunRecord, RunStatus
 
 RUNS = 100_000
 STATUSES = ("completed", "failed", "waiting", "sleeping")
@@ -40,8 +40,11 @@ async def _fill(db: Path) -> None:
 
 def _record(snapshot: str, n: int, base: int) -> RunRecord:
     return RunRecord(
-        f"bench/r{n}", "bench", "flow", snapshot, "workflows/flow.ts", STATUSES[n % 4], "null",
-        "{}", None, None, base + n, base + n, None, None, 0.0, 0, False,
+        run_id=f"bench/r{n}", scope="bench", workflow="flow", snapshot_id=snapshot,
+        entry_path="workflows/flow.ts", status=RunStatus(STATUSES[n % 4]), input="null",
+        persisted_bindings="{}", output=None, error=None, created_at=base + n,
+        updated_at=base + n, wake_at=None, waiting_for=None, cpu_used_s=0.0, logs_count=0,
+        cancel_requested=False,
     )  # fmt: skip
 
 

@@ -54,6 +54,7 @@ from qjsflow.runner.store import (
     JournalStore,
     JournalTransaction,
     RunRecord,
+    RunStatus,
     SnapshotRecord,
     WorkflowRecord,
 )
@@ -206,9 +207,11 @@ class Runner(RunReads):
                 max_bytes=limit, what="the persisted bindings",
             )  # fmt: skip
             return RunRecord(
-                run_id, scope, request.workflow, snapshot.snapshot_id, entry_path, "running",
-                encoded_input, bindings_text, None, None, now, now, None, None, 0.0, 0, False,
-                traceparent=traceparent,
+                run_id=run_id, scope=scope, workflow=request.workflow,
+                snapshot_id=snapshot.snapshot_id, entry_path=entry_path, status=RunStatus.running,
+                input=encoded_input, persisted_bindings=bindings_text, output=None, error=None,
+                created_at=now, updated_at=now, wake_at=None, waiting_for=None, cpu_used_s=0.0,
+                logs_count=0, cancel_requested=False, traceparent=traceparent,
             )  # fmt: skip
 
         def create(tx: JournalTransaction, now: int) -> tuple[RunRecord, RunRecord | None]:
@@ -439,14 +442,14 @@ class Runner(RunReads):
                 key, "event_received", now,
                 dumps_text({"type": event_type, "inbox": seq, "eventId": event_id}),
             )  # fmt: skip
-            if run.status == "waiting":
+            if run.status == RunStatus.waiting:
                 # Wakes the run for whichever driver comes next, here or in a worker.
                 tx.set_timer(key, SIGNAL_TIMER, "signal", now)
             return run
 
         current = await self._store.transact(deliver)
         self._driver.forget(key)  # a beginning kept of it knows nothing of this event
-        if drive and current.status == "waiting":
+        if drive and current.status == RunStatus.waiting:
             return await self._drive(key, bindings, read_first=True)
         return run_view(current)
 

@@ -7,7 +7,7 @@ ahead, and steps mocked.
         run = await test.start("onboarding", {"email": "ada@example.com"},
                                events={"approval": [{"ok": True}]})
         idle = await test.run_until_idle(run.run_id)
-        assert idle.run.status == "completed"
+        assert idle.run.status == RunStatus.completed
         assert test.calls("crm.sync") == [{"email": "ada@example.com"}]
 """
 
@@ -29,7 +29,7 @@ from qjsflow.runner.bindings import Bindings, ToolFn
 from qjsflow.runner.config import RunnerConfig, system_clock
 from qjsflow.runner.operations.timeline import timeline_rows
 from qjsflow.runner.runner import Runner, Source
-from qjsflow.runner.store import JournalTransaction
+from qjsflow.runner.store import JournalTransaction, RunStatus, StepStatus
 from qjsflow.runner.tenancy.environment import ScopeEnvironment
 from qjsflow.runner.tenancy.scopes import run_key
 from qjsflow.runner.views import TERMINAL, RunView, StartRunInput, StepView
@@ -192,16 +192,18 @@ class WorkflowTest:
             run = await self.runner.get(run_id, scope=self.scope)
             if run.status in TERMINAL:
                 return Idle(run)
-            if run.status == "blocked":
+            if run.status == RunStatus.blocked:
                 return Idle(run, f"it calls the tool {run.waiting_for}, which nothing answers")
-            if run.status == "paused":
+            if run.status == RunStatus.paused:
                 return Idle(run, "it is paused")
             queued = self.events.get(run_id, {})
             waits = [kind for kind in (run.waiting_for or "").split(",") if kind]
             given = next((kind for kind in waits if queued.get(kind)), None)
-            if run.status == "waiting" and given is not None:
+            if run.status == RunStatus.waiting and given is not None:
                 await self.send_event(run_id, given, queued[given].pop(0))
-            elif run.status == "waiting" and not (waits_time_out and run.wake_at is not None):
+            elif run.status == RunStatus.waiting and not (
+                waits_time_out and run.wake_at is not None
+            ):
                 return Idle(run, f"it waits for the event {run.waiting_for}, which nobody gave")
             elif run.wake_at is not None and run.status in ("sleeping", "throttled", "waiting"):
                 if self.real_time:
@@ -250,9 +252,9 @@ def _mock_steps(
     """Record mocked step results as settled, before the run's first drive: a replay answers
     them, and their bodies never run."""
     for name, count, value in mocked:
-        tx.insert_step(run_id, "do", name, count, status="running", attempt=1, started_at=now,
-                       detail=dumps_text({"mocked": True}))  # fmt: skip
+        tx.insert_step(run_id, "do", name, count, status=StepStatus.running, attempt=1,
+                       started_at=now, detail=dumps_text({"mocked": True}))  # fmt: skip
         row = tx.get_step(run_id, "do", name, count)
         assert row is not None
-        tx.settle_step(row, status="completed", output=value, error=None, at=now,
+        tx.settle_step(row, status=StepStatus.completed, output=value, error=None, at=now,
                        event_type="step_mocked")  # fmt: skip

@@ -6,12 +6,19 @@ Values are decoded (bridge.values) and times are float seconds since the epoch.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal, get_args
+from typing import Any
 
 from qjsflow.bridge import loads
 from qjsflow.bridge.failure import failure_from_json
 from qjsflow.bridge.values import to_python
-from qjsflow.runner.store import ENDED, EventRecord, RunRecord, StepRow, ToolCallRecord
+from qjsflow.runner.store import (
+    ENDED,
+    EventRecord,
+    RunRecord,
+    RunStatus,
+    StepRow,
+    ToolCallRecord,
+)
 from qjsflow.runner.tenancy.scopes import split_run_key
 
 __all__ = [
@@ -26,16 +33,10 @@ __all__ = [
     "tool_call_view",
 ]
 
-# "blocked": a tool it calls is bound in no process that drove it (`waiting_for` names it).
-# "paused": an operator paused it; it waits for `resume` (docs/OPERATIONS.md).
-# "throttled": its scope spent a budget; it waits for the budget's window to end
-# (`waiting_for` names the budget; docs/TENANCY.md).
-RunStatus = Literal[
-    "running", "sleeping", "waiting", "blocked", "paused", "throttled",
-    "completed", "failed", "cancelled", "terminated",
-]  # fmt: skip
+# A run's statuses are the store's (runner/store/records.py, `RunStatus`: docs/OPERATIONS.md
+# and docs/TENANCY.md say what "blocked", "paused" and "throttled" wait for).
 TERMINAL: frozenset[str] = ENDED  # the statuses of a run that has ended
-RUN_STATUSES: tuple[str, ...] = get_args(RunStatus)
+RUN_STATUSES: tuple[str, ...] = tuple(status.value for status in RunStatus)
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,7 +142,7 @@ def run_view(run: RunRecord) -> RunView:
         scope=run.scope,
         workflow=run.workflow,
         snapshot_id=run.snapshot_id,
-        status=run.status,  # type: ignore[arg-type]
+        status=run.status,
         input=_decoded(run.input),
         output=_decoded(run.output),
         error=run.error,

@@ -16,7 +16,7 @@ import pytest
 
 from qjsflow.runner import Runner, StartRunInput
 from qjsflow.runner.store import JournalStore, JournalTransaction, RunRecord
-from qjsflow.runner.store import journal as journal_module
+from qjsflow.runner.store import committer as committer_module
 from qjsflow.runner.store.connection import JobThread
 from tests.conftest import WAITER, never_leased_early, start_source, statements
 
@@ -207,13 +207,13 @@ async def test_jobs_needing_no_fsync_are_committed_sixteen_at_a_time(
     batches of at most sixteen, so the first drives of a worker's claim start when theirs are
     in. A burst holding a job that must be durable is one batch (one fsync)."""
     sizes: list[int] = []
-    batch_of = journal_module.run_batch
+    batch_of = committer_module.run_batch
 
     def counted(connection: Any, batch: list[Any], backend: Any) -> Any:
         sizes.append(len(batch))
         return batch_of(connection, batch, backend)
 
-    monkeypatch.setattr(journal_module, "run_batch", counted)
+    monkeypatch.setattr(committer_module, "run_batch", counted)
     store = await JournalStore.open(tmp_path / "journal.db")
     try:
         for durable in (False, True):

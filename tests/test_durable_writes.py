@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from qjsflow.runner import Bindings, Runner, SnapshotNotFound, StartRunInput
-from qjsflow.runner.store import connection, journal
+from qjsflow.runner.store import committer, connection
 from tests.conftest import start_source
 
 PURE = """
@@ -32,13 +32,13 @@ export default async (event, step) => {
 def fsynced(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
     """Each committed batch: whether it was fsynced."""
     seen: list[bool] = []
-    original = journal.run_batch
+    original = committer.run_batch
 
     def counting(connection: Any, batch: list[Any], backend: Any) -> Any:
         seen.append(any(job.durable for job in batch))
         return original(connection, batch, backend)
 
-    monkeypatch.setattr(journal, "run_batch", counting)
+    monkeypatch.setattr(committer, "run_batch", counting)
     return seen
 
 
@@ -83,7 +83,7 @@ async def test_starting_a_run_is_one_trip_to_the_journal(
     published = await runner.publish("acme", {"workflows/flow.ts": PURE})
     jobs: list[str] = []
     original_run = connection.JobThread.run
-    original_batch = journal.run_batch
+    original_batch = committer.run_batch
 
     async def on_thread(self: connection.JobThread, job: Any, *args: Any) -> Any:
         if getattr(job, "func", None) is not batch:
@@ -95,7 +95,7 @@ async def test_starting_a_run_is_one_trip_to_the_journal(
         return original_batch(connection, batch, backend)
 
     monkeypatch.setattr(connection.JobThread, "run", on_thread)
-    monkeypatch.setattr(journal, "run_batch", batch)
+    monkeypatch.setattr(committer, "run_batch", batch)
     request = StartRunInput("acme", "flow", published.snapshot_id[:12], None, "r1")
     run = await runner.start(request, drive=False)
     assert run.status == "running"

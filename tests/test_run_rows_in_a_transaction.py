@@ -13,7 +13,7 @@ import psycopg
 import pytest
 
 from qjsflow.runner import Runner, RunnerConfig, StartRunInput
-from qjsflow.runner.store import JournalTransaction, LeaseLost, RunRecord
+from qjsflow.runner.store import JournalTransaction, LeaseLost, LeaseMode, RunRecord, RunStatus
 from qjsflow.runner.store.connection import connect_sqlite
 from qjsflow.runner.store.dialect import SQLITE
 from qjsflow.runner.store.journal import BatchJob, run_batch
@@ -196,8 +196,11 @@ def _journal_with_a_run(tmp_path: Any, status: str) -> tuple[sqlite3.Connection,
     raw = connect_sqlite(tmp_path / "j.db")
     migrate(raw, location="j.db", dialect=SQLITE)
     JournalTransaction(raw).insert_snapshot("acme", "s", 0.0, (0, 0, "[]", None), [])
-    run = RunRecord("acme/r", "acme", "flow", "s", "e.ts", status, "null", "{}", None, None,
-                    0, 0, None, None, 0.0, 0, False)  # fmt: skip
+    run = RunRecord(run_id="acme/r", scope="acme", workflow="flow", snapshot_id="s",
+                    entry_path="e.ts", status=RunStatus(status), input="null", persisted_bindings="{}",
+                    output=None, error=None, created_at=0, updated_at=0, wake_at=None,
+                    waiting_for=None, cpu_used_s=0.0, logs_count=0,
+                    cancel_requested=False)  # fmt: skip
     JournalTransaction(raw).insert_run(run)
     return raw, run
 
@@ -285,7 +288,7 @@ def test_a_release_that_writes_the_run_needs_the_lease(tmp_path: Any) -> None:
     raw, run = _journal_with_a_run(tmp_path, "running")
     lost = JournalTransaction(raw).acquire_lease(run.run_id, "w", 0, 60_000)
     assert lost is not None
-    assert JournalTransaction(raw).acquire_lease(run.run_id, "v", 0, 60_000, force=True)
+    assert JournalTransaction(raw).acquire_lease(run.run_id, "v", 0, 60_000, mode=LeaseMode.FORCED)
     with pytest.raises(LeaseLost):
         JournalTransaction(raw).release_lease(lost, status="completed", output="1")
     after = JournalTransaction(raw).get_run(run.run_id)

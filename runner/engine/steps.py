@@ -28,7 +28,7 @@ from qjsflow.bridge.types import (
 )
 from qjsflow.bridge.values import tagged_date
 from qjsflow.bridge.wire import ProtocolError
-from qjsflow.runner.store import JournalTransaction, SettledStep, StepRow
+from qjsflow.runner.store import JournalTransaction, SettledStep, StepRow, StepStatus
 
 __all__ = [
     "Answered",
@@ -77,7 +77,7 @@ def settled(row: StepRow | None) -> Answered | None:
     """A settled step as an answer, or None while it is not settled."""
     if row is None or row.settled_seq is None or row.completed_at is None:
         return None
-    if row.status == "failed" and row.error is not None:
+    if row.status == StepStatus.failed and row.error is not None:
         return failure_from_json(row.error), row.clock_at
     return Value(row.output), row.clock_at
 
@@ -101,7 +101,7 @@ def begin_attempt(
     key = step_key(kind, count, name)
     if row is None:
         tx.insert_step(
-            run_id, kind, name, count, status="running", attempt=1, started_at=now,
+            run_id, kind, name, count, status=StepStatus.running, attempt=1, started_at=now,
             config=policy_to_json(policy), args_digest=digest,
         )  # fmt: skip
         event(tx, run_id, "step_started", now, key, attempt=1)
@@ -109,7 +109,7 @@ def begin_attempt(
     answer = settled(row)
     if answer is not None:
         return answer
-    if row.status == "running":
+    if row.status == StepStatus.running:
         # The attempt was in flight when its driver stopped: it counts as failed, and a tool
         # call it made may or may not have happened: the audit says so.
         if kind == "tool":
@@ -129,7 +129,9 @@ def begin_attempt(
         return Suspend("retry"), None
     attempt = row.attempt + 1
     tx.delete_timer(run_id, key)
-    tx.update_step(run_id, kind, name, count, status="running", attempt=attempt, started_at=now)
+    tx.update_step(
+        run_id, kind, name, count, status=StepStatus.running, attempt=attempt, started_at=now
+    )
     if kind == "do":  # the calls inside it that failed run again in this attempt
         tx.reopen_failed_steps(run_id, key + "/")
     event(tx, run_id, "step_started", now, key, attempt=attempt)
@@ -145,18 +147,18 @@ def set_aside(tx: JournalTransaction, run_id: str, key: str, now: int) -> None:
     run again is answered from them)."""
     kind, count, name = key.split(":", 2)
     row = tx.get_step(run_id, kind, name, int(count))
-    if row is None or row.status != "running":
+    if row is None or row.status != StepStatus.running:
         return
     inside = [
         step for step in tx.list_steps(run_id)
-        if step.status == "running" and step.key.startswith(key + "/")
+        if step.status == StepStatus.running and step.key.startswith(key + "/")
     ]  # fmt: skip
     if row.attempt == 1:
         tx.delete_steps(run_id, [row, *inside])
     else:
         tx.delete_steps(run_id, inside)
         tx.update_step(
-            run_id, kind, name, int(count), status="retrying", attempt=row.attempt - 1,
+            run_id, kind, name, int(count), status=StepStatus.retrying, attempt=row.attempt - 1,
             detail=dumps_text({"retryAt": now}),
         )  # fmt: skip
         tx.set_timer(run_id, key, "retry", now)
@@ -169,7 +171,7 @@ def begin(tx: JournalTransaction, run_id: str, op: StepBegin, now: int) -> None:
     if tx.get_step(run_id, "do", op.step, op.count) is not None:
         return
     tx.insert_step(
-        run_id, "do", op.step, op.count, status="running", attempt=1, started_at=now,
+        run_id, "do", op.step, op.count, status=StepStatus.running, attempt=1, started_at=now,
         config=policy_to_json(op.config),
     )  # fmt: skip
     event(tx, run_id, "step_started", now, step_key("do", op.count, op.step), attempt=1)
@@ -227,7 +229,7 @@ def fail_attempt(
             delay = policy.delay_after(row.attempt)
         retry_at = now + delay
         tx.update_step(
-            row.run_id, row.kind, row.name, row.count, status="retrying",
+            row.run_id, row.kind, row.name, row.count, status=StepStatus.retrying,
             error=failure_to_json(failure), detail=dumps_text({"retryAt": retry_at}),
         )  # fmt: skip
         tx.set_timer(row.run_id, row.key, "retry", retry_at)
@@ -238,7 +240,7 @@ def fail_attempt(
         return retry_at
     final = dataclasses.replace(failure, retryable=False, retry_after_ms=None)
     tx.settle_step(
-        row, status="failed", output=None, error=failure_to_json(final), at=now,
+        row, status=StepStatus.failed, output=None, error=failure_to_json(final), at=now,
         event_type="step_failed",
     )  # fmt: skip
     return final, now
@@ -288,7 +290,7 @@ def settle_call(
     answer = settled(row)
     if answer is not None:  # another writer settled it first: its value wins
         return answer
-    if row.status != "running" or row.attempt != attempt:
+    if row.status != StepStatus.running or row.attempt != attempt:
         return Suspend("retry"), None
     timeout_ms = _policy_from_json(row.config).timeout_ms
     elapsed = now - row.started_at if elapsed_ms is None else elapsed_ms
@@ -299,7 +301,7 @@ def settle_call(
         )
     if failure is None:
         tx.settle_step(
-            row, status="completed", output=value, error=None, at=now,
+            row, status=StepStatus.completed, output=value, error=None, at=now,
             event_type="step_completed", replay_at=replay_at,
         )  # fmt: skip
         return (Value(None) if row.kind == "do" else Value(value)), now
@@ -320,8 +322,8 @@ def sleep(tx: JournalTransaction, run_id: str, op: StepSleep, now: int) -> Answe
     if row is None:
         due = op.until_ms if op.until_ms is not None else now + (op.ms or 0)
         tx.insert_step(
-            run_id, "sleep", op.step, op.count, status="waiting", attempt=1, started_at=now,
-            detail=dumps_text({"dueAt": due}),
+            run_id, "sleep", op.step, op.count, status=StepStatus.waiting, attempt=1,
+            started_at=now, detail=dumps_text({"dueAt": due}),
         )  # fmt: skip
         row = tx.get_step(run_id, "sleep", op.step, op.count)
         assert row is not None
@@ -335,7 +337,12 @@ def sleep(tx: JournalTransaction, run_id: str, op: StepSleep, now: int) -> Answe
         return Suspend("sleep"), None
     tx.delete_timer(run_id, row.key)
     tx.settle_step(
-        row, status="completed", output=None, error=None, at=now, event_type="sleep_completed"
+        row,
+        status=StepStatus.completed,
+        output=None,
+        error=None,
+        at=now,
+        event_type="sleep_completed",
     )
     return Value(None), now
 
@@ -353,7 +360,7 @@ def wait_for_event(
     row = tx.get_step(run_id, "waitForEvent", op.step, op.count)
     if row is None:
         tx.insert_step(
-            run_id, "waitForEvent", op.step, op.count, status="waiting", attempt=1,
+            run_id, "waitForEvent", op.step, op.count, status=StepStatus.waiting, attempt=1,
             started_at=now, detail=dumps_text({"type": op.type, "deadline": now + op.timeout_ms}),
         )  # fmt: skip
         row = tx.get_step(run_id, "waitForEvent", op.step, op.count)
@@ -377,12 +384,12 @@ def wait_for_event(
                 retryable=False,
             )
             tx.settle_step(
-                row, status="failed", output=None, error=failure_to_json(failure), at=now,
+                row, status=StepStatus.failed, output=None, error=failure_to_json(failure), at=now,
                 event_type="event_refused",
             )  # fmt: skip
             return failure, now
         tx.settle_step(
-            row, status="completed", output=value, error=None, at=now,
+            row, status=StepStatus.completed, output=value, error=None, at=now,
             event_type="event_consumed",
         )  # fmt: skip
         return Value(value), now
@@ -395,7 +402,7 @@ def wait_for_event(
         )
         tx.delete_timer(run_id, row.key)
         tx.settle_step(
-            row, status="failed", output=None, error=failure_to_json(failure), at=now,
+            row, status=StepStatus.failed, output=None, error=failure_to_json(failure), at=now,
             event_type="event_timed_out",
         )  # fmt: skip
         return failure, now
@@ -419,7 +426,7 @@ def still_waiting(
     ends (its end looks at the inbox again and drives the run once more)."""
     waiting = []
     for row in rows:
-        if row.kind != "waitForEvent" or row.status != "waiting":
+        if row.kind != "waitForEvent" or row.status != StepStatus.waiting:
             continue
         event_type, deadline = _wait_of(row)
         if now < deadline and tx.oldest_unconsumed(row.run_id, event_type, deadline) is None:

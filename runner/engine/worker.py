@@ -22,7 +22,7 @@ from qjsflow.runner.bindings import Bindings
 from qjsflow.runner.config import Retention
 from qjsflow.runner.engine.drive import RunDriver
 from qjsflow.runner.errors import JournalUnavailable
-from qjsflow.runner.store import JournalStore
+from qjsflow.runner.store import JournalStore, RunStatus
 from qjsflow.runner.telemetry.metrics import METRICS
 from qjsflow.runner.tenancy.scopes import split_run_key
 
@@ -275,7 +275,7 @@ class Worker:
                 return False
             self.drives += 1
             _log.info("drove %s in %.3f s: %s", run_id, time.monotonic() - began, run.status)
-            if run.status == "blocked":  # once: no worker without the tool drives it again
+            if run.status == RunStatus.blocked:  # once: no worker without the tool drives it again
                 _log.warning(
                     "run %s is blocked: this worker lacks %s; a worker that has it will "
                     "continue the run",

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from qjsflow.bridge import InvalidInput, dumps_text
 from qjsflow.bridge.types import STEP_KINDS
 from qjsflow.runner.errors import RunChanged, RunClosed, RunNotFound
-from qjsflow.runner.store import ENDED, JournalTransaction, RunRecord, StepRow
+from qjsflow.runner.store import ENDED, JournalTransaction, RunRecord, RunStatus, StepRow
 from qjsflow.runner.tenancy.budgets import Budgets
 from qjsflow.runner.tenancy.scopes import split_run_key
 from qjsflow.runner.tenancy.usage import admit
@@ -106,7 +106,7 @@ def lift_pause(tx: JournalTransaction, key: str, now: int) -> bool:
     run = _found(tx, key)
     if not run.pause_requested or run.status in ENDED:
         return False
-    status = "running" if run.status == "paused" else run.status
+    status = "running" if run.status == RunStatus.paused else run.status
     tx.update_run(key, pause_requested=0, status=status, updated_at=now)
     tx.append_event(key, "run_resumed", now, None)
     return True
@@ -119,7 +119,7 @@ def terminate_run(tx: JournalTransaction, key: str, now: int, reason: str | None
     tx.fence_out(key)
     tx.delete_timers(key)
     tx.update_run(
-        key, status="terminated", error=message, wake_at=None, waiting_for=None,
+        key, status=RunStatus.terminated, error=message, wake_at=None, waiting_for=None,
         cancel_requested=0, pause_requested=0, updated_at=now,
     )  # fmt: skip
     tx.append_event(key, "run_terminated", now, dumps_text({"reason": message}))

@@ -7,6 +7,7 @@ from qjsflow.runner.store.journal import (
     WorkflowRecord,
     snapshot_records,
 )
+from qjsflow.runner.store.lease_types import LeaseMode, Unleased
 from qjsflow.runner.store.migrations import MIGRATIONS
 from qjsflow.runner.store.records import (
     ENDED,
@@ -16,11 +17,13 @@ from qjsflow.runner.store.records import (
     JournalRow,
     LogRecord,
     RunRecord,
+    RunStatus,
     StepRow,
+    StepStatus,
     ToolCallRecord,
     with_compute,
 )
-from qjsflow.runner.store.tx import JournalTransaction, Lease, LeaseLost, SettledStep, Unleased
+from qjsflow.runner.store.tx import JournalTransaction, Lease, LeaseLost, SettledStep
 
 __all__ = [
     "ENDED",
@@ -34,11 +37,14 @@ __all__ = [
     "JournalTransaction",
     "Lease",
     "LeaseLost",
+    "LeaseMode",
     "LogRecord",
     "RunRecord",
+    "RunStatus",
     "SettledStep",
     "SnapshotRecord",
     "StepRow",
+    "StepStatus",
     "ToolCallRecord",
     "Unleased",
     "WorkflowRecord",

@@ -5,14 +5,20 @@ Times are integer milliseconds since the epoch; values are encoded JSON text (br
 
 from __future__ import annotations
 
+import enum
 import operator
+from collections.abc import Iterable
 from dataclasses import dataclass, fields
+from typing import Any
 
 from qjsflow.bridge.keys import step_key
 
 __all__ = [
     "ENDED",
     "ENDED_SQL",
+    "RUN_COLUMNS",
+    "RUN_FIELDS",
+    "STEP_COLUMNS",
     "THROTTLE_TIMER",
     "WAKING_TIMER_SQL",
     "EventRecord",
@@ -20,14 +26,49 @@ __all__ = [
     "JournalRow",
     "LogRecord",
     "RunRecord",
+    "RunStatus",
     "StepRow",
+    "StepStatus",
     "ToolCallRecord",
+    "run_record",
+    "step_row",
     "with_compute",
 ]
 
 
+# Each member's name is its value: the journal stores the text, psycopg dumps an enum by its
+# name, and a member hashes as its name, so a member and the text read back are one key.
+class RunStatus(enum.StrEnum):
+    """Where a run is. "blocked": a tool it calls is bound in no process that drove it
+    (`waiting_for` names it); "paused": an operator paused it, it waits for `resume`;
+    "throttled": its scope spent a budget (`waiting_for` names it) until the window ends."""
+
+    running = "running"
+    sleeping = "sleeping"
+    waiting = "waiting"
+    blocked = "blocked"
+    paused = "paused"
+    throttled = "throttled"
+    completed = "completed"
+    failed = "failed"
+    cancelled = "cancelled"
+    terminated = "terminated"
+
+
+class StepStatus(enum.StrEnum):
+    """Where one step of a run is."""
+
+    running = "running"
+    retrying = "retrying"
+    waiting = "waiting"
+    completed = "completed"
+    failed = "failed"
+
+
 # The statuses of a run that has ended: nothing drives it again (but an operator's restart).
-ENDED: frozenset[str] = frozenset({"completed", "failed", "cancelled", "terminated"})
+ENDED: frozenset[str] = frozenset(
+    {RunStatus.completed, RunStatus.failed, RunStatus.cancelled, RunStatus.terminated}
+)
 ENDED_SQL = "(" + ", ".join(f"'{status}'" for status in sorted(ENDED)) + ")"
 # The timer of a `throttled` run (runner/tenancy/budgets.py): the only one that may wake it,
 # when the budget its scope spent has room again.
@@ -37,14 +78,14 @@ THROTTLE_TIMER = "throttle"
 WAKING_TIMER_SQL = f"(r.status <> 'throttled' OR t.step_key = '{THROTTLE_TIMER}')"
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class RunRecord:
     run_id: str
     scope: str
     workflow: str
     snapshot_id: str
     entry_path: str
-    status: str
+    status: RunStatus
     input: str
     persisted_bindings: str
     output: str | None
@@ -64,25 +105,45 @@ class RunRecord:
     traceparent: str | None = None  # the W3C trace context its drives are traced under
 
 
-_RUN_VALUES = operator.attrgetter(*(field.name for field in fields(RunRecord)))
-_CPU_USED = [field.name for field in fields(RunRecord)].index("cpu_used_s")
+# The run's columns, in the order of its fields: the journal's `runs` table and this record
+# have one shape, and a row is turned into a record by name (`run_record`).
+RUN_FIELDS: tuple[str, ...] = tuple(field.name for field in fields(RunRecord))
+RUN_COLUMNS = ", ".join(RUN_FIELDS)
+_RUN_VALUES = operator.attrgetter(*RUN_FIELDS)
+_FLAGS = ("cancel_requested", "pause_requested")  # stored as integers
 
 
 def with_compute(run: RunRecord, cpu_s: float) -> RunRecord:
     """`run` with `cpu_s` more compute used, as a journal's relative update adds it
     (`dataclasses.replace` walks the fields' definitions: twice as slow, on a drive's path)."""
-    values = list(_RUN_VALUES(run))
-    values[_CPU_USED] += cpu_s
-    return RunRecord(*values)
+    values = dict(zip(RUN_FIELDS, _RUN_VALUES(run), strict=True))
+    values["cpu_used_s"] += cpu_s
+    return RunRecord(**values)
 
 
-@dataclass(frozen=True, slots=True)
+def run_record(row: Iterable[Any]) -> RunRecord:
+    """A `runs` row, read as `RUN_COLUMNS`, as a record built by name."""
+    values = dict(zip(RUN_FIELDS, row, strict=True))
+    for flag in _FLAGS:
+        values[flag] = bool(values[flag])
+    values["status"] = RunStatus(values["status"])
+    return RunRecord(**values)
+
+
+def step_row(row: Iterable[Any]) -> StepRow:
+    """A `steps` row, read as `STEP_COLUMNS`, as a record built by name."""
+    values = dict(zip(STEP_FIELDS, row, strict=True))
+    values["status"] = StepStatus(values["status"])
+    return StepRow(**values)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class StepRow:
     run_id: str
     kind: str
     name: str
     count: int
-    status: str  # running | retrying | waiting | completed | failed
+    status: StepStatus
     attempt: int
     config: str | None  # RetryPolicy as JSON
     detail: str | None  # kind-specific JSON: a sleep's due time, a wait's type and deadline
@@ -157,3 +218,8 @@ class LogRecord:
     level: str
     text: str
     at: int
+
+
+# A step's columns, in the order of its fields (as `RUN_COLUMNS` for a run).
+STEP_FIELDS: tuple[str, ...] = tuple(field.name for field in fields(StepRow))
+STEP_COLUMNS = ", ".join(STEP_FIELDS)

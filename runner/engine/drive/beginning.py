@@ -23,7 +23,14 @@ from qjsflow.runner.engine.drive.runs import (
 )
 from qjsflow.runner.engine.steps import still_waiting
 from qjsflow.runner.store import ENDED as TERMINAL
-from qjsflow.runner.store import JournalTransaction, Lease, LeaseLost, RunRecord
+from qjsflow.runner.store import (
+    JournalTransaction,
+    Lease,
+    LeaseLost,
+    LeaseMode,
+    RunRecord,
+    RunStatus,
+)
 from qjsflow.runner.tenancy.budgets import AT_DRIVE, Budgets, current_windows, exhausted
 from qjsflow.runner.tenancy.scopes import split_run_key
 
@@ -87,7 +94,7 @@ def read_begin(
     if found is None:
         return None
     run, epoch, woken = found.run, found.epoch, found.woken
-    if run.status in TERMINAL or run.status == "paused":
+    if run.status in TERMINAL or run.status == RunStatus.paused:
         return None
     if run.cancel_requested or run.pause_requested:
         return None
@@ -122,7 +129,9 @@ def take_read(
     if kept is not None and tx.get_run(run_id) != kept:  # (before the lease marks it running)
         raise LeaseLost(Lease(run_id, worker_id, epoch + 1))
     if written:
-        lease = tx.acquire_lease(run_id, worker_id, now, ttl_ms, begin=True, free_at=epoch)
+        lease = tx.acquire_lease(
+            run_id, worker_id, now, ttl_ms, mode=LeaseMode.AS_READ, read_at=epoch, begin=True
+        )
         if lease is None:
             raise LeaseLost(Lease(run_id, worker_id, epoch + 1))
     mark_begun(tx, run_id, worker_id, snapshot_id, now, woken=woken)
@@ -183,7 +192,7 @@ def begin_drive(
         if spent is not None:
             park_throttled(tx, run, now, spent)
             return release(tx, lease)
-    tx.update_run(run.run_id, status="running", error=None, updated_at=now)
+    tx.update_run(run.run_id, status=RunStatus.running, error=None, updated_at=now)
     if created:  # no timer yet
         driven = {"worker": lease.worker_id, "snapshot": run.snapshot_id}
         tx.append_event(run.run_id, "drive_started", now, dumps_text(driven))

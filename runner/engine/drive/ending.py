@@ -21,7 +21,7 @@ from qjsflow.runner.engine.drive.runs import (
 )
 from qjsflow.runner.engine.host import DriveHost
 from qjsflow.runner.engine.steps import set_aside
-from qjsflow.runner.store import JournalTransaction, Lease, RunRecord, Unleased
+from qjsflow.runner.store import JournalTransaction, Lease, RunRecord, RunStatus, Unleased
 from qjsflow.runner.tenancy.budgets import Charges
 
 __all__ = [
@@ -98,7 +98,7 @@ def park(
         f" {wake_at} ms, death {deaths} of at most {limit}"
     )
     tx.set_timer(run_id, EXECUTOR_TIMER, "retry", wake_at)
-    tx.update_run(run_id, status="sleeping", error=reason, wake_at=wake_at, **common)
+    tx.update_run(run_id, status=RunStatus.sleeping, error=reason, wake_at=wake_at, **common)
     tx.append_event(run_id, "run_parked", now, dumps_text({"reason": reason}))
     return release(tx, lease)
 
@@ -135,7 +135,7 @@ def finish(
         case Completed(output=output):
             tx.delete_timers(run_id)
             tx.append_event(run_id, "run_completed", now, None)
-            return release(tx, lease, status="completed", output=output, wake_at=None,
+            return release(tx, lease, status=RunStatus.completed, output=output, wake_at=None,
                             waiting_for=None, **common)  # fmt: skip
         case Failed(message=message, stack=stack):
             message = with_run_hint(message)
@@ -200,7 +200,7 @@ def as_found(
     if now_at is None or now_at.run != found or now_at.epoch != epoch or now_at.woken:
         return None
     current = now_at.run
-    if current.status != "waiting" or current.waiting_for != ",".join(events):
+    if current.status != RunStatus.waiting or current.waiting_for != ",".join(events):
         return None
     due = now_at.due
     if now_at.arrived or due != current.wake_at or (due is not None and due <= now):

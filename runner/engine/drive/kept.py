@@ -16,7 +16,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from qjsflow.bridge.types import JournalEntry
-from qjsflow.runner.store import RunRecord
+from qjsflow.runner.store import RunRecord, RunStatus
 
 __all__ = ["Kept", "KeptBeginnings", "OpenSteps"]
 
@@ -89,7 +89,7 @@ class KeptBeginnings:
         way (the drive's end keeps it again). Not once a wait's deadline has come (the replay
         would time it out), nor for a run a cancel or a pause was asked of when it was kept."""
         kept = self.forget(run_id)
-        if kept is None or kept.run.status != "waiting":
+        if kept is None or kept.run.status != RunStatus.waiting:
             return None
         if kept.run.cancel_requested or kept.run.pause_requested:
             return None

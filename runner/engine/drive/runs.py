@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from qjsflow.bridge import dumps_text
-from qjsflow.runner.store import THROTTLE_TIMER, JournalTransaction, Lease, RunRecord
+from qjsflow.runner.store import THROTTLE_TIMER, JournalTransaction, Lease, RunRecord, RunStatus
 from qjsflow.runner.telemetry.metrics import METRICS
 from qjsflow.runner.tenancy.budgets import Throttle
 
@@ -29,7 +29,12 @@ def fail(
 ) -> RunRecord:
     tx.delete_timers(lease.run_id)
     tx.update_run(
-        lease.run_id, status="failed", error=message, wake_at=None, waiting_for=None, **common
+        lease.run_id,
+        status=RunStatus.failed,
+        error=message,
+        wake_at=None,
+        waiting_for=None,
+        **common,
     )
     tx.append_event(lease.run_id, "run_failed", now, dumps_text({"reason": message}))
     return release(tx, lease)
@@ -46,9 +51,11 @@ def release(tx: JournalTransaction, lease: Lease, **fields: Any) -> RunRecord:
 def park_paused(tx: JournalTransaction, run: RunRecord, now: int) -> None:
     """A run whose pause was asked, with no step under way: it waits for `resume`; its timers
     keep their due times and events sent meanwhile stay in its inbox."""
-    if run.status == "paused":
+    if run.status == RunStatus.paused:
         return
-    tx.update_run(run.run_id, status="paused", updated_at=now, wake_at=tx.next_timer(run.run_id))
+    tx.update_run(
+        run.run_id, status=RunStatus.paused, updated_at=now, wake_at=tx.next_timer(run.run_id)
+    )
     tx.append_event(run.run_id, "run_paused", now, None)
 
 
@@ -58,10 +65,10 @@ def park_throttled(tx: JournalTransaction, run: RunRecord, now: int, spent: Thro
     tx.set_timer(run.run_id, THROTTLE_TIMER, "throttle", spent.until_ms)
     budget = spent.measure.budget
     tx.update_run(
-        run.run_id, status="throttled", updated_at=now, wake_at=spent.until_ms,
+        run.run_id, status=RunStatus.throttled, updated_at=now, wake_at=spent.until_ms,
         waiting_for=budget, error=spent.reason,
     )  # fmt: skip
-    if run.status != "throttled" or run.waiting_for != budget:
+    if run.status != RunStatus.throttled or run.waiting_for != budget:
         detail = {"budget": budget, "until": spent.until_ms, "reason": spent.reason}
         tx.append_event(run.run_id, "run_throttled", now, dumps_text(detail))
         METRICS.throttled.labels(scope=run.scope, budget=budget).inc()
@@ -69,7 +76,7 @@ def park_throttled(tx: JournalTransaction, run: RunRecord, now: int, spent: Thro
 
 def cancel(tx: JournalTransaction, run_id: str, now: int, common: dict[str, object]) -> None:
     tx.delete_timers(run_id)
-    tx.update_run(run_id, status="cancelled", wake_at=None, waiting_for=None, **common)
+    tx.update_run(run_id, status=RunStatus.cancelled, wake_at=None, waiting_for=None, **common)
     tx.append_event(run_id, "run_cancelled", now, None)
 
 
