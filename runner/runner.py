@@ -104,11 +104,13 @@ class Runner(RunReads):
     def __init__(self, store: JournalStore, config: RunnerConfig) -> None:
         super().__init__(store)
         self.config = config
-        self._pool = ExecutorPool(config.pool)
+        pool = ExecutorPool(config.pool)
         scope_root = config.scope_root or default_root(store.path)
         self.scopes = ScopeDatabases(scope_root, config.sql_limits)
-        self._driver = RunDriver(store, self._pool, config, self.scopes)
-        store.serve_runner(retry_s=config.journal_retry_s, commit_here=self._driver.alone)
+        # The engine under this runner: what a `Worker` serves with, and tests' seam into the
+        # drive (its clock, its pool, `take_after_s`).
+        self.driver = RunDriver(store, pool, config, self.scopes)
+        store.serve_runner(retry_s=config.journal_retry_s, commit_here=self.driver.alone)
 
     @classmethod
     @asynccontextmanager
@@ -140,7 +142,7 @@ class Runner(RunReads):
         return cls(store, config or RunnerConfig())
 
     async def aclose(self) -> None:
-        await self._pool.aclose()
+        await self.driver.pool.aclose()
         await self.scopes.aclose()
         await self._store.aclose()
 
@@ -154,7 +156,7 @@ class Runner(RunReads):
         nothing new.
         """
         validate_scope(scope)
-        self._driver.pool.warm()  # asking what the bundles export needs one
+        self.driver.pool.warm()  # asking what the bundles export needs one
         snapshot = await build_snapshot(
             source, entries, limits=self.config.build_limits,
             tree_limits=self.config.tree_limits, exclude=self._store.own_files(),
@@ -163,10 +165,10 @@ class Runner(RunReads):
         existing = await self._store.find_snapshot(scope, snapshot.snapshot_id)
         if existing is not None:
             return _published(existing, created=False)
-        now_ms = self._driver.now_ms()
+        now_ms = self.driver.now_ms()
         exports = {
             bundle.entry_path: await describe_exports(
-                self._driver.pool, bundle, self.config.limits, now_ms
+                self.driver.pool, bundle, self.config.limits, now_ms
             )
             for bundle in snapshot.bundles
         }
@@ -191,7 +193,7 @@ class Runner(RunReads):
         run_id = run_key(scope, self._run_id(request.run_id))
         limit = self.config.limits.value_bytes
         encoded_input = from_python(request.input, max_bytes=limit, what="the run input")
-        now = self._driver.now_ms()
+        now = self.driver.now_ms()
         traceparent = new_traceparent(request.traceparent)
         budgets = self.config.scope_budgets.get(scope)
 
@@ -256,7 +258,7 @@ class Runner(RunReads):
         key = caller_key(run_id, scope)
         if not drive:
             if (await self._run(run_id, scope)).pause_requested:  # else nothing to write
-                await self._store.transact(partial(lift_pause, key=key, now=self._driver.now_ms()))
+                await self._store.transact(partial(lift_pause, key=key, now=self.driver.now_ms()))
             return await self.get(run_id, scope=scope)
         # The pause lifted in the transaction that takes the run's lease: one journal hop.
         # (A run with no pause asked is read first: lifting writes nothing to it.)
@@ -266,8 +268,8 @@ class Runner(RunReads):
         """Park the run once the steps under way have recorded their results: no worker drives
         it until `resume`; events sent meanwhile are kept, timers keep their due times."""
         key = caller_key(run_id, scope)
-        await self._store.transact(partial(request_pause, key=key, now=self._driver.now_ms()))
-        if self._driver.driving(key):  # this process's drive parks it after its steps
+        await self._store.transact(partial(request_pause, key=key, now=self.driver.now_ms()))
+        if self.driver.driving(key):  # this process's drive parks it after its steps
             return await self.get(run_id, scope=scope)
         # Parks it now unless a driver elsewhere holds it (that one parks it after its steps).
         return await self._drive(key, None)
@@ -278,9 +280,9 @@ class Runner(RunReads):
         key = caller_key(run_id, scope)
         if reason is not None:
             reason = _operator_text(reason, "--reason")
-        now = self._driver.now_ms()
+        now = self.driver.now_ms()
         await self._store.transact(partial(terminate_run, key=key, now=now, reason=reason))
-        self._driver.stop(key)
+        self.driver.stop(key)
         return await self.get(run_id, scope=scope)
 
     async def restart(
@@ -298,12 +300,12 @@ class Runner(RunReads):
         earlier attempts."""
         key = caller_key(run_id, scope)
         start = None if from_step is None else StepRef.parse(from_step)
-        now = self._driver.now_ms()
+        now = self.driver.now_ms()
         budgets = self.config.scope_budgets.get(validate_scope(scope))
         await self._store.transact(
             partial(restart_run, key=key, start=start, now=now, budgets=budgets)
         )
-        self._driver.stop(key)
+        self.driver.stop(key)
         if not drive:
             return await self.get(run_id, scope=scope)
         return await self._drive(key, bindings)
@@ -330,7 +332,7 @@ class Runner(RunReads):
         if source.workflow not in entries:
             raise UnknownWorkflow(source.workflow, sorted(entries))
         key = run_key(validate_scope(scope), self._run_id(new_run_id))
-        now = self._driver.now_ms()
+        now = self.driver.now_ms()
         fork = dataclasses.replace(
             source, **FRESH_ATTEMPT, run_id=key, snapshot_id=snapshot.snapshot_id,  # type: ignore[arg-type]
             entry_path=entries[source.workflow], created_at=now, updated_at=now, generation=0,
@@ -338,7 +340,7 @@ class Runner(RunReads):
         )  # fmt: skip
         checked = None
         if snapshot.snapshot_id != source.snapshot_id:
-            keys = await check_fork(self._driver, source, fork, start)
+            keys = await check_fork(self.driver, source, fork, start)
             checked = Checked(source.generation, keys)
         created = await self._store.transact(partial(
             fork_run, source_key=source.run_id, fork=fork, start=start, now=now, checked=checked,
@@ -386,7 +388,7 @@ class Runner(RunReads):
                 raise UnknownWorkflow(name, known)
             bundles[name] = bundle
         return await migrate_runs(
-            self._driver, scope, runs, bundles, to_snapshot=target.snapshot_id, dry_run=dry_run
+            self.driver, scope, runs, bundles, to_snapshot=target.snapshot_id, dry_run=dry_run
         )
 
     async def signal(
@@ -421,7 +423,7 @@ class Runner(RunReads):
             payload, max_bytes=self.config.limits.value_bytes, what="the event payload"
         )
         key = caller_key(run_id, scope)
-        now = self._driver.now_ms()
+        now = self.driver.now_ms()
         budgets = self.config.scope_budgets.get(validate_scope(scope))
 
         def deliver(tx: JournalTransaction) -> RunRecord:
@@ -448,7 +450,7 @@ class Runner(RunReads):
             return run
 
         current = await self._store.transact(deliver)
-        self._driver.forget(key)  # a beginning kept of it knows nothing of this event
+        self.driver.forget(key)  # a beginning kept of it knows nothing of this event
         if drive and current.status == RunStatus.waiting:
             return await self._drive(key, bindings, read_first=True)
         return run_view(current)
@@ -457,7 +459,7 @@ class Runner(RunReads):
         """Stop a run at its next suspension point (at once if it is suspended now). Later
         signals are refused."""
         key = caller_key(run_id, scope)
-        now = self._driver.now_ms()
+        now = self.driver.now_ms()
 
         def request_cancel(tx: JournalTransaction) -> None:
             run = found_run(tx.get_run(key), run_id)
@@ -486,7 +488,7 @@ class Runner(RunReads):
         if not chosen or not chosen <= TERMINAL:
             raise InvalidInput(f"only ended runs are pruned: statuses among {sorted(TERMINAL)}")
         return await prune(
-            self._store, self.scopes, before_ms=self._driver.now_ms() - int(older_than_s * 1000),
+            self._store, self.scopes, before_ms=self.driver.now_ms() - int(older_than_s * 1000),
             statuses=chosen, snapshots=snapshots, dry_run=dry_run,
             scope=None if scope is ALL_SCOPES else validate_scope(scope),
         )  # fmt: skip
@@ -505,7 +507,7 @@ class Runner(RunReads):
         this call made."""
         worker = Worker(
             self._store,
-            self._driver,
+            self.driver,
             bindings or self.config.bindings,
             concurrency=concurrency,
             idle_horizon_ms=int(idle_horizon_s * 1000),
@@ -526,7 +528,7 @@ class Runner(RunReads):
         """Per scope: its runs by status, and what it used of each measure in the current
         window, with its budgets (runner/tenancy/budgets.py)."""
         chosen = None if scope is ALL_SCOPES else validate_scope(scope)
-        now = self._driver.now_ms()
+        now = self.driver.now_ms()
         runs = await self._store.count_runs_by_scope()
         used = await self._store.usage_by_scope(current_windows(now))
         names = {name for name, _ in runs} | set(used) | set(self.config.scope_budgets)
@@ -550,7 +552,7 @@ class Runner(RunReads):
         first: BeforeLease | None = None,
         read_first: bool = False,
     ) -> RunView:
-        run = await self._driver.drive(
+        run = await self.driver.drive(
             run_id, bindings or self.config.bindings, first=first, read_first=read_first
         )
         return run_view(run)

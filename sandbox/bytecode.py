@@ -8,7 +8,7 @@ and loads that into each new context (~1 ms). The bytecode is our own, made in t
 from the prelude's source; nothing an author supplies is ever read as bytecode.
 
 Reaching a context's `JSContext *` means reading the binding's object layout, so the fast path
-is used only with the binding version whose layout was checked (`_CHECKED_VERSIONS`), and only
+is used only with the binding version whose layout was checked (`CHECKED_VERSIONS`), and only
 after a self-check on a scratch context; otherwise, and on any failure, the prelude's source is
 evaluated as before. `tests/test_prelude_bytecode.py` holds both paths to the same behaviour.
 """
@@ -34,7 +34,7 @@ __all__ = [
     "engine_pointers",
 ]
 
-_CHECKED_VERSIONS = frozenset({"0.17.0.2"})
+CHECKED_VERSIONS = frozenset({"0.17.0.2"})
 _GLOBAL = "__qjsflowPrelude"  # where the loaded prelude leaves `dispatch`, removed at once
 _COMPILE_ONLY = 1 << 5  # JS_EVAL_FLAG_COMPILE_ONLY
 _BYTECODE = 1 << 0  # JS_WRITE_OBJ_BYTECODE, JS_READ_OBJ_BYTECODE
@@ -82,7 +82,7 @@ def _library() -> Any:
     return library
 
 
-def _context_pointer(library: Any, context: quickjs.Context) -> int | None:
+def context_pointer(library: Any, context: quickjs.Context) -> int | None:
     """The `JSContext *` of a binding context: the object holds its type, then the runtime,
     then the context; checked (the context's runtime is the runtime before it)."""
     words = (ctypes.c_void_p * 4).from_address(id(context))
@@ -104,7 +104,7 @@ class EnginePointers:
 
 def engine_pointers(library: Any, context: quickjs.Context) -> EnginePointers | None:
     """`context`'s pointers, when the bytecode path is in use (`library`) and they check."""
-    pointer = None if library is None else _context_pointer(library, context)
+    pointer = None if library is None else context_pointer(library, context)
     if pointer is None:
         return None
     return EnginePointers(pointer, int(library.JS_GetRuntime(pointer)))
@@ -112,7 +112,7 @@ def engine_pointers(library: Any, context: quickjs.Context) -> EnginePointers | 
 
 def _pointer(library: Any, context: quickjs.Context, found: EnginePointers | None) -> int | None:
     """`context`'s `JSContext *`: as `found` for it, else looked up."""
-    return _context_pointer(library, context) if found is None else found.context
+    return context_pointer(library, context) if found is None else found.context
 
 
 def collect_cycles_from(library: Any, pointers: EnginePointers | None, size: int) -> None:
@@ -175,7 +175,7 @@ class PreludeLoader:
         try:
             library = _library()
             scratch = quickjs.Context()
-            pointer = _context_pointer(library, scratch)
+            pointer = context_pointer(library, scratch)
             if pointer is None:
                 return
             text = f"globalThis.{_GLOBAL} = {self.source}".encode()
@@ -203,7 +203,7 @@ class PreludeLoader:
 
 # Where a bundle's loaded bytecode leaves the function that runs it, for the prelude's `load`.
 _BUNDLE_GLOBAL = "__qjsflowBundle"
-_BUNDLES_KEPT = 4
+BUNDLES_KEPT = 4
 _BUNDLE_PAD = "\n" * (RULES.bundle_first_line - 1)  # as the prelude pads the bundle's source
 _BUNDLE_BYTES_KEPT = 32 * 1024 * 1024
 
@@ -221,7 +221,7 @@ class BundleCode:
 
     def __init__(self, prelude: PreludeLoader) -> None:
         self._library = prelude.library
-        self._kept: dict[str, ctypes.Array[ctypes.c_char]] = {}  # oldest first
+        self.kept: dict[str, ctypes.Array[ctypes.c_char]] = {}  # oldest first
 
     def define(
         self,
@@ -240,7 +240,7 @@ class BundleCode:
             return False
         pointer = _pointer(self._library, context, pointers)
         kept = text if key is None else key
-        code = self._kept.pop(kept, None) or self._compile(text, memory_bytes)
+        code = self.kept.pop(kept, None) or self.compile(text, memory_bytes)
         if pointer is None or code is None:
             return False
         self._keep(kept, code)
@@ -253,10 +253,10 @@ class BundleCode:
         self._library.JS_FreeValue(pointer, value)
         return True
 
-    def _compile(self, text: str, memory_bytes: int) -> ctypes.Array[ctypes.c_char] | None:
+    def compile(self, text: str, memory_bytes: int) -> ctypes.Array[ctypes.c_char] | None:
         scratch = quickjs.Context()
         scratch.set_memory_limit(memory_bytes)
-        pointer = _context_pointer(self._library, scratch)
+        pointer = context_pointer(self._library, scratch)
         if pointer is None or not self._parses(pointer, text.encode()):
             return None
         # Line 1 holds the wrapper and the bundle starts where the prelude's source path puts
@@ -292,18 +292,18 @@ class BundleCode:
     def forget(self, key: str) -> None:
         """Drop the bytecode kept under `key` (its text is no longer held: sandbox/executor.py,
         `BundleTexts`)."""
-        self._kept.pop(key, None)
+        self.kept.pop(key, None)
 
     def _keep(self, key: str, code: ctypes.Array[ctypes.c_char]) -> None:
-        self._kept[key] = code
-        while len(self._kept) > _BUNDLES_KEPT or (
-            len(self._kept) > 1 and sum(len(c) for c in self._kept.values()) > _BUNDLE_BYTES_KEPT
+        self.kept[key] = code
+        while len(self.kept) > BUNDLES_KEPT or (
+            len(self.kept) > 1 and sum(len(c) for c in self.kept.values()) > _BUNDLE_BYTES_KEPT
         ):
-            del self._kept[next(iter(self._kept))]
+            del self.kept[next(iter(self.kept))]
 
 
 def _binding_checked() -> bool:
     try:
-        return importlib.metadata.version("quickjs-ng") in _CHECKED_VERSIONS
+        return importlib.metadata.version("quickjs-ng") in CHECKED_VERSIONS
     except importlib.metadata.PackageNotFoundError:
         return False

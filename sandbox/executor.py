@@ -236,9 +236,9 @@ class Drive:
         try:
             if self.budget_s <= 0:
                 raise DriveStopped(f"{self.budget_name} exceeded", limit=False)
-            self._call("boot", self.request)
+            self.call("boot", self.request)
             self._load()
-            self._call("start", "", what="starting the workflow")
+            self.call("start", "", what="starting the workflow")
             return self._loop()
         except DriveStopped as stop:
             return _failed(stop.message, recycle=stop.limit, stack=stop.stack)
@@ -254,14 +254,14 @@ class Drive:
             )
         ):
             self.from_bytecode = True
-            self._call("load", "", what="loading the workflow")
+            self.call("load", "", what="loading the workflow")
         else:
-            self._call("load", self.bundle, what="loading the workflow")
+            self.call("load", self.bundle, what="loading the workflow")
 
     def _loop(self) -> bytes:
         while True:
             self._drain()
-            ops = self._call("next")  # one call a turn (`nextTurn`, sandbox/prelude/70-body.js)
+            ops = self.call("next")  # one call a turn (`nextTurn`, sandbox/prelude/70-body.js)
             if ops.startswith("{"):  # the drive's end: its outcome, and its last ops
                 if ops.startswith(_COMPUTE_STOPPED):  # name the budget the prelude cannot know
                     stopped = loads(ops, max_depth=None)["outcome"]
@@ -274,15 +274,15 @@ class Drive:
             if not ops:  # a timer is set
                 if self._wait_for_timer():
                     continue
-                return _outcome(self._call("finish"))
-            for answer in self._exchange(ops):
-                self._call("answer", dumps_text(answer))
+                return _outcome(self.call("finish"))
+            for answer in self.exchange(ops):
+                self.call("answer", dumps_text(answer))
                 self._drain()
 
     def _wait_for_timer(self) -> bool:
         """Nothing else to do: sleep until the next timer is due and fire it (False when
         none is set). Sleeping costs no compute; the drive's wall-clock budget bounds it."""
-        delay, _, kind = self._call("nextTimer").partition(",")
+        delay, _, kind = self.call("nextTimer").partition(",")
         delay_ms = int(delay)
         if delay_ms < 0:
             return False
@@ -296,14 +296,14 @@ class Drive:
                 limit=False,
             )
         time.sleep(delay_ms / 1000)
-        self._call("fireTimer", what="a timer")
+        self.call("fireTimer", what="a timer")
         return True
 
-    def _exchange(self, ops: str) -> list[Any]:
+    def exchange(self, ops: str) -> list[Any]:
         """Send a batch of ops to the parent and return its answers (none for an empty batch)."""
         if not ops:
             return []
-        _write_all(self.frames_out, frame(b'{"type":"ops","ops":' + ops.encode("ascii") + b"}"))
+        write_all(self.frames_out, frame(b'{"type":"ops","ops":' + ops.encode("ascii") + b"}"))
         reply = read_frame_fd(0)
         if reply is None:
             raise SystemExit(0)  # the parent went away
@@ -337,7 +337,7 @@ class Drive:
         stack = failed.get("stack") if failed.get("status") == "failed" else None
         return stack if isinstance(stack, str) else None
 
-    def _call(self, command: str, argument: str = "", what: str = "") -> str:
+    def call(self, command: str, argument: str = "", what: str = "") -> str:
         self._limit_time()
         try:
             answer = self.dispatch(command, argument)
@@ -411,7 +411,7 @@ def _failed(message: str, *, recycle: bool, stack: str | None = None) -> bytes:
     return dumps({"type": "outcome", "outcome": outcome, "recycle": recycle})
 
 
-def _write_all(fd: int, data: bytes) -> None:
+def write_all(fd: int, data: bytes) -> None:
     view = memoryview(data)
     while view:
         view = view[os.write(fd, view) :]
@@ -442,10 +442,10 @@ def main(before_drive: Callable[[], object] | None = None) -> None:
     try:
         layers = confine(frames_out, mode)  # from here on: no files, sockets or processes
     except RuntimeError as refused:  # `require`, and a layer is missing: say which, stop
-        _write_all(frames_out, frame(dumps({"type": "refused", "reason": str(refused)})))
+        write_all(frames_out, frame(dumps({"type": "refused", "reason": str(refused)})))
         sys.exit(1)
     ready = {"type": "ready", "layers": layers.as_wire()}
-    _write_all(frames_out, frame(dumps(ready)))
+    write_all(frames_out, frame(dumps(ready)))
     serve(lambda: read_frame_fd(0), frames_out, prelude, bundles, before_drive)
 
 
@@ -477,7 +477,7 @@ def serve(
             before_drive()
         bundle = texts.take(head)
         if bundle is None:  # the parent's mirror is wrong: say so, and be replaced
-            _write_all(frames_out, frame(_failed(_NO_TEXT, recycle=True)))
+            write_all(frames_out, frame(_failed(_NO_TEXT, recycle=True)))
             continue
         key, text = bundle
         drive = Drive(message, text, frames_out, prepared, bundles, bundle_key=key)
@@ -487,7 +487,7 @@ def serve(
         # does not compile: that would be compiled again at each preparation).
         last = (key, text, int(drive.limits["memory_bytes"])) if drive.from_bytecode else None
         limits = (int(drive.limits["memory_bytes"]), int(drive.limits["stack_bytes"]))
-        _write_all(frames_out, frame(result))
+        write_all(frames_out, frame(result))
         del drive  # its context, freed once the parent has the outcome
 
 

@@ -71,17 +71,17 @@ Host = Callable[[Sequence[OpEnvelope]], Awaitable[Sequence[Answer]]]
 # name, which the executor's confinement may hide, and then falls back to /etc/localtime.
 _EXECUTOR_ENV = {"TZ": "UTC0"}
 _PREPARE = b'{"type":"prepare"}'
-# The bundles' texts an executor keeps (`_Executor.bundle_fields`): sent once, then named by
+# The bundles' texts an executor keeps (`ExecutorProcess.bundle_fields`): sent once, then named by
 # their digest. A 400 kB text cost each drive ~0.9 ms to encode, pipe, decode and look up.
-_TEXTS_KEPT = 4
-_TEXT_CHARS_KEPT = 32 * 2**20
+TEXTS_KEPT = 4
+TEXT_CHARS_KEPT = 32 * 2**20
 # After a drive an executor prepares its next context when the caller has recorded the drive
 # (`prepare_idle`), so that preparing does not compete with that; at the latest after this.
-_PREPARE_LATEST_S = 0.005
+PREPARE_LATEST_S = 0.005
 # The executor's CPU rlimit: a backstop against a drive the watchdog cannot stop (the host's
 # threads frozen), the same however many drives an executor serves. One that has used half of
 # it is replaced after its drive, so that a healthy executor never meets it.
-_CPU_BACKSTOP_S = 6060
+CPU_BACKSTOP_S = 6060
 # Executor working folders are named after the process that made them, so a pool can remove
 # those of processes that died (SIGKILLed workers leave theirs behind).
 _WORKDIR_PREFIX = "qjsflow-executor-"
@@ -145,7 +145,7 @@ class PoolConfig:
     entry_args: tuple[str, ...] = ()
 
 
-class _Executor:
+class ExecutorProcess:
     """One executor process and its private working folder."""
 
     def __init__(self, process: asyncio.subprocess.Process, workdir: str) -> None:
@@ -189,7 +189,7 @@ class _Executor:
                          seen - DIAGNOSTICS_LOGGED)  # fmt: skip
 
     @classmethod
-    async def spawn(cls, config: PoolConfig, cpu_limit_s: int) -> _Executor:
+    async def spawn(cls, config: PoolConfig, cpu_limit_s: int) -> ExecutorProcess:
         workdir = tempfile.mkdtemp(prefix=f"{_WORKDIR_PREFIX}{os.getpid()}-")
         process = await asyncio.create_subprocess_exec(
             sys.executable,
@@ -242,7 +242,7 @@ class _Executor:
 
     def bundle_fields(self, request: DriveRequest) -> dict[str, Any]:
         """What a drive message says of its bundle: its digest, and its text only if this
-        executor does not hold it; then, past `_TEXTS_KEPT` texts or `_TEXT_CHARS_KEPT`
+        executor does not hold it; then, past `TEXTS_KEPT` texts or `TEXT_CHARS_KEPT`
         characters, which it should forget, oldest first (never the one sent)."""
         key = request.bundle_key or bundle_digest(request.bundle)
         held = self.bundles
@@ -252,7 +252,7 @@ class _Executor:
         fields: dict[str, Any] = {"bundleKey": key, "bundle": request.bundle}
         held[key] = len(request.bundle)
         forget = []
-        while len(held) > 1 and (len(held) > _TEXTS_KEPT or sum(held.values()) > _TEXT_CHARS_KEPT):
+        while len(held) > 1 and (len(held) > TEXTS_KEPT or sum(held.values()) > TEXT_CHARS_KEPT):
             forget.append(held.popitem(last=False)[0])
         if forget:
             fields["forget"] = forget
@@ -299,7 +299,7 @@ class _Executor:
 
 @dataclass(slots=True)
 class _Watch:
-    executor: _Executor
+    executor: ExecutorProcess
     cpu_start: float
     request: DriveRequest  # its compute budget (`_budget`), looked at by the watchdog only
     spent: float | None = None  # the executor's compute when the outcome came
@@ -310,13 +310,13 @@ class ExecutorPool:
 
     def __init__(self, config: PoolConfig | None = None) -> None:
         self.config = config or PoolConfig()
-        self._idle: list[_Executor] = []
+        self.idle: list[ExecutorProcess] = []
         self._slots = asyncio.Semaphore(self.config.size)
         self._watches: dict[int, _Watch] = {}
         self._watchdog: asyncio.Task[None] | None = None
         self._closed = False
         self._swept = False  # stale executor folders removed (see remove_stale_workdirs)
-        self._warming: asyncio.Task[_Executor] | None = None
+        self._warming: asyncio.Task[ExecutorProcess] | None = None
         self._live = 0  # executors spawned and not yet reaped
         self.layers: dict[str, Any] = {}  # the confinement the last executor reported
         self.killed: collections.Counter[str] = collections.Counter()  # by reason, for metrics
@@ -335,7 +335,7 @@ class ExecutorPool:
             self._watchdog.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._watchdog
-        idle, self._idle = self._idle, []
+        idle, self.idle = self.idle, []
         if self._warming is not None:
             warming, self._warming = self._warming, None
             with contextlib.suppress(Exception):
@@ -345,29 +345,29 @@ class ExecutorPool:
 
     def stats(self) -> dict[str, int]:
         """Executors alive and idle now (the rest are driving)."""
-        return {"live": self._live, "idle": len(self._idle)}
+        return {"live": self._live, "idle": len(self.idle)}
 
     async def confinement(self) -> dict[str, Any]:
         """The layers an executor of this pool reports (starting one if none has started)."""
         if not self.layers:
             executor = await self._take()
-            self._idle.append(executor)
+            self.idle.append(executor)
         return dict(self.layers)
 
     def prepare_idle(self) -> None:
         """Idle executors prepare their next context now: a drive has been recorded (the
-        driver calls this after its last commit) or `_PREPARE_LATEST_S` has passed."""
-        for executor in self._idle:
+        driver calls this after its last commit) or `PREPARE_LATEST_S` has passed."""
+        for executor in self.idle:
             executor.prepare()
 
-    def _prepare_if_idle(self, executor: _Executor) -> None:
-        if executor in self._idle:  # never mid-drive: a frame then would be read as answers
+    def _prepare_if_idle(self, executor: ExecutorProcess) -> None:
+        if executor in self.idle:  # never mid-drive: a frame then would be read as answers
             executor.prepare()
 
     def warm(self) -> None:
         """Start an executor now for a drive that is coming (publishing starts one while
         esbuild works, so asking what a bundle exports does not wait for a spawn)."""
-        if not self._closed and not self._idle and self._warming is None:
+        if not self._closed and not self.idle and self._warming is None:
             self._warming = asyncio.get_running_loop().create_task(self._spawn())
 
     async def drive(self, request: DriveRequest, host: Host) -> DriveOutcome:
@@ -410,7 +410,7 @@ class ExecutorPool:
                     # Its compute, read as it arrives: the outcome is made with it.
                     watch.spent = executor.cpu_seconds()
                     used = max(0.0, watch.spent - watch.cpu_start)
-                    await self._last_ops(executor, reply.get("ops"), limits, host)
+                    await self.last_ops(executor, reply.get("ops"), limits, host)
                     recycle = reply.get("recycle") is True
                     return parse_outcome(reply.get("outcome"), limits, used), not recycle
                 if kind != "ops" or not isinstance(reply.get("ops"), list):
@@ -427,7 +427,9 @@ class ExecutorPool:
             wire = {"type": "answers", "answers": [answer_to_wire(a) for a in answers]}
             await executor.send(dumps(wire))
 
-    async def _last_ops(self, executor: _Executor, raw: object, limits: Limits, host: Host) -> None:
+    async def last_ops(
+        self, executor: ExecutorProcess, raw: object, limits: Limits, host: Host
+    ) -> None:
         """The ops that came with a drive's outcome: only ops that await no answer (results the
         sandbox settled itself, console lines) may."""
         if raw is None:
@@ -440,7 +442,7 @@ class ExecutorPool:
         await self._service(executor, ops, host)
 
     async def _service(
-        self, executor: _Executor, ops: list[OpEnvelope], host: Host
+        self, executor: ExecutorProcess, ops: list[OpEnvelope], host: Host
     ) -> Sequence[Answer]:
         try:
             answers = await host(ops)
@@ -453,7 +455,7 @@ class ExecutorPool:
             raise QjsflowError("the host must answer every op but logs and begins, in order")
         return answers
 
-    async def _died(self, executor: _Executor) -> Failed:
+    async def _died(self, executor: ExecutorProcess) -> Failed:
         reason = executor.killed_for
         if reason is not None and reason.startswith("compute"):
             self.killed["compute limit"] += 1
@@ -467,7 +469,7 @@ class ExecutorPool:
         self.killed["died"] += 1
         return Failed(True, "the executor process died during the drive", 0.0)
 
-    async def _take(self) -> _Executor:
+    async def _take(self) -> ExecutorProcess:
         """An executor for a drive: one spawned ahead if it is ready (its context is
         prepared), else the longest idle that has prepared its next context (else the longest
         idle), else a new one. Then, if none is left idle and the pool has room, a spare is
@@ -481,21 +483,21 @@ class ExecutorPool:
                 self.replaced += 1
                 self._live -= 1
                 await executor.reap()
-        if not self._idle and self._live < self.config.size:
+        if not self.idle and self._live < self.config.size:
             self.warm()
         return executor
 
-    async def _next_executor(self) -> _Executor | None:
+    async def _next_executor(self) -> ExecutorProcess | None:
         warming, self._warming = self._warming, None
         if warming is not None and warming.done():
             if warming.exception() is None:
                 return warming.result()
             warming = None  # a spare that failed to start: a drive spawns its own
-        if self._idle:
+        if self.idle:
             self._warming = warming
             # The longest idle with its context prepared (else the longest idle).
-            ready = next((e for e in self._idle if e.prepared), self._idle[0])
-            self._idle.remove(ready)
+            ready = next((e for e in self.idle if e.prepared), self.idle[0])
+            self.idle.remove(ready)
             return ready
         if warming is not None:
             with contextlib.suppress(QjsflowError):
@@ -503,11 +505,11 @@ class ExecutorPool:
             return None
         return await self._spawn()
 
-    async def _spawn(self) -> _Executor:
+    async def _spawn(self) -> ExecutorProcess:
         if not self._swept:  # once, before this pool's first executor: not on every open
             self._swept = True
             await asyncio.to_thread(remove_stale_workdirs)
-        executor = await _Executor.spawn(self.config, _CPU_BACKSTOP_S)
+        executor = await ExecutorProcess.spawn(self.config, CPU_BACKSTOP_S)
         self._live += 1
         self.layers = executor.layers
         missing = executor.layers.get("missing") or []
@@ -517,17 +519,17 @@ class ExecutorPool:
                          "; ".join(str(m) for m in missing))  # fmt: skip
         return executor
 
-    async def _give_back(self, executor: _Executor, keep: bool, spent_s: float) -> None:
+    async def _give_back(self, executor: ExecutorProcess, keep: bool, spent_s: float) -> None:
         """Back to the idle ones, or replaced: after a kill, a crash or a limit, after
         `recycle_after` drives, or once it has used half its CPU backstop (`spent_s`)."""
         executor.drives += 1
         executor.prepared = False  # its context is freed: the next is prepared when asked
         healthy = keep and executor.killed_for is None and executor.process.returncode is None
-        young = executor.drives < self.config.recycle_after and spent_s < _CPU_BACKSTOP_S / 2
+        young = executor.drives < self.config.recycle_after and spent_s < CPU_BACKSTOP_S / 2
         if healthy and young and not self._closed:
-            self._idle.append(executor)
+            self.idle.append(executor)
             loop = asyncio.get_running_loop()
-            loop.call_later(_PREPARE_LATEST_S, self._prepare_if_idle, executor)
+            loop.call_later(PREPARE_LATEST_S, self._prepare_if_idle, executor)
             return
         if not healthy:
             self.replaced += 1

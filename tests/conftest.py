@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import sqlite3
 import threading
 from collections.abc import AsyncIterator, Iterator, Sequence
 from pathlib import Path
@@ -60,12 +59,11 @@ def statements(runner: Runner) -> Iterator[list[tuple[bool, str]]]:
     event loop's) thread, and its text."""
     seen: list[tuple[bool, str]] = []
     here = threading.get_ident()
-    connection: sqlite3.Connection = runner.store._backend._db  # type: ignore[attr-defined]
-    connection.set_trace_callback(lambda sql: seen.append((threading.get_ident() == here, sql)))
+    runner.store.trace(lambda sql: seen.append((threading.get_ident() == here, sql)))
     try:
         yield seen
     finally:
-        connection.set_trace_callback(None)
+        runner.store.trace(None)
 
 
 _BUNDLES: dict[str, str] = {}
@@ -145,7 +143,7 @@ def never_leased_early(runner: Runner) -> Runner:
     """A drive that goes on past `RunDriver.take_after_s` (5 ms) takes its lease, so ends in
     full, as a loaded machine's drive may: for tests of drives that end quietly
     (tests/test_quiet_end.py)."""
-    runner._driver.take_after_s = 30.0
+    runner.driver.take_after_s = 30.0
     return runner
 
 

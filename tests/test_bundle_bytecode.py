@@ -76,13 +76,13 @@ async def test_each_bundle_is_compiled_once_and_a_syntax_error_falls_back(
     loader = PreludeLoader(PRELUDE)
     bundles = BundleCode(loader)
     compiled: list[int] = []
-    original = BundleCode._compile
+    original = BundleCode.compile
 
     def counting(self: BundleCode, text: str, memory_bytes: int) -> object:
         compiled.append(len(text))
         return original(self, text, memory_bytes)
 
-    monkeypatch.setattr(BundleCode, "_compile", counting)
+    monkeypatch.setattr(BundleCode, "compile", counting)
     for _ in range(3):
         assert bundles.define(quickjs.Context(), code, 2**26)
     assert len(compiled) == 1
@@ -90,11 +90,11 @@ async def test_each_bundle_is_compiled_once_and_a_syntax_error_falls_back(
 
 
 def test_no_more_than_a_few_bundles_are_kept(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(bytecode_module, "_BUNDLES_KEPT", 2)
+    monkeypatch.setattr(bytecode_module, "BUNDLES_KEPT", 2)
     bundles = BundleCode(PreludeLoader(PRELUDE))
     for n in range(5):
         assert bundles.define(quickjs.Context(), f"var __qjsflow_module = {n};", 2**26)
-    assert len(bundles._kept) == 2
+    assert len(bundles.kept) == 2
 
 
 def test_text_that_would_close_its_wrapper_is_never_loaded_as_bytecode() -> None:

@@ -54,7 +54,7 @@ class Served:
         served = self
         monkeypatch.setattr(BundleCode, "define", define)
         monkeypatch.setattr(executor_module.Drive, "run", run)
-        monkeypatch.setattr(executor_module, "_write_all", write)
+        monkeypatch.setattr(executor_module, "write_all", write)
         frames: Iterator[dict[str, Any]] = iter(messages)
         prelude = PreludeLoader(PRELUDE)
         serve(

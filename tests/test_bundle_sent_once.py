@@ -31,7 +31,7 @@ def _answering(n: int) -> str:
 def sent(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
     """Every drive message the pool sends an executor, decoded."""
     messages: list[dict[str, Any]] = []
-    original = pool_module._Executor.send
+    original = pool_module.ExecutorProcess.send
 
     async def send(self: Any, payload: bytes) -> None:
         head, request = read_message(payload)
@@ -39,7 +39,7 @@ def sent(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
             messages.append({**head, "request": orjson.loads(request)})
         await original(self, payload)
 
-    monkeypatch.setattr(pool_module._Executor, "send", send)
+    monkeypatch.setattr(pool_module.ExecutorProcess, "send", send)
     return messages
 
 
@@ -58,7 +58,7 @@ async def test_the_second_drive_of_a_bundle_names_it_only(sent: list[dict[str, A
 async def test_past_the_texts_kept_the_oldest_is_forgotten_and_sent_again(
     sent: list[dict[str, Any]], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(pool_module, "_TEXTS_KEPT", 2)
+    monkeypatch.setattr(pool_module, "TEXTS_KEPT", 2)
     codes = [await bundle_of(_answering(n)) for n in range(3)]
     async with ExecutorPool(PoolConfig(size=1)) as pool:
         for n in [0, 1, 2, 0, 2]:
@@ -77,7 +77,7 @@ async def test_the_texts_kept_are_bounded_by_size_too(
     sent: list[dict[str, Any]], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     codes = [await bundle_of(_answering(n)) for n in range(2)]
-    monkeypatch.setattr(pool_module, "_TEXT_CHARS_KEPT", len(codes[0]) + 1)
+    monkeypatch.setattr(pool_module, "TEXT_CHARS_KEPT", len(codes[0]) + 1)
     async with ExecutorPool(PoolConfig(size=1)) as pool:
         for n in [0, 1, 1]:
             host = MemoryHost()
@@ -105,7 +105,7 @@ async def test_an_executor_not_holding_the_text_named_fails_that_drive_only() ->
     async with ExecutorPool(PoolConfig(size=1)) as pool:
         host = MemoryHost()
         assert isinstance(await pool.drive(host.request(code), host), Completed)
-        (executor,) = pool._idle
+        (executor,) = pool.idle
         executor.bundles[bundle_digest(code + "\n")] = 1  # claims a text it was never sent
         host = MemoryHost()
         outcome = await pool.drive(host.request(code + "\n"), host)
@@ -151,8 +151,8 @@ def test_a_text_forgotten_takes_its_bytecode_with_it() -> None:
     code = "var __qjsflow_module = 1;"
     assert texts.take({"bundleKey": "a", "bundle": code}) == ("a", code)
     assert bundles.define(quickjs.Context(), code, 2**26, key="a")
-    assert "a" in bundles._kept
+    assert "a" in bundles.kept
     other = texts.take({"bundleKey": "b", "bundle": "var x;", "forget": ["a"]})
     assert other == ("b", "var x;")
-    assert "a" not in bundles._kept
+    assert "a" not in bundles.kept
     assert texts.take({"bundleKey": "a"}) is None

@@ -496,13 +496,13 @@ async def test_no_frame_sent_to_an_executor_holds_a_secret_value(
     """The executor's whole input is these frames: the request (with the run's env), the
     bundle and the answers to its ops. The secret's value is in none of them."""
     sent: list[bytes] = []
-    original = pool_module._Executor.send
+    original = pool_module.ExecutorProcess.send
 
     async def recording(self: Any, payload: bytes) -> None:
         sent.append(payload)
         await original(self, payload)
 
-    monkeypatch.setattr(pool_module._Executor, "send", recording)
+    monkeypatch.setattr(pool_module.ExecutorProcess, "send", recording)
 
     async def call(args: Any) -> str:
         assert args["headers"]["authorization"] == SECRET_VALUE  # the tool did get it

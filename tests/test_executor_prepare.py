@@ -53,7 +53,7 @@ def _served(messages: list[dict[str, Any]], monkeypatch: pytest.MonkeyPatch) -> 
 
     monkeypatch.setattr(executor_module, "Prepared", Logged)
     monkeypatch.setattr(executor_module, "Drive", Freed)
-    monkeypatch.setattr(executor_module, "_write_all", write)
+    monkeypatch.setattr(executor_module, "write_all", write)
     frames: Iterator[dict[str, Any]] = iter(messages)
 
     def read() -> bytes | None:
@@ -116,7 +116,7 @@ async def test_no_prepare_reaches_an_executor_mid_drive() -> None:
         first = MemoryHost()
         await pool.drive(first.request(code), first)
         # At once, the same executor again: the last drive's timer falls due mid-drive.
-        host = SlowHost(pool, delay_s=pool_module._PREPARE_LATEST_S * 4)
+        host = SlowHost(pool, delay_s=pool_module.PREPARE_LATEST_S * 4)
         outcome = await pool.drive(host.request(code), host)
         assert isinstance(outcome, Suspended), outcome
         assert [marker.kind for marker in outcome.markers] == ["sleep"]
@@ -128,26 +128,26 @@ async def test_an_idle_executor_prepares_once_told_or_soon_after() -> None:
     async with ExecutorPool(PoolConfig(size=1)) as pool:
         host = MemoryHost()
         assert isinstance(await pool.drive(host.request(code), host), Completed)
-        [executor] = pool._idle
+        [executor] = pool.idle
         assert not executor.prepared
         pool.prepare_idle()
         assert executor.prepared
         assert isinstance(await pool.drive(host.request(code), host), Completed)
         assert not executor.prepared
-        await asyncio.sleep(pool_module._PREPARE_LATEST_S * 4)
+        await asyncio.sleep(pool_module.PREPARE_LATEST_S * 4)
         assert executor.prepared  # nobody said the drive was recorded: the pool's own timer
 
 
 async def test_the_driver_lets_executors_prepare_once_the_drive_is_recorded(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(pool_module, "_PREPARE_LATEST_S", 60.0)  # the driver's word, not time
+    monkeypatch.setattr(pool_module, "PREPARE_LATEST_S", 60.0)  # the driver's word, not time
     async with Runner.open(tmp_path / "journal.db") as runner:
         published = await runner.publish("acme", {"workflows/flow.ts": ANSWER})
         for n in range(3):
             request = StartRunInput("acme", "flow", published.snapshot_id, {}, f"r{n}")
             assert (await runner.start(request)).status == "completed"
-            idle = runner._pool._idle
+            idle = runner.driver.pool.idle
             assert idle
             assert all(executor.prepared for executor in idle)
 
@@ -163,7 +163,7 @@ async def test_an_executor_prepares_during_a_lone_drives_end_and_after_others(
     meanwhile. With drives in flight the end commits on the journal's thread, which has to
     wake first: the executor prepares after it."""
     events: list[str] = []
-    prepare = pool_module._Executor.prepare
+    prepare = pool_module.ExecutorProcess.prepare
     finish = end_of_drive
 
     def preparing(executor: Any) -> None:
@@ -175,8 +175,8 @@ async def test_an_executor_prepares_during_a_lone_drives_end_and_after_others(
         events.append("end committed")
         return finish(*args, **kwargs)
 
-    monkeypatch.setattr(pool_module, "_PREPARE_LATEST_S", 60.0)
-    monkeypatch.setattr(pool_module._Executor, "prepare", preparing)
+    monkeypatch.setattr(pool_module, "PREPARE_LATEST_S", 60.0)
+    monkeypatch.setattr(pool_module.ExecutorProcess, "prepare", preparing)
     monkeypatch.setattr(session_module, "finish", finishing)
     monkeypatch.setattr(RunDriver, "alone", lambda self: alone)
     async with Runner.open(tmp_path / "journal.db") as runner:

@@ -32,7 +32,7 @@ def _picks(runner: Runner) -> list[str]:
     drive's journal events are written when it first writes, which for a run that ends at
     once is its end: not the scheduler's order)."""
     picked: list[str] = []
-    driver = runner._driver
+    driver = runner.driver
     claim = driver.claim
 
     async def picking(run_id: str, *args: Any, **named: Any) -> Any:

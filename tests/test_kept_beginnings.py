@@ -43,10 +43,9 @@ def reads_before_the_executor(runner: Runner) -> list[list[str]]:
     """For each drive of `runner` from now on, the statements its journal ran before the drive
     reached its executor (a SQLite journal)."""
     seen: list[list[str]] = []
-    connection = runner.store._backend._db  # type: ignore[attr-defined]
     pending: list[str] = []
-    connection.set_trace_callback(pending.append)
-    pool = runner._driver.pool
+    runner.store.trace(pending.append)
+    pool = runner.driver.pool
     drive: Callable[..., Any] = pool.drive
 
     async def noted(*args: Any) -> Any:
@@ -86,7 +85,7 @@ async def kept_run(journal: str, tmp_path: Path, source: str) -> AsyncIterator[K
 def executor_drives(runner: Runner) -> list[int]:
     """Counts the drives `runner`'s executors make from now on (one item each)."""
     made: list[int] = []
-    pool = runner._driver.pool
+    pool = runner.driver.pool
     drive: Callable[..., Any] = pool.drive
 
     async def counted(*args: Any) -> Any:
@@ -134,7 +133,7 @@ async def test_a_drive_from_what_was_kept_whose_heartbeat_takes_the_lease_is_dri
     row is compared with the one kept before the lease marks it running."""
     async with kept_run(journal, tmp_path, WAITER) as kept:
         runner, run, key = kept.first, kept, kept.key
-        runner._driver.take_after_s = 0.0
+        runner.driver.take_after_s = 0.0
         arrived, go_on = held_at_the_executor(runner)
         made = executor_drives(runner)
         resumed = asyncio.create_task(runner.resume(run.run_id, scope="acme"))
@@ -144,7 +143,7 @@ async def test_a_drive_from_what_was_kept_whose_heartbeat_takes_the_lease_is_dri
                 if run_row(journal, key)[1] is not None:
                     break
                 await asyncio.sleep(0.01)
-            assert run_row(journal, key)[1:3] == (runner._driver.worker_id, "running")
+            assert run_row(journal, key)[1:3] == (runner.driver.worker_id, "running")
         finally:
             go_on.set()
         done = await asyncio.wait_for(resumed, 30)
@@ -163,7 +162,7 @@ async def test_a_pause_asked_elsewhere_since_is_lifted_by_the_resume(
     have without what was kept."""
     async with kept_run(journal, tmp_path, WAITER) as kept:
         first, second, run, key = kept.first, kept.second, kept, kept.key
-        await second.store.transact(partial(request_pause, key=key, now=second._driver.now_ms()))
+        await second.store.transact(partial(request_pause, key=key, now=second.driver.now_ms()))
         resumed = await first.resume(run.run_id, scope="acme")
         assert resumed.status == "waiting"
         stored = await first.store.get_run(key)
@@ -225,9 +224,9 @@ async def test_an_event_delivered_here_drops_what_was_kept(tmp_path: Path) -> No
     async with Runner.open(tmp_path / "journal.db") as runner:
         run = await start_source(runner, WAITER)
         await runner.resume(run.run_id, scope="acme")
-        assert len(runner._driver.kept) == 1
+        assert len(runner.driver.kept) == 1
         await runner.signal(run.run_id, "go", 1, scope="acme", drive=False)
-        assert len(runner._driver.kept) == 0
+        assert len(runner.driver.kept) == 0
         seen = reads_before_the_executor(runner)
         done = await runner.resume(run.run_id, scope="acme")
         assert done.status == "completed"
@@ -294,4 +293,4 @@ async def test_a_run_started_anew_keeps_nothing(tmp_path: Path) -> None:
     async with Runner.open(tmp_path / "journal.db") as runner:
         published = await runner.publish("acme", {"workflows/flow.ts": WAITER})
         await runner.start(StartRunInput("acme", "flow", published.snapshot_id, None, "s1"))
-        assert len(runner._driver.kept) == 0
+        assert len(runner.driver.kept) == 0

@@ -23,7 +23,7 @@ async def test_one_holder_at_a_time_and_nothing_kept_after() -> None:
     await asyncio.gather(hold("a", "run"), hold("b", "run"), hold("c", "other"))
     assert order.index("a-") < order.index("b+")  # the same key: one after the other
     assert order.index("c+") < order.index("a-")  # another key: at once
-    assert locks._locks == {}
+    assert locks.users() == {}
 
 
 async def test_a_waiter_cancelled_or_a_holder_failing_leaves_nothing() -> None:
@@ -44,10 +44,10 @@ async def test_a_waiter_cancelled_or_a_holder_failing_leaves_nothing() -> None:
     await entered.wait()
     waiting = asyncio.create_task(waiter())
     await asyncio.sleep(0)
-    assert locks._locks["run"][1] == 2
+    assert locks.users()["run"] == 2
     waiting.cancel()
     with pytest.raises(asyncio.CancelledError):
         await waiting
     with pytest.raises(RuntimeError):
         await held
-    assert locks._locks == {}
+    assert locks.users() == {}

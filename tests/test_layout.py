@@ -273,3 +273,44 @@ def test_no_module_is_over_600_lines() -> None:
     assert len(sizes) > 50
     over = {str(path): lines for path, lines in sizes.items() if lines > 600}
     assert not over, f"modules over 600 lines: {over}"
+
+
+_DEFINED_PRIVATE = re.compile(
+    r"^\s*(?:async\s+)?def\s+(_[a-z]\w*)|self\.(_[a-z]\w*)\s*(?::[^=]*)?=[^=]"
+    r"|^(_[A-Za-z]\w*)\s*(?::[^=]*)?=[^=]|^class\s+(_\w+)",
+    re.MULTILINE,
+)
+_USED_PRIVATE = re.compile(r"\.(_[A-Za-z][A-Za-z0-9]\w*)\b|setattr\([^,]+,\s*\"(_\w+)\"")
+
+
+def _private_names(paths: list[Path]) -> set[str]:
+    names: set[str] = set()
+    for path in paths:
+        for match in _DEFINED_PRIVATE.finditer(path.read_text()):
+            names.update(name for name in match.groups() if name and not name.startswith("__"))
+    return names
+
+
+def test_no_test_reaches_a_private_name_of_the_package() -> None:
+    """Tests go through public seams (an injected clock, `Runner.driver`, `store.trace`, the
+    pool's and caches' public state, module constants named as knobs), never a name the
+    package keeps private: such a test breaks on a rename and pins the code's insides. Names
+    the tests define themselves (a test double's helpers) are theirs to use."""
+    package = _private_names([p for folder in PACKAGES for p in _modules(folder)])
+    tests = sorted((PROJECT_ROOT / "tests").glob("*.py"))
+    own = _private_names(tests)
+    reached = []
+    for path in tests:
+        for match in _USED_PRIVATE.finditer(path.read_text()):
+            name = match.group(1) or match.group(2)
+            if name in package and name not in own:
+                reached.append(f"{path.name}: {name}")
+    assert not reached, reached
+
+
+def test_the_private_name_check_sees_a_reach(tmp_path: Path) -> None:
+    module = tmp_path / "module.py"
+    module.write_text("class Thing:\n    def __init__(self):\n        self._inside = 1\n")
+    assert "_inside" in _private_names([module])
+    assert _USED_PRIVATE.search("thing._inside == 1")
+    assert _USED_PRIVATE.search('monkeypatch.setattr(module, "_inside", 2)')

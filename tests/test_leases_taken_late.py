@@ -36,7 +36,7 @@ def held_at_the_executor(runner: Runner) -> tuple[asyncio.Event, asyncio.Event]:
     """Drives of `runner` stop just before their executor, until the second event is set;
     the first is set when one gets there (its run read, its request built)."""
     arrived, go_on = asyncio.Event(), asyncio.Event()
-    pool = runner._driver.pool
+    pool = runner.driver.pool
     drive: Callable[..., Any] = pool.drive
 
     async def held(*args: Any) -> Any:
@@ -79,7 +79,7 @@ async def a_held_resume(
     wait for it)."""
     async with two_runners(journal, tmp_path) as (first, second):
         run = await start_source(first, WAITER)
-        first._driver.take_after_s = take_after_s
+        first.driver.take_after_s = take_after_s
         arrived, go_on = held_at_the_executor(first)
         try:
             resumed = asyncio.create_task(first.resume(run.run_id, scope="acme"))
@@ -124,7 +124,7 @@ async def test_a_drive_that_goes_on_without_writing_takes_its_lease(
                 break
             await asyncio.sleep(0.01)
         epoch, holder, status, _ = run_row(journal, held.key)
-        assert holder == held.first._driver.worker_id
+        assert holder == held.first.driver.worker_id
         assert status == "running"
         assert event_types(journal, held.key).count("drive_started") == started + 1
         # Another driver finds it leased: it does not drive it.

@@ -29,7 +29,7 @@ def _prepared(loader: PreludeLoader) -> tuple[str, str]:
 
 def test_this_binding_takes_the_bytecode_path() -> None:
     # Fails loudly when a new binding version (or a layout change) turns the fast path off:
-    # check the new layout and add the version to bytecode._CHECKED_VERSIONS.
+    # check the new layout and add the version to bytecode.CHECKED_VERSIONS.
     assert PreludeLoader(PRELUDE).fast
 
 
@@ -45,7 +45,7 @@ def test_bytecode_and_source_prepare_the_same_context() -> None:
 def test_an_unchecked_binding_version_falls_back_to_the_source(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(bytecode, "_CHECKED_VERSIONS", frozenset())
+    monkeypatch.setattr(bytecode, "CHECKED_VERSIONS", frozenset())
     loader = PreludeLoader(PRELUDE)
     assert not loader.fast
     assert _prepared(loader)[0].startswith('{"plan":')

@@ -213,10 +213,10 @@ async def test_only_ops_that_await_no_answer_may_come_with_an_outcome() -> None:
         },
     }
     async with ExecutorPool(PoolConfig(size=1)) as pool:
-        await pool._last_ops(None, [log], Limits(), host)  # type: ignore[arg-type]
+        await pool.last_ops(None, [log], Limits(), host)  # type: ignore[arg-type]
         assert len(serviced) == 1
         with pytest.raises(ProtocolError, match="await no answer"):
-            await pool._last_ops(None, [log, tool], Limits(), host)  # type: ignore[arg-type]
+            await pool.last_ops(None, [log, tool], Limits(), host)  # type: ignore[arg-type]
     assert len(serviced) == 1
 
 
@@ -266,13 +266,13 @@ async def test_pure_results_of_one_frame_are_written_together_in_the_order_seen(
     step), in the order the run saw them: each step's `step_started` and `step_completed` in
     turn, the step settled at its completion's seq; the replay is answered from them."""
     together: list[int] = []
-    original_many = JournalTransaction._insert_settled
+    original_many = JournalTransaction.insert_settled_batch
 
     def many(self: JournalTransaction, run_id: str, steps: Any) -> int:
         together.append(len(steps))
         return original_many(self, run_id, steps)
 
-    monkeypatch.setattr(JournalTransaction, "_insert_settled", many)
+    monkeypatch.setattr(JournalTransaction, "insert_settled_batch", many)
     run = await start_source(clocked_runner, FAN_OUT_PURE)
     assert run.status == "waiting", run.error
     assert together == [100, 100, 50]  # two statements each

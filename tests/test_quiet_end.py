@@ -152,9 +152,7 @@ async def test_a_pause_asked_elsewhere_while_the_drive_ran_is_lifted_by_the_resu
         resumed = asyncio.create_task(first.resume(run.run_id, scope="acme"))
         try:
             await asyncio.wait_for(arrived.wait(), 30)
-            await second.store.transact(
-                partial(request_pause, key=key, now=second._driver.now_ms())
-            )
+            await second.store.transact(partial(request_pause, key=key, now=second.driver.now_ms()))
         finally:
             go_on.set()
         assert (await resumed).status == "waiting"

@@ -248,7 +248,7 @@ async def test_an_executors_cpu_clock_opened_in_vain_is_opened_again(
         return real_open(path, flags, *rest, **named)
 
     monkeypatch.setattr(os, "open", out_of_descriptors)
-    executor = await pool_module._Executor.spawn(PoolConfig(), 60)
+    executor = await pool_module.ExecutorProcess.spawn(PoolConfig(), 60)
     try:
         executor.cpu_seconds()
         assert refused
@@ -328,7 +328,7 @@ async def test_executors_run_with_no_environment_an_empty_folder_and_rlimits(
     assert lines["Max file size"][0] == "0"
     assert int(lines["Max open files"][0]) <= 8
     # The backstop is the same for every executor, however many drives it serves.
-    assert lines["Max cpu time"][0] == str(pool_module._CPU_BACKSTOP_S)
+    assert lines["Max cpu time"][0] == str(pool_module.CPU_BACKSTOP_S)
 
 
 async def test_an_executor_that_used_half_its_cpu_backstop_is_replaced(
@@ -336,7 +336,7 @@ async def test_an_executor_that_used_half_its_cpu_backstop_is_replaced(
 ) -> None:
     """Replaced after its drive, so that it never meets the backstop in the middle of one."""
     code = await bundle_of(WELL_BEHAVED)
-    backstop = pool_module._CPU_BACKSTOP_S
+    backstop = pool_module.CPU_BACKSTOP_S
     pids: list[set[int]] = []
 
     async def observing(ops: Sequence[OpEnvelope], host: MemoryHost) -> list[Answer]:
@@ -348,11 +348,11 @@ async def test_an_executor_that_used_half_its_cpu_backstop_is_replaced(
 
         async def aging(ops: Sequence[OpEnvelope]) -> list[Answer]:
             # As if the executor had used most of a backstop of 0.1 s (starting takes more).
-            monkeypatch.setattr(pool_module, "_CPU_BACKSTOP_S", 0.1)
+            monkeypatch.setattr(pool_module, "CPU_BACKSTOP_S", 0.1)
             return await observing(ops, first)
 
         assert isinstance(await pool.drive(first.request(code), aging), Completed)
-        monkeypatch.setattr(pool_module, "_CPU_BACKSTOP_S", backstop)
+        monkeypatch.setattr(pool_module, "CPU_BACKSTOP_S", backstop)
         second = MemoryHost()
         outcome = await pool.drive(second.request(code), lambda ops: observing(ops, second))
         assert isinstance(outcome, Completed)
@@ -410,7 +410,7 @@ async def test_garbage_in_cycles_is_collected_well_within_the_memory_limit(
 
 
 def _gc_threshold(loader: PreludeLoader, prepared: Prepared) -> int:
-    pointer = bytecode._context_pointer(loader.library, prepared.context)
+    pointer = bytecode.context_pointer(loader.library, prepared.context)
     threshold: int = loader.library.JS_GetGCThreshold(loader.library.JS_GetRuntime(pointer))
     return threshold
 
@@ -550,7 +550,7 @@ def _heap(loader: PreludeLoader, prepared: Prepared) -> tuple[int, int]:
     library = loader.library
     library.JS_ComputeMemoryUsage.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
     library.JS_ComputeMemoryUsage.restype = None
-    pointer = bytecode._context_pointer(library, prepared.context)
+    pointer = bytecode.context_pointer(library, prepared.context)
     usage = (ctypes.c_int64 * _MEMORY_USAGE_FIELDS)()
     library.JS_ComputeMemoryUsage(library.JS_GetRuntime(pointer), usage)
     return usage[0], usage[3]  # malloc_size, malloc_count
@@ -572,7 +572,7 @@ async def test_a_step_in_flight_costs_the_engine_few_allocations() -> None:
             return [{"id": op["id"], "result": {"suspend": "sleep"}, "at": None}
                     for op in orjson.loads(ops) if op["op"]["op"] == "step.sleep"]  # fmt: skip
 
-        drive._exchange = suspend  # type: ignore[method-assign]
+        drive.exchange = suspend  # type: ignore[method-assign]
         outcome = orjson.loads(drive.run())["outcome"]
         assert outcome["status"] == "suspended", outcome
         heaps.append(_heap(loader, prepared))

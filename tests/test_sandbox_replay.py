@@ -539,7 +539,7 @@ async def test_each_turn_of_a_drive_is_one_call_into_the_prelude(pool: ExecutorP
         answered.append(wait["op"]["op"])
         return [{"id": wait["id"], "result": {"suspend": "event", "event": "go"}, "at": None}]
 
-    drive._exchange = exchange  # type: ignore[method-assign]
+    drive.exchange = exchange  # type: ignore[method-assign]
     outcome = orjson.loads(drive.run())
     assert outcome["outcome"]["status"] == "suspended"
     assert outcome["outcome"]["replayed"] == 50
@@ -551,13 +551,13 @@ def _counted_drive(code: str, host: MemoryHost) -> tuple[Drive, list[str]]:
     """A drive run in this process, its calls into the prelude counted."""
     drive = Drive(drive_read(host.request(code)), code, -1, Prepared(PreludeLoader(PRELUDE)))
     calls: list[str] = []
-    original = drive._call
+    original = drive.call
 
     def counted(command: str, argument: str = "", what: str = "") -> str:
         calls.append(command)
         return original(command, argument, what)
 
-    drive._call = counted  # type: ignore[method-assign]
+    drive.call = counted  # type: ignore[method-assign]
     return drive, calls
 
 

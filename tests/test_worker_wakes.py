@@ -40,7 +40,7 @@ async def test_drives_that_end_during_a_slow_read_wake_the_worker(
         # The read a pause makes before it waits: the two drives just claimed end meanwhile.
         monkeypatch.setattr(runner.store, "next_due", slow_next_due)
         worker = Worker(
-            runner.store, runner._driver, Bindings(), concurrency=2, poll_interval_s=POLL_S
+            runner.store, runner.driver, Bindings(), concurrency=2, poll_interval_s=POLL_S
         )
         began = time.monotonic()
         await asyncio.wait_for(worker.serve(until_idle=True), POLL_S / 2)
@@ -104,7 +104,7 @@ async def test_a_drive_that_fails_on_the_host_is_tried_again_after_a_growing_del
     with sqlite3.connect(journal) as damage:
         damage.execute("DELETE FROM bundles WHERE scope = 'acme'")
     async with Runner.open(journal) as runner:
-        worker = Worker(runner.store, runner._driver, Bindings(), poll_interval_s=0.2)
+        worker = Worker(runner.store, runner.driver, Bindings(), poll_interval_s=0.2)
         stop = asyncio.Event()
         serving = asyncio.create_task(worker.serve(stop=stop))
         await asyncio.sleep(0.3)

@@ -299,6 +299,11 @@ class JournalOps:
         if not written.cancelled() and written.exception() is None and written.result():
             self.pause_seen = True
 
+    def take_usage(self) -> DriveUsage:
+        """What this drive counted so far, handed over once (it is charged at the end)."""
+        used, self.usage = self.usage, DriveUsage()
+        return used
+
     def all_written(self) -> bool:
         """On the journal's thread, in a transaction queued after this drive's last op: whether
         every batch answered ahead has been written before it (in order, so in this commit or

@@ -15,6 +15,10 @@ class KeyedLocks:
     def __init__(self) -> None:
         self._locks: dict[str, tuple[asyncio.Lock, int]] = {}
 
+    def users(self) -> dict[str, int]:
+        """How many hold or await each key's lock now (a key no one does is not kept)."""
+        return {key: users for key, (_, users) in self._locks.items()}
+
     def hold(self, key: str) -> _Held:
         return _Held(self._locks, key)
 

@@ -49,6 +49,7 @@ class Backend(Protocol):
     async def all(self, sql: str, args: tuple[Any, ...] = ()) -> list[Any]: ...
     def begin(self, connection: Any, full: bool, write: bool = True) -> None: ...
     def mark(self) -> bytes | None: ...
+    def trace(self, callback: Callable[[str], None] | None) -> None: ...
     async def close(self) -> None: ...
 
     @property
@@ -203,6 +204,9 @@ class SqliteBackend:
         if nothing was committed between."""
         return self._marks.mark()
 
+    def trace(self, callback: Callable[[str], None] | None) -> None:
+        self._db.set_trace_callback(callback)
+
     def _same_file(self) -> None:
         """Refuse to write when the journal's path no longer names the file this process
         opened, or names it emptied: its pages still in memory and the WAL would go on being
@@ -349,6 +353,9 @@ class PostgresBackend:
             await backend.close()
             raise
         return backend
+
+    def trace(self, callback: Callable[[str], None] | None) -> None:
+        raise ValueError("statement traces are a SQLite journal's (use pg_stat_statements)")
 
     async def run(self, work: Callable[[Any], T]) -> T:
         return await self._thread.run(self._with_connection, work)

@@ -101,7 +101,7 @@ def run_batch(connection: Any, batch: list[BatchJob], backend: Backend) -> _Batc
                 connection.execute("SAVEPOINT job")
             try:
                 tx = JournalTransaction(connection, job.fence, backend.dialect)
-                tx.usage = []
+                charged = tx.collect_usage()
                 if job.fence is not None and held is not None and held[0] == job.fence:
                     tx.fence_held(job.fence, held[1])
                 elif job.fence is not None:
@@ -110,7 +110,7 @@ def run_batch(connection: Any, batch: list[BatchJob], backend: Backend) -> _Batc
                 result = job.work(tx)
                 tx.check_leases_written()
                 outcomes.append((True, result))
-                usage += tx.usage
+                usage += charged
                 if not alone:
                     connection.execute("RELEASE job")
                 if job.fence is not None and not tx.runs_written:
@@ -229,6 +229,11 @@ class JournalCore:
         """A path or `sqlite:///path` (created if missing), or a `postgresql://` URL. Without
         `create` the journal must exist with a current schema: nothing is written."""
         return cls(await open_backend(location, create=create), location)
+
+    def trace(self, callback: Callable[[str], None] | None) -> None:
+        """Tell `callback` every statement a SQLite journal's connection runs from now, on the
+        thread that runs it (None: stop); for diagnosis and tests. A server journal refuses."""
+        self._backend.trace(callback)
 
     def own_files(self) -> tuple[Path, ...]:
         """The journal's own file (SQLite), which a publish of a folder holding it never reads."""

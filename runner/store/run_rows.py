@@ -185,6 +185,12 @@ class TransactionBase:
         # when the batch collects it; None: written at once.
         self.usage: list[UsageCharge] | None = None
 
+    def collect_usage(self) -> list[UsageCharge]:
+        """Collect what this transaction charges (written at its batch's end) rather than
+        write it at once; the list collected."""
+        self.usage = []
+        return self.usage
+
     def whole(self) -> JournalTransaction:
         """This transaction as the whole it is a layer of (what a lease's `take` is given)."""
         return cast("JournalTransaction", self)

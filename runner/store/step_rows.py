@@ -79,7 +79,7 @@ class StepStatements(LeaseStatements):
         try:
             written = 0
             for at in range(0, len(steps), _STEPS_PER_STATEMENT):
-                written += self._insert_settled(run_id, steps[at : at + _STEPS_PER_STATEMENT])
+                written += self.insert_settled_batch(run_id, steps[at : at + _STEPS_PER_STATEMENT])
         except BaseException:
             self._db.execute("ROLLBACK TO settled_steps")
             self._db.execute("RELEASE settled_steps")
@@ -89,7 +89,7 @@ class StepStatements(LeaseStatements):
         self._db.execute("RELEASE settled_steps")
         return written == len(steps)
 
-    def _insert_settled(self, run_id: str, steps: Sequence[SettledStep]) -> int:
+    def insert_settled_batch(self, run_id: str, steps: Sequence[SettledStep]) -> int:
         events: list[Any] = []
         for step in steps:
             key = dumps_text(step_key("do", step.count, step.name))

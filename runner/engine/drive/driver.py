@@ -51,7 +51,7 @@ from qjsflow.runner.errors import RunNotFound
 from qjsflow.runner.scopedb import ScopeDatabases
 from qjsflow.runner.store import BundleRecord, JournalStore, Lease, LeaseLost, RunRecord
 from qjsflow.runner.telemetry.metrics import METRICS
-from qjsflow.runner.tenancy.budgets import MINUTE_MS, Charges, DriveUsage, forget_before
+from qjsflow.runner.tenancy.budgets import MINUTE_MS, Charges, forget_before
 from qjsflow.runner.tenancy.scopes import split_run_key
 from qjsflow.sandbox import ExecutorPool
 
@@ -246,7 +246,7 @@ class RunDriver:
         again after a transient fault): the drive itself, its compute, and what the host
         counted; and, the first time this process charges the scope in a new minute, the
         windows its usage may forget (not a statement on every drive)."""
-        used, host.usage = host.usage, DriveUsage()
+        used = host.take_usage()
         used.add("drives", 1)
         used.add("compute_s", outcome.cpu_s)
         rows = used.charges(now)
