@@ -23,6 +23,7 @@ _HOMES: dict[str, tuple[str, ...]] = {
         "StartRunInput", "StepView", "ToolCall", "ToolCallView", "current_tool_call",
     ),
     "qjsflow.runner.config": ("Retention", "RunnerConfig"),
+    "qjsflow.runner.views": ("WorkerView",),
     "qjsflow.runner.errors": (
         "BudgetExceeded", "CapabilityRefused", "FatalToolError", "InvalidEvent", "InvalidRunId",
         "JournalUnavailable", "RunChanged", "RunClosed", "RunConflict", "RunNotFound",
@@ -82,6 +83,7 @@ if TYPE_CHECKING:
     from qjsflow.runner.tenancy.egress import EgressPolicy
     from qjsflow.runner.tenancy.environment import ScopeEnvironment
     from qjsflow.runner.tenancy.usage import ScopeUsage
+    from qjsflow.runner.views import WorkerView
     from qjsflow.sandbox import PoolConfig
 
 # Imported when first used: `python -m qjsflow.sandbox.executor` (each executor process) must
@@ -144,6 +146,7 @@ __all__ = [
     "ToolCall",
     "ToolCallView",
     "UnknownWorkflow",
+    "WorkerView",
     "__version__",
     "current_tool_call",
 ]

@@ -82,3 +82,7 @@ class RunnerConfig:
     # What each scope's snapshots may reach at most (docs/TENANCY.md, Capability manifests):
     # a manifest asking for more is refused at publish; every call is checked against both.
     scope_policies: Mapping[str, Capabilities] = field(default_factory=dict)
+
+    def secret_providers(self) -> tuple[str, ...]:
+        """Where this process's secret values come from (as `qjsflow workers` shows it)."""
+        return ("env-file",) if any(e.secrets for e in self.environments.values()) else ()

@@ -20,6 +20,7 @@ from functools import partial
 
 from qjsflow.bridge import InvalidInput
 from qjsflow.bridge.values import to_python
+from qjsflow.bundles.manifest import Capabilities
 from qjsflow.runner.errors import RunNotFound, RunTimeout, SnapshotNotFound
 from qjsflow.runner.store import (
     JournalStore,
@@ -43,10 +44,12 @@ from qjsflow.runner.views import (
     RunView,
     StepView,
     ToolCallView,
+    WorkerView,
     event_view,
     run_view,
     step_view,
     tool_call_view,
+    worker_view,
 )
 
 __all__ = [
@@ -122,6 +125,22 @@ class RunReads:
             after=None if cursor is None else _parse_cursor(cursor),
         )  # fmt: skip
         return [run_view(run) for run in runs]
+
+    async def workers(self) -> builtins.list[WorkerView]:
+        """The workers registered in the journal, the most recently heard of first."""
+        now = int(time.time() * 1000)
+        return [worker_view(worker, now) for worker in await self._store.list_workers()]
+
+    async def unbound_tools(self, snapshot: SnapshotRecord) -> builtins.list[str]:
+        """The tools `snapshot`'s manifest declares (address patterns) that no live worker
+        binds: its runs that call one park `blocked` until a worker that binds it runs."""
+        live = [w for w in await self.workers() if w.state == "live"]
+        declared = () if snapshot.capabilities is None else snapshot.capabilities.tools
+        return [
+            pattern for pattern in declared
+            if not any(Capabilities(tools=(pattern,)).allows_tool(tool)
+                       for worker in live for tool in worker.tools)
+        ]  # fmt: skip
 
     @staticmethod
     def cursor_after(run: RunView) -> str:

@@ -512,6 +512,7 @@ class Runner(RunReads):
             concurrency=concurrency,
             idle_horizon_ms=int(idle_horizon_s * 1000),
             prune=self._prune_retained,
+            secret_providers=self.config.secret_providers(),
         )
         await worker.serve(until_idle=until_idle, stop=stop)
         return worker.drives

@@ -18,6 +18,7 @@ from qjsflow.runner.store import (
     RunStatus,
     StepRow,
     ToolCallRecord,
+    WorkerRecord,
 )
 from qjsflow.runner.tenancy.scopes import split_run_key
 
@@ -28,9 +29,11 @@ __all__ = [
     "StartRunInput",
     "StepView",
     "ToolCallView",
+    "WorkerView",
     "run_view",
     "step_view",
     "tool_call_view",
+    "worker_view",
 ]
 
 # A run's statuses are the store's (runner/store/records.py, `RunStatus`: docs/OPERATIONS.md
@@ -202,3 +205,30 @@ def event_view(event: EventRecord) -> EventView:
 
 def _json_or_none(text: str | None) -> Any:
     return None if text is None else loads(text)
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerView:
+    """A worker serving the journal: who and where it is, what it binds and serves, and whether
+    it is "live", "gone" (it stopped heart-beating: killed, or cut off) or "stopped" cleanly.
+    Times in seconds since the epoch."""
+
+    worker_id: str
+    state: str
+    host: str
+    pid: int
+    version: str
+    tools: tuple[str, ...]
+    scopes: tuple[str, ...]  # empty: every scope
+    secret_providers: tuple[str, ...]
+    started_at: float
+    heartbeat_at: float
+    stopped_at: float | None
+
+
+def worker_view(worker: WorkerRecord, now_ms: int) -> WorkerView:
+    return WorkerView(
+        worker.worker_id, worker.state(now_ms), worker.host, worker.pid, worker.version,
+        worker.tools, worker.scopes, worker.secret_providers, worker.started_at / 1000,
+        worker.heartbeat_at / 1000, _seconds(worker.stopped_at),
+    )  # fmt: skip

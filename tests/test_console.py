@@ -183,6 +183,20 @@ def test_a_scope_token_sees_its_scope_only(console: Console) -> None:
         assert {run["scope"] for run in client.get("/api/runs").json()["runs"]} == {"acme", "other"}
 
 
+def test_the_workers_page_shows_operators_the_workers_and_tenants_nothing(
+    console: Console,
+) -> None:
+    with _client(console) as client:
+        (worker,) = client.get("/api/workers").json()  # the seed's worker, stopped since
+        assert worker["state"] == "stopped"
+        page = client.get("/workers").text
+        assert worker["worker_id"] in page
+        assert 'class="worker-stopped"' in page
+    with _client(console, ACME_TOKEN) as client:  # workers serve every scope: not a tenant's
+        assert client.get("/api/workers").status_code == 404
+        assert client.get("/workers").status_code == 404
+
+
 def test_usage_per_scope_for_the_scope_that_may_see_it(console: Console) -> None:
     with _client(console, ACME_TOKEN) as client:
         usage = client.get("/api/usage").json()

@@ -95,6 +95,7 @@ def test_metrics_move_as_runs_complete_and_probes_answer(tmp_path: Path) -> None
         assert _sample(scraped, 'qjsflow_scope_usage_total{measure="steps",scope="acme"}') == 6
         assert _sample(scraped, 'qjsflow_scope_usage_total{measure="drives",scope="acme"}') >= 3
         assert "r0" not in scraped  # no run ids as labels
+        assert _sample(scraped, 'qjsflow_workers{state="live"}') == 1  # itself, registered
     finally:
         worker.send_signal(signal.SIGTERM)
         _, err = worker.communicate(timeout=60)

@@ -39,6 +39,7 @@ from qjsflow.runner.cli.output import (
     render_steps,
     render_tool_calls,
     render_usage,
+    render_workers,
     table,
 )
 from qjsflow.runner.cli.parser import (
@@ -170,6 +171,14 @@ async def _start(args: argparse.Namespace, runner: Runner) -> RunView:
     payload = _json_arg(args.input, "--input")
     request = StartRunInput(args.scope, args.workflow, args.snapshot, payload, args.run_id)
     run = await runner.start(request, drive=not args.no_wait)
+    if run.status not in TERMINAL:  # left for a worker: say if none can call its tools
+        snapshot = await runner.find_snapshot(run.snapshot_id, scope=run.scope)
+        unbound = await runner.unbound_tools(snapshot)
+        if unbound:
+            print(printable(f"qjsflow: note: no live worker binds a tool the snapshot declares "
+                            f"({', '.join(unbound)}): a run that calls one waits, blocked, "
+                            "until a worker that binds it runs (qjsflow workers)"),
+                  file=sys.stderr)  # fmt: skip
     if not args.wait:
         return run
     return await runner.wait(run.run_id, scope=run.scope, timeout_s=args.timeout)
@@ -339,6 +348,9 @@ def _show(args: argparse.Namespace, colour: bool) -> str:
             args, lambda a, r: r.usage(scope=ALL_SCOPES if a.scope is None else a.scope)
         ))  # fmt: skip
         return render_json(found) if args.json else render_usage(found)
+    if command == "workers":
+        workers = asyncio.run(_with_reads(args, lambda _, reads: reads.workers()))
+        return render_json(workers) if args.json else render_workers(workers)
     if command == "snapshots":
         found = asyncio.run(_with_reads(args, _snapshots))
         return render_json(found) if args.json else render_snapshots(found)

@@ -13,7 +13,7 @@ from qjsflow.bridge.printable import printable
 from qjsflow.bridge.values import JsValue, to_json_form
 from qjsflow.bundles.manifest import Capabilities
 from qjsflow.runner.store import LogRecord, SnapshotRecord
-from qjsflow.runner.views import TERMINAL, EventView, RunView, StepView, ToolCallView
+from qjsflow.runner.views import TERMINAL, EventView, RunView, StepView, ToolCallView, WorkerView
 
 if TYPE_CHECKING:  # rendered only by the commands that load the Runner
     from qjsflow.runner.runner import PublishResult
@@ -96,6 +96,18 @@ def render_snapshots(snapshots: Sequence[SnapshotRecord]) -> str:
         for s in snapshots
     ]  # fmt: skip
     return "\n".join(table(rows))
+
+
+def render_workers(workers: Sequence[WorkerView]) -> str:
+    if not workers:
+        return "no workers have registered in this journal"
+    rows = [("WORKER", "STATE", "HOST", "PID", "VERSION", "TOOLS", "HEARD")]
+    rows += [
+        (w.worker_id, w.state, w.host, str(w.pid), w.version, ", ".join(w.tools) or "-",
+         age(w.heartbeat_at))
+        for w in workers
+    ]  # fmt: skip
+    return "\n".join(table([tuple(printable(cell) for cell in row) for row in rows]))
 
 
 def render_usage(found: Mapping[str, ScopeUsage]) -> str:

@@ -213,6 +213,7 @@ def _add_worker(add: Callable[..., argparse.ArgumentParser]) -> None:
                         help="serve /healthz and /readyz on this port")  # fmt: skip
     worker.add_argument("--listen-host", default="127.0.0.1",
                         help="where the metrics and health ports listen (127.0.0.1)")  # fmt: skip
+    add("workers", help="the workers serving this journal: live, gone or stopped, what each binds")
 
 
 def _add_console(add: Callable[..., argparse.ArgumentParser]) -> None:

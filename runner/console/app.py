@@ -238,6 +238,16 @@ class _Console:
             return JSONResponse(views.plain(found))
         return self.page(request, f"{name}.html", scope=scope, **{name: found})
 
+    async def workers(self, request: Request) -> Response:
+        """The workers serving the journal, live, gone or stopped (operators only: a worker
+        serves every scope, and a tenant sees only its own)."""
+        if self.who(request).scope is not None:
+            raise HTTPException(404)
+        found = await self.runner.workers()
+        if _api(request):
+            return JSONResponse(views.plain(found))
+        return self.page(request, "workers.html", workers=found)
+
     async def snapshot(self, request: Request) -> Response:
         scope = request.path_params["scope"]
         if not self.who(request).may_see(scope):
@@ -295,6 +305,8 @@ def create_app(
         Route("/snapshots", console.snapshots),
         Route("/api/snapshots", console.snapshots),
         Route("/snapshots/{scope}/{snapshot_id}", console.snapshot),
+        Route("/workers", console.workers),
+        Route("/api/workers", console.workers),
         Route("/usage", console.usage),
         Route("/api/usage", console.usage),
         Mount("/static", StaticFiles(directory=_HERE / "static"), name="static"),

@@ -14,15 +14,24 @@ import collections
 import contextlib
 import functools
 import logging
+import os
+import socket
 import sys
 import time
 from collections.abc import Awaitable, Callable
+from functools import partial
 
 from qjsflow.runner.bindings import Bindings
 from qjsflow.runner.config import Retention
 from qjsflow.runner.engine.drive import RunDriver
 from qjsflow.runner.errors import JournalUnavailable
-from qjsflow.runner.store import JournalStore, RunStatus
+from qjsflow.runner.store import (
+    WORKER_BEAT_MS,
+    JournalStore,
+    JournalTransaction,
+    RunStatus,
+    WorkerRecord,
+)
 from qjsflow.runner.telemetry.metrics import METRICS
 from qjsflow.runner.tenancy.scopes import split_run_key
 
@@ -113,6 +122,7 @@ class Worker:
         shutdown_grace_s: float = 10.0,
         idle_horizon_ms: int = IDLE_HORIZON_MS,
         prune: Pruner | None = None,
+        secret_providers: tuple[str, ...] = (),
     ) -> None:
         self.store = store
         self.driver = driver
@@ -137,6 +147,8 @@ class Worker:
         self._next_report = 0.0  # on the monotonic clock
         self._next_census = 0.0
         self._next_prune = 0.0  # on the monotonic clock
+        self.secret_providers = secret_providers
+        self._next_beat: int | None = None  # on the run clock; None: not registered yet
 
     async def serve(self, *, until_idle: bool = False, stop: asyncio.Event | None = None) -> None:
         """Run until `stop` is set (then finish or release what is held), or, with
@@ -149,6 +161,7 @@ class Worker:
         try:
             while not stop.is_set():
                 try:
+                    await self._beat(_wall_ms())
                     now = self.driver.now_ms()
                     await self._report(now)
                     await self._prune(now)
@@ -165,6 +178,37 @@ class Worker:
                     await self._back_off(None, stop)
         finally:
             await self._shut_down(tasks)
+            if self._next_beat is not None:
+                with contextlib.suppress(JournalUnavailable):
+                    await self.store.transact(
+                        partial(_beat, worker_id=self.driver.worker_id, now=_wall_ms(),
+                                stopped=True),
+                        durable=False,
+                    )  # fmt: skip
+
+    async def _beat(self, now: int) -> None:
+        """Register this worker as it starts, then heart-beat every `WORKER_BEAT_MS` (on the
+        wall clock, whatever clock runs use: liveness is the real world's): what it binds and
+        serves is in the journal for `qjsflow workers`, the console and `start`."""
+        if self._next_beat is not None and now < self._next_beat:
+            return
+        if self._next_beat is None:
+            record = WorkerRecord(
+                worker_id=self.driver.worker_id, host=socket.gethostname(), pid=os.getpid(),
+                version=_version(), tools=tuple(sorted(self.bindings.tools)), scopes=(),
+                secret_providers=self.secret_providers, started_at=now, heartbeat_at=now,
+                stopped_at=None,
+            )  # fmt: skip
+            await self.store.transact(partial(_register, worker=record, now=now), durable=False)
+        else:
+            await self.store.transact(
+                partial(_beat, worker_id=self.driver.worker_id, now=now), durable=False
+            )
+        self._next_beat = now + WORKER_BEAT_MS
+        if METRICS.available:
+            states = collections.Counter(w.state(now) for w in await self.store.list_workers())
+            for state in ("live", "gone", "stopped"):
+                METRICS.workers.labels(state=state).set(states.get(state, 0))
 
     async def _back_off(self, error: JournalUnavailable | None, stop: asyncio.Event) -> None:
         """The journal cannot be written (a full disk, a lost server): wait, longer each time
@@ -362,3 +406,28 @@ def worker_command(
     if concurrency is not None:
         command += ["--concurrency", str(concurrency)]
     return command
+
+
+_WORKERS_KEPT_MS = 86_400_000  # a worker not heard of for a day is dropped from the list
+
+
+def _register(tx: JournalTransaction, *, worker: WorkerRecord, now: int) -> None:
+    tx.forget_workers(before=now - _WORKERS_KEPT_MS)
+    tx.register_worker(worker)
+
+
+def _beat(tx: JournalTransaction, *, worker_id: str, now: int, stopped: bool = False) -> None:
+    tx.worker_beat(worker_id, now, stopped=stopped)
+
+
+def _wall_ms() -> int:
+    return int(time.time() * 1000)
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version  # noqa: PLC0415  (only here)
+
+    try:
+        return version("qjsflow")
+    except PackageNotFoundError:  # run from a checkout that was never installed
+        return "unknown"

@@ -12,6 +12,8 @@ from qjsflow.runner.store.migrations import MIGRATIONS
 from qjsflow.runner.store.records import (
     ENDED,
     THROTTLE_TIMER,
+    WORKER_BEAT_MS,
+    WORKER_GONE_MS,
     EventRecord,
     InboxRecord,
     JournalRow,
@@ -21,6 +23,7 @@ from qjsflow.runner.store.records import (
     StepRow,
     StepStatus,
     ToolCallRecord,
+    WorkerRecord,
     with_compute,
 )
 from qjsflow.runner.store.tx import JournalTransaction, Lease, LeaseLost, SettledStep
@@ -29,6 +32,8 @@ __all__ = [
     "ENDED",
     "MIGRATIONS",
     "THROTTLE_TIMER",
+    "WORKER_BEAT_MS",
+    "WORKER_GONE_MS",
     "BundleRecord",
     "EventRecord",
     "InboxRecord",
@@ -47,6 +52,7 @@ __all__ = [
     "StepStatus",
     "ToolCallRecord",
     "Unleased",
+    "WorkerRecord",
     "WorkflowRecord",
     "snapshot_records",
     "with_compute",

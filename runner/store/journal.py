@@ -29,6 +29,7 @@ from qjsflow.runner.store.records import (
     RunRecord,
     StepRow,
     ToolCallRecord,
+    WorkerRecord,
 )
 from qjsflow.runner.store.tx import (
     RUN_COLUMNS,
@@ -377,6 +378,23 @@ class JournalStore(JournalCore):
             (run_id,),
         )
         return [LogRecord(*row) for row in rows]
+
+    async def list_workers(self) -> list[WorkerRecord]:
+        """Every worker registered, the most recently heard of first."""
+        rows = await self._all(
+            "SELECT worker_id, host, pid, version, tools, scopes, secret_providers, started_at,"
+            " heartbeat_at, stopped_at FROM workers ORDER BY heartbeat_at DESC, worker_id"
+        )
+        return [_worker_record(row) for row in rows]
+
+
+def _worker_record(row: Any) -> WorkerRecord:
+    lists = [tuple(str(item) for item in loads(row[n])) for n in (4, 5, 6)]
+    return WorkerRecord(
+        worker_id=row[0], host=row[1], pid=int(row[2]), version=row[3], tools=lists[0],
+        scopes=lists[1], secret_providers=lists[2], started_at=int(row[7]),
+        heartbeat_at=int(row[8]), stopped_at=None if row[9] is None else int(row[9]),
+    )  # fmt: skip
 
 
 def claim_query(clock: str) -> str:

@@ -18,6 +18,7 @@ __all__ = [
     "MIGRATIONS",
     "RUN_CONTROL",
     "TRACE_CONTEXT",
+    "WORKERS",
     "Migration",
     "current_version",
     "migrate",
@@ -88,6 +89,23 @@ CALL_DIGESTS = "ALTER TABLE steps ADD COLUMN args_digest TEXT"
 # is in both schemas, SQLite's unused, so that the two stay alike.
 COMMIT_MARKS = "CREATE TABLE commit_marks (mark TEXT PRIMARY KEY, at BIGINT NOT NULL)"
 CANCELLING = "CREATE INDEX runs_cancelling ON runs (run_id) WHERE cancel_requested = 1"
+
+# Migration 17 (PostgreSQL's 12): the workers serving this journal, each registered as it
+# starts and heart-beating while it runs (runner/engine/worker.py): what it binds (tool
+# addresses), which scopes it serves ([]: all) and where its secret values come from, all JSON
+# lists; `stopped_at` once it stopped cleanly. One shape on both databases.
+WORKERS = """CREATE TABLE workers (
+    worker_id TEXT PRIMARY KEY,
+    host TEXT NOT NULL,
+    pid BIGINT NOT NULL,
+    version TEXT NOT NULL,
+    tools TEXT NOT NULL,
+    scopes TEXT NOT NULL,
+    secret_providers TEXT NOT NULL,
+    started_at BIGINT NOT NULL,
+    heartbeat_at BIGINT NOT NULL,
+    stopped_at BIGINT
+)"""
 
 
 # Migration 15 (PostgreSQL's 10): the run's clock when a step's result was settled by the
@@ -303,6 +321,7 @@ MIGRATIONS: tuple[tuple[int, str, str], ...] = (
     (14, "runs with a cancel asked, found without a scan", CANCELLING),
     (15, "the run's clock of a step the sandbox settled itself", replay_clock("INTEGER")),
     (16, "marks of commits, for a commit whose answer is lost", COMMIT_MARKS),
+    (17, "the workers serving the journal, and their heartbeats", WORKERS),
 )
 
 

@@ -13,6 +13,7 @@ from qjsflow.runner.store.migrations import (
     COMMIT_MARKS,
     RUN_CONTROL,
     TRACE_CONTEXT,
+    WORKERS,
     Migration,
     replay_clock,
     scoped_run_keys,
@@ -129,4 +130,5 @@ PG_MIGRATIONS: tuple[Migration, ...] = (
         replay_clock("BIGINT"),
     ),
     (11, "marks of commits, for a commit whose answer is lost (SQLite migration 16)", COMMIT_MARKS),
+    (12, "the workers serving the journal (SQLite migration 17)", WORKERS),
 )

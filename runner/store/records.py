@@ -21,6 +21,8 @@ __all__ = [
     "STEP_COLUMNS",
     "THROTTLE_TIMER",
     "WAKING_TIMER_SQL",
+    "WORKER_BEAT_MS",
+    "WORKER_GONE_MS",
     "EventRecord",
     "InboxRecord",
     "JournalRow",
@@ -30,6 +32,7 @@ __all__ = [
     "StepRow",
     "StepStatus",
     "ToolCallRecord",
+    "WorkerRecord",
     "run_record",
     "step_row",
     "with_compute",
@@ -195,6 +198,34 @@ class EventRecord:
     type: str
     at: int
     data: str | None
+
+
+# A worker whose last heartbeat is older than this is shown as gone (it heart-beats every
+# `WORKER_BEAT_MS`; three beats missed).
+WORKER_BEAT_MS = 5_000
+WORKER_GONE_MS = 3 * WORKER_BEAT_MS
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WorkerRecord:
+    """A worker serving the journal, as it registered (runner/engine/worker.py)."""
+
+    worker_id: str
+    host: str
+    pid: int
+    version: str
+    tools: tuple[str, ...]  # the tool addresses it binds
+    scopes: tuple[str, ...]  # the scopes it serves (empty: all)
+    secret_providers: tuple[str, ...]  # where its secret values come from
+    started_at: int
+    heartbeat_at: int
+    stopped_at: int | None
+
+    def state(self, now: int) -> str:
+        """ "live", "gone" (it stopped heart-beating: killed, or cut off) or "stopped"."""
+        if self.stopped_at is not None:
+            return "stopped"
+        return "live" if now - self.heartbeat_at <= WORKER_GONE_MS else "gone"
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,9 +16,11 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
+from qjsflow.bridge import dumps_text
 from qjsflow.runner.store.lease_types import Lease, LeaseLost, lease_now
 from qjsflow.runner.store.records import (
     InboxRecord,
+    WorkerRecord,
 )
 from qjsflow.runner.store.run_rows import (
     RUN_COLUMNS,
@@ -180,6 +182,35 @@ class JournalTransaction(StepStatements):
         for table in ("bundles", "snapshots"):
             self._db.executemany(f"DELETE FROM {table} WHERE scope = ? AND snapshot_id = ?", unused)
         return len(unused)
+
+    def register_worker(self, worker: WorkerRecord) -> None:
+        """The worker as it starts (again, under the same id: its row is replaced)."""
+        values = (
+            worker.host, worker.pid, worker.version, dumps_text(list(worker.tools)),
+            dumps_text(list(worker.scopes)), dumps_text(list(worker.secret_providers)),
+            worker.started_at, worker.heartbeat_at,
+        )  # fmt: skip
+        self._db.execute(
+            "INSERT INTO workers (worker_id, host, pid, version, tools, scopes, secret_providers,"
+            " started_at, heartbeat_at, stopped_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, NULL)"
+            " ON CONFLICT (worker_id) DO UPDATE SET host = excluded.host, pid = excluded.pid,"
+            " version = excluded.version, tools = excluded.tools, scopes = excluded.scopes,"
+            " secret_providers = excluded.secret_providers, started_at = excluded.started_at,"
+            " heartbeat_at = excluded.heartbeat_at, stopped_at = NULL",
+            (worker.worker_id, *values),
+        )
+
+    def worker_beat(self, worker_id: str, now: int, *, stopped: bool = False) -> None:
+        """A worker's heartbeat; with `stopped`, its last (it stopped cleanly)."""
+        self._db.execute(
+            "UPDATE workers SET heartbeat_at = ?, stopped_at = ? WHERE worker_id = ?",
+            (now, now if stopped else None, worker_id),
+        )
+
+    def forget_workers(self, before: int) -> int:
+        """Drop workers not heard of since `before` (kept a while to show them gone)."""
+        cursor = self._db.execute("DELETE FROM workers WHERE heartbeat_at < ?", (before,))
+        return int(cursor.rowcount or 0)
 
     def kv_put(self, scope: str, namespace: str, key: str, value: str | None, now: int) -> None:
         if value is None:

@@ -77,6 +77,9 @@ class Metrics:
                                 buckets=_LATENCY)  # fmt: skip
         self.executors = make("Gauge", "qjsflow_executors", "Executor processes, by state",
                               ("state",))  # fmt: skip
+        self.workers = make("Gauge", "qjsflow_workers",
+                            "Workers registered in the journal, by state (live, gone, stopped)",
+                            ("state",))  # fmt: skip
         self.executors_killed = make(
             "Counter", "qjsflow_executors_killed", "Executors killed or dead, by reason",
             ("reason",),
