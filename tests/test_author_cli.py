@@ -66,8 +66,8 @@ def test_a_week_a_day_and_retries_run_to_the_end_in_under_two_seconds(tmp_path: 
 
 
 def test_mocks_answer_tools_and_the_timeline_is_printed() -> None:
-    done = _run("--input", SIGNUP, "--fast-forward", "--tool", 'crm.sync={"synced": 1}',
-                "--tool", 'mail.send={"sent": true}', "--event", 'approval={"approved": true}')  # fmt: skip
+    done = _run("--input", SIGNUP, "--fast-forward", "--mock-tool", 'crm.sync={"synced": 1}',
+                "--mock-tool", 'mail.send={"sent": true}', "--event", 'approval={"approved": true}')  # fmt: skip
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
     assert lines[0].split() == ["STEP", "KIND", "ATTEMPT", "DURATION", "EXECUTED", "REPLAYED"]
@@ -79,12 +79,12 @@ def test_mocks_answer_tools_and_the_timeline_is_printed() -> None:
 
 
 def test_a_missing_event_is_reported_and_exits_1() -> None:
-    done = _run("--input", SIGNUP, "--fast-forward", "--tool", 'crm.sync={"synced": 1}')
+    done = _run("--input", SIGNUP, "--fast-forward", "--mock-tool", 'crm.sync={"synced": 1}')
     assert done.returncode == 1
     assert done.stdout.splitlines()[-1] == (
         "stopped (waiting): it waits for the event approval, which nobody gave"
     )
-    timed_out = _run("--input", SIGNUP, "--fast-forward", "--tool", 'crm.sync={"synced": 1}',
+    timed_out = _run("--input", SIGNUP, "--fast-forward", "--mock-tool", 'crm.sync={"synced": 1}',
                      "--let-waits-time-out")  # fmt: skip
     assert timed_out.returncode == 1
     assert timed_out.stdout.splitlines()[-1].startswith(
@@ -104,7 +104,7 @@ def test_a_failed_run_exits_1_and_bad_input_exits_2(tmp_path: Path) -> None:
     for bad, problem in (
         (["--event", "approval"], "--event wants NAME=VALUE"),
         (["--event", "approval={"], "--event approval is not valid JSON"),
-        (["--tool", "crm.sync=@/nonexistent.json"], "cannot read '/nonexistent.json'"),
+        (["--mock-tool", "crm.sync=@/nonexistent.json"], "cannot read '/nonexistent.json'"),
     ):
         refused = _run("--input", SIGNUP, *bad)
         assert refused.returncode == 2, refused.stderr

@@ -111,7 +111,7 @@ def test_the_four_flows_from_a_shell(cli: Cli, tmp_path: Path) -> None:
     assert (resumed["status"], resumed["waiting_for"]) == ("waiting", "go")
     assert resumed["snapshot_id"] == snapshot
 
-    done = cli.ok("signal", "cli-1", "go", "--payload", '{"ok": true}')
+    done = cli.ok("signal", "cli-1", "go", "--input", '{"ok": true}')
     assert done["status"] == "completed"
     assert done["output"] == {"hello": "hello ada", "slow": "slow done", "ok": True}
 
@@ -158,7 +158,7 @@ def test_human_output_is_a_table(cli: Cli, tmp_path: Path) -> None:
             ("start", "nap", "--scope", "acme", "--snapshot", "SNAP", "--input", "{"),
             "--input is not valid JSON",
         ),
-        (("signal", "seed-1", "go", "--payload", "{nope"), "--payload is not valid JSON"),
+        (("signal", "seed-1", "go", "--input", "{nope"), "--input is not valid JSON"),
         (("signal", "seed-1", "bad type"), "invalid event type"),
         (("start", "nap", "--scope", "Bad!", "--snapshot", "SNAP"), "invalid scope"),
         (("publish", "/no/such/folder", "--scope", "acme"), "cannot read the folder"),

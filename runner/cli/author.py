@@ -59,7 +59,8 @@ async def run_workflow(args: argparse.Namespace, tools: Mapping[str, ToolFn]) ->
     for kind, text in _pairs(args.event, "--event"):
         events.setdefault(kind, []).append(_json(text, f"--event {kind}"))
     mocks: dict[str, Any] = dict(tools)
-    mocks.update({a: MockTool(_json(t, f"--tool {a}")) for a, t in _pairs(args.tool, "--tool")})
+    mocks.update({a: MockTool(_json(t, f"--mock-tool {a}"))
+                  for a, t in _pairs(args.mock_tool, "--mock-tool")})  # fmt: skip
     steps = {name: _json(text, f"--mock-step {name}")
              for name, text in _pairs(args.mock_step, "--mock-step")}  # fmt: skip
     real_time = not args.fast_forward

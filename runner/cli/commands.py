@@ -124,12 +124,12 @@ async def _serve(args: argparse.Namespace, runner: Runner) -> int:
     print(f"qjsflow worker: serving {args.db} ({mode})", file=sys.stderr, flush=True)
     serving = asyncio.Event()
     if args.metrics_port is not None:
-        _serve_metrics(args.listen_host, args.metrics_port)
+        _serve_metrics(args.host, args.metrics_port)
     health = None
     if args.health_port is not None:
         from qjsflow.runner.operations.health import serve_health  # noqa: PLC0415
 
-        health = await serve_health(args.listen_host, args.health_port, runner.store,
+        health = await serve_health(args.host, args.health_port, runner.store,
                                     serving.is_set)  # fmt: skip
     loop.call_soon(serving.set)  # ready once the loop below runs
     try:
@@ -207,7 +207,7 @@ async def _scope_of(args: argparse.Namespace, reads: RunReads) -> str:
 
 
 async def _signal(args: argparse.Namespace, runner: Runner) -> RunView:
-    payload = _json_arg(args.payload, "--payload")
+    payload = _json_arg(args.input, "--input")
     scope = await _scope_of(args, runner)
     done = await runner.signal(args.run, args.type, payload, scope=scope, event_id=args.event_id)
     waited = {

@@ -32,6 +32,34 @@ EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 _SCOPE_HELP = "the run's tenant (found if only one has the run id)"
 
 
+class _Deprecated(argparse.Action):
+    """An old spelling of an option (docs/OPERATIONS.md keeps one word for each concept): it
+    still works for one release, sets the new option's value, and says so on stderr."""
+
+    def __init__(self, option_strings: list[str], dest: str, *, instead: str,
+                 append: bool = False, **kwargs: Any) -> None:  # fmt: skip
+        super().__init__(option_strings, dest, default=argparse.SUPPRESS, **kwargs)
+        self.instead, self.append = instead, append
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+                 values: Any, option_string: str | None = None) -> None:  # fmt: skip
+        print(f"qjsflow: {option_string} is deprecated: say {self.instead} (the old spelling "
+              "goes in the next release)", file=sys.stderr)  # fmt: skip
+        if self.append:
+            setattr(namespace, self.dest, [*getattr(namespace, self.dest, []), values])
+        else:
+            setattr(namespace, self.dest, values)
+
+
+def _old_spelling(
+    parser: argparse.ArgumentParser, old: str, new: str, *, append: bool = False
+) -> None:
+    """`old` as a deprecated spelling of the option `new` already added to `parser`."""
+    dest = new.removeprefix("--").replace("-", "_")
+    parser.add_argument(old, action=_Deprecated, dest=dest, instead=new, append=append,
+                        help=argparse.SUPPRESS)  # fmt: skip
+
+
 class _Parser(argparse.ArgumentParser):
     """argparse, but usage errors are one line on stderr and exit 2."""
 
@@ -156,14 +184,7 @@ def build_parser() -> argparse.ArgumentParser:
     result.add_argument("--timeout", type=_SECONDS, metavar="SECONDS", help="how long to wait")
     _add_run_views(add)
     add_control_commands(add)
-    signal_ = add("signal", help="deliver an event to a run")
-    signal_.add_argument("run", help="the run id")
-    signal_.add_argument("type", help="the event type its waitForEvent waits for")
-    signal_.add_argument("--payload", default="null", help="the event payload, as JSON")
-    signal_.add_argument("--scope", help=_SCOPE_HELP)
-    signal_.add_argument(
-        "--event-id", help="an idempotency key: the same id delivered again adds nothing"
-    )
+    _add_signal(add)
     usage = add("usage", help="runs per scope by status, and what each used of its budgets")
     usage.add_argument("--scope", help="one tenant's (all without it)")
     snapshots = add("snapshots", help="list published snapshots, newest first")
@@ -211,9 +232,22 @@ def _add_worker(add: Callable[..., argparse.ArgumentParser]) -> None:
                         help="serve Prometheus metrics at /metrics on this port")  # fmt: skip
     worker.add_argument("--health-port", type=_PORT, metavar="PORT",
                         help="serve /healthz and /readyz on this port")  # fmt: skip
-    worker.add_argument("--listen-host", default="127.0.0.1",
+    worker.add_argument("--host", default="127.0.0.1",
                         help="where the metrics and health ports listen (127.0.0.1)")  # fmt: skip
+    _old_spelling(worker, "--listen-host", "--host")  # as the console's --host
     add("workers", help="the workers serving this journal: live, gone or stopped, what each binds")
+
+
+def _add_signal(add: Callable[..., argparse.ArgumentParser]) -> None:
+    signal_ = add("signal", help="deliver an event to a run")
+    signal_.add_argument("run", help="the run id")
+    signal_.add_argument("type", help="the event type its waitForEvent waits for")
+    signal_.add_argument("--input", default="null", help="the event payload, as JSON (as start's)")
+    _old_spelling(signal_, "--payload", "--input")
+    signal_.add_argument("--scope", help=_SCOPE_HELP)
+    signal_.add_argument(
+        "--event-id", help="an idempotency key: the same id delivered again adds nothing"
+    )
 
 
 def _add_console(add: Callable[..., argparse.ArgumentParser]) -> None:
@@ -276,10 +310,11 @@ def _add_author_commands(add: Callable[..., argparse.ArgumentParser]) -> None:
     run.add_argument("--input", default="null", help="the event payload, as JSON")
     for option, metavar, text in (
         ("--event", "TYPE=JSON", "an event given when the run waits for TYPE (repeatable)"),
-        ("--tool", "ADDRESS=JSON|@FILE", "answer this tool with the JSON (or a file's)"),
+        ("--mock-tool", "ADDRESS=JSON|@FILE", "answer this tool with the JSON (or a file's)"),
         ("--mock-step", "NAME[:COUNT]=JSON", "step.do NAME's result; its body is not run"),
     ):
         run.add_argument(option, action="append", default=[], metavar=metavar, help=text)
+    _old_spelling(run, "--tool", "--mock-tool", append=True)  # beside the global --tools
     run.add_argument(
         "--let-waits-time-out", action="store_true",
         help="a wait nobody gave an event for times out (else the run stops there)",
