@@ -24,6 +24,7 @@ _HOMES: dict[str, tuple[str, ...]] = {
     ),
     "qjsflow.runner.config": ("Retention", "RunnerConfig"),
     "qjsflow.runner.views": ("WorkerView",),
+    "qjsflow.runner.operations.scope_configs": ("ScopeConfigVersion",),
     "qjsflow.runner.errors": (
         "BudgetExceeded", "CapabilityRefused", "FatalToolError", "InvalidEvent", "InvalidRunId",
         "JournalUnavailable", "RunChanged", "RunClosed", "RunConflict", "RunNotFound",
@@ -78,6 +79,7 @@ if TYPE_CHECKING:
     from qjsflow.runner.operations.fork_check import ForkMismatch
     from qjsflow.runner.operations.migrate import MigrationReport
     from qjsflow.runner.operations.retention import Pruned
+    from qjsflow.runner.operations.scope_configs import ScopeConfigVersion
     from qjsflow.runner.scopedb.policy import SqlLimits
     from qjsflow.runner.tenancy.budgets import Budgets
     from qjsflow.runner.tenancy.egress import EgressPolicy
@@ -136,6 +138,7 @@ __all__ = [
     "RunView",
     "Runner",
     "RunnerConfig",
+    "ScopeConfigVersion",
     "ScopeEnvironment",
     "ScopeUsage",
     "SnapshotNotFound",

@@ -85,4 +85,5 @@ class RunnerConfig:
 
     def secret_providers(self) -> tuple[str, ...]:
         """Where this process's secret values come from (as `qjsflow workers` shows it)."""
-        return ("env-file",) if any(e.secrets for e in self.environments.values()) else ()
+        from_file = ("env-file",) if any(e.secrets for e in self.environments.values()) else ()
+        return ("environment", *from_file)  # a journal configuration's: variables, by name

@@ -32,6 +32,7 @@ from qjsflow.runner.operations.control import (
     FRESH_ATTEMPT,
     Checked,
     StepRef,
+    checked_reason,
     fork_run,
     lift_pause,
     request_pause,
@@ -42,6 +43,7 @@ from qjsflow.runner.operations.fork_check import check_fork
 from qjsflow.runner.operations.inspect import describe_exports
 from qjsflow.runner.operations.migrate import MigrationReport, migrate_runs
 from qjsflow.runner.operations.retention import Pruned, prune
+from qjsflow.runner.operations.scope_configs import ScopeConfigs, StartSettings, start_settings
 from qjsflow.runner.reads import (
     RUN_ID,
     RunReads,
@@ -62,6 +64,7 @@ from qjsflow.runner.telemetry.tracing import new_traceparent
 from qjsflow.runner.tenancy.budgets import current_windows
 from qjsflow.runner.tenancy.capabilities import Reach, check_publish
 from qjsflow.runner.tenancy.environment import env_of
+from qjsflow.runner.tenancy.scope_config import ConfigCache
 from qjsflow.runner.tenancy.scopes import (
     ALL_SCOPES,
     AllScopes,
@@ -98,7 +101,7 @@ class PublishResult:
 _MIGRATE_AT_MOST = 100_000  # runs one `migrate` command checks
 
 
-class Runner(RunReads):
+class Runner(ScopeConfigs, RunReads):
     """Publishes snapshots and (with later parts of the plan) drives runs against one journal."""
 
     def __init__(self, store: JournalStore, config: RunnerConfig) -> None:
@@ -109,7 +112,8 @@ class Runner(RunReads):
         self.scopes = ScopeDatabases(scope_root, config.sql_limits)
         # The engine under this runner: what a `Worker` serves with, and tests' seam into the
         # drive (its clock, its pool, `take_after_s`).
-        self.driver = RunDriver(store, pool, config, self.scopes)
+        self.configs = ConfigCache()  # scopes' configuration versions, parsed once
+        self.driver = RunDriver(store, pool, config, self.scopes, configs=self.configs)
         store.serve_runner(retry_s=config.journal_retry_s, commit_here=self.driver.alone)
 
     @classmethod
@@ -195,17 +199,15 @@ class Runner(RunReads):
         encoded_input = from_python(request.input, max_bytes=limit, what="the run input")
         now = self.driver.now_ms()
         traceparent = new_traceparent(request.traceparent)
-        budgets = self.config.scope_budgets.get(scope)
 
-        def record_of(snapshot: SnapshotRecord, now: int) -> RunRecord:
+        def record_of(snapshot: SnapshotRecord, now: int, settings: StartSettings) -> RunRecord:
             entries = {w.workflow: w.entry_path for w in snapshot.workflows}
             entry_path = entries.get(request.workflow)
             if entry_path is None or request.entry_path not in (None, entry_path):
                 raise UnknownWorkflow(request.workflow, sorted(entries))
-            policy = self.config.scope_policies.get(scope)
             bindings_text = from_python(
-                env_of(self.config.environments.get(scope), request.persisted_bindings,
-                       Reach(snapshot.capabilities, policy).binding_allowed),
+                env_of(settings.environment, request.persisted_bindings,
+                       Reach(snapshot.capabilities, settings.policy).binding_allowed),
                 max_bytes=limit, what="the persisted bindings",
             )  # fmt: skip
             return RunRecord(
@@ -214,14 +216,17 @@ class Runner(RunReads):
                 input=encoded_input, persisted_bindings=bindings_text, output=None, error=None,
                 created_at=now, updated_at=now, wake_at=None, waiting_for=None, cpu_used_s=0.0,
                 logs_count=0, cancel_requested=False, traceparent=traceparent,
+                config_version=settings.version,
             )  # fmt: skip
 
         def create(tx: JournalTransaction, now: int) -> tuple[RunRecord, RunRecord | None]:
             """The run asked for, and None when it was created or else the run that already
             has this id. Its snapshot is found in the same transaction: one journal hop."""
-            record = record_of(snapshot_in(tx, reference=request.snapshot_id, scope=scope), now)
-            if budgets is not None and tx.get_run(run_id) is None:
-                admit(tx, scope, budgets, new_live_run=True)
+            settings = start_settings(tx, scope, self.config, self.configs)
+            record = record_of(snapshot_in(tx, reference=request.snapshot_id, scope=scope), now,
+                               settings)  # fmt: skip
+            if settings.budgets is not None and tx.get_run(run_id) is None:
+                admit(tx, scope, settings.budgets, new_live_run=True)
             if tx.insert_run(record):
                 tx.append_event(run_id, "run_created", now, dumps_text({"scope": scope}))
                 return record, None
@@ -278,8 +283,7 @@ class Runner(RunReads):
         """End the run now (`terminated`), its executor stopped mid-step if need be; a tool
         call in flight may or may not have acted (its audit row keeps no result)."""
         key = caller_key(run_id, scope)
-        if reason is not None:
-            reason = _operator_text(reason, "--reason")
+        reason = checked_reason(reason)
         now = self.driver.now_ms()
         await self._store.transact(partial(terminate_run, key=key, now=now, reason=reason))
         self.driver.stop(key)
@@ -575,13 +579,6 @@ class _Existing(Exception):
         super().__init__(run.run_id)
         self.run = run
         self.wanted = wanted
-
-
-def _operator_text(text: str, what: str) -> str:
-    """A short free text an operator gives (a reason): stored and shown, so bounded."""
-    if not isinstance(text, str) or len(text) > 500:
-        raise InvalidInput(f"{what} must be text of at most 500 characters")
-    return text
 
 
 def _check_same(existing: RunRecord, wanted: RunRecord) -> None:

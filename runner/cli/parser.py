@@ -236,6 +236,7 @@ def _add_worker(add: Callable[..., argparse.ArgumentParser]) -> None:
                         help="where the metrics and health ports listen (127.0.0.1)")  # fmt: skip
     _old_spelling(worker, "--listen-host", "--host")  # as the console's --host
     add("workers", help="the workers serving this journal: live, gone or stopped, what each binds")
+    _add_scope(add)
 
 
 def _add_signal(add: Callable[..., argparse.ArgumentParser]) -> None:
@@ -248,6 +249,42 @@ def _add_signal(add: Callable[..., argparse.ArgumentParser]) -> None:
     signal_.add_argument(
         "--event-id", help="an idempotency key: the same id delivered again adds nothing"
     )
+
+
+def _add_scope(add: Callable[..., argparse.ArgumentParser]) -> None:
+    """`qjsflow scope ACTION` (runner/cli/scope.py)."""
+    parents = [_global_options(suppress=True)]
+    scope = add("scope", help="a scope's configuration in the journal: apply, show, history, diff")
+    actions = scope.add_subparsers(dest="scope_action", required=True, metavar="ACTION",
+                                   parser_class=type(scope))  # fmt: skip
+
+    def action(name: str, text: str) -> argparse.ArgumentParser:
+        parser = actions.add_parser(name, help=text, parents=parents)
+        parser.add_argument("--scope", help="the scope (QJSFLOW_SCOPE)")
+        return parser
+
+    apply = action("apply", "store a configuration file (JSON or TOML) as the next version")
+    apply.add_argument("file", nargs="?", help="the file (.json, or .toml)")
+    apply.add_argument(
+        "--version",
+        type=_config_version,
+        metavar="N",
+        help="apply version N's settings again (a rollback), instead of a file",
+    )
+    show = action("show", "a version's settings (the latest without --version)")
+    show.add_argument("--version", type=_config_version, metavar="N")
+    action("history", "every version, the newest first")
+    diff = action("diff", "what changed between two versions (the latest and the one before)")
+    diff.add_argument("before", nargs="?", type=_config_version, help="the older version")
+    diff.add_argument(
+        "after", nargs="?", type=_config_version, help="the newer version (the latest)"
+    )
+
+
+def _config_version(text: str) -> int:
+    if not text.isdigit() or not 1 <= int(text) <= 2**62:
+        raise argparse.ArgumentTypeError(f"a version is a whole number from 1, not {text[:40]!r}")
+    return int(text)
 
 
 def _add_console(add: Callable[..., argparse.ArgumentParser]) -> None:

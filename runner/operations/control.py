@@ -25,6 +25,7 @@ __all__ = [
     "STEP_KINDS",
     "Checked",
     "StepRef",
+    "checked_reason",
     "fork_run",
     "kept_steps",
     "lift_pause",
@@ -110,6 +111,13 @@ def lift_pause(tx: JournalTransaction, key: str, now: int) -> bool:
     tx.update_run(key, pause_requested=0, status=status, updated_at=now)
     tx.append_event(key, "run_resumed", now, None)
     return True
+
+
+def checked_reason(reason: str | None) -> str | None:
+    """An operator's reason for a terminate: stored and shown, so bounded."""
+    if reason is not None and (not isinstance(reason, str) or len(reason) > 500):
+        raise InvalidInput("--reason must be text of at most 500 characters")
+    return reason
 
 
 def terminate_run(tx: JournalTransaction, key: str, now: int, reason: str | None) -> None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Iterable
 from dataclasses import dataclass
+from functools import partial
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from qjsflow.bridge import dumps_text, loads
@@ -379,6 +380,21 @@ class JournalStore(JournalCore):
         )
         return [LogRecord(*row) for row in rows]
 
+    async def scope_config(
+        self, scope: str, version: int | None = None
+    ) -> tuple[int, str, int] | None:
+        """A version of the scope's configuration (`JournalTransaction.scope_config`)."""
+        return await self.read(partial(_scope_config, scope=scope, version=version))
+
+    async def scope_config_history(self, scope: str) -> list[tuple[int, str, int]]:
+        """Every version of the scope's configuration, the newest first."""
+        rows = await self._all(
+            "SELECT version, config, created_at FROM scope_configs WHERE scope = ?"
+            " ORDER BY version DESC",
+            (scope,),
+        )
+        return [(int(row[0]), str(row[1]), int(row[2])) for row in rows]
+
     async def list_workers(self) -> list[WorkerRecord]:
         """Every worker registered, the most recently heard of first."""
         rows = await self._all(
@@ -386,6 +402,12 @@ class JournalStore(JournalCore):
             " heartbeat_at, stopped_at FROM workers ORDER BY heartbeat_at DESC, worker_id"
         )
         return [_worker_record(row) for row in rows]
+
+
+def _scope_config(
+    tx: JournalTransaction, *, scope: str, version: int | None
+) -> tuple[int, str, int] | None:
+    return tx.scope_config(scope, version)
 
 
 def _worker_record(row: Any) -> WorkerRecord:

@@ -23,6 +23,7 @@ __all__ = [
     "current_version",
     "migrate",
     "replay_clock",
+    "scope_configs",
     "scoped_run_keys",
     "tenancy",
 ]
@@ -89,6 +90,21 @@ CALL_DIGESTS = "ALTER TABLE steps ADD COLUMN args_digest TEXT"
 # is in both schemas, SQLite's unused, so that the two stay alike.
 COMMIT_MARKS = "CREATE TABLE commit_marks (mark TEXT PRIMARY KEY, at BIGINT NOT NULL)"
 CANCELLING = "CREATE INDEX runs_cancelling ON runs (run_id) WHERE cancel_requested = 1"
+
+
+# Migration 18 (PostgreSQL's 13): each scope's configuration, versioned like snapshots (vars,
+# secret names and where a worker finds their values, bindings, egress, budgets, capability
+# policy: runner/tenancy/scope_config.py), and the version each run started with.
+def scope_configs(integer: str) -> str:
+    return f"""CREATE TABLE scope_configs (
+    scope TEXT NOT NULL,
+    version {integer} NOT NULL,
+    config TEXT NOT NULL,
+    created_at {integer} NOT NULL,
+    PRIMARY KEY (scope, version)
+);
+ALTER TABLE runs ADD COLUMN config_version {integer}"""
+
 
 # Migration 17 (PostgreSQL's 12): the workers serving this journal, each registered as it
 # starts and heart-beating while it runs (runner/engine/worker.py): what it binds (tool
@@ -322,6 +338,11 @@ MIGRATIONS: tuple[tuple[int, str, str], ...] = (
     (15, "the run's clock of a step the sandbox settled itself", replay_clock("INTEGER")),
     (16, "marks of commits, for a commit whose answer is lost", COMMIT_MARKS),
     (17, "the workers serving the journal, and their heartbeats", WORKERS),
+    (
+        18,
+        "each scope's configuration, versioned, and the version each run started with",
+        scope_configs("INTEGER"),
+    ),
 )
 
 

@@ -16,6 +16,7 @@ from qjsflow.runner.store.migrations import (
     WORKERS,
     Migration,
     replay_clock,
+    scope_configs,
     scoped_run_keys,
     tenancy,
 )
@@ -131,4 +132,5 @@ PG_MIGRATIONS: tuple[Migration, ...] = (
     ),
     (11, "marks of commits, for a commit whose answer is lost (SQLite migration 16)", COMMIT_MARKS),
     (12, "the workers serving the journal (SQLite migration 17)", WORKERS),
+    (13, "each scope's configuration, versioned (SQLite migration 18)", scope_configs("BIGINT")),
 )

@@ -106,6 +106,9 @@ class RunRecord:
     pause_requested: bool = False  # parked after the step in progress, until resumed
     generation: int = 0  # how many times an operator restarted it
     traceparent: str | None = None  # the W3C trace context its drives are traced under
+    # Its scope's configuration version as it started (None: the starting process's own
+    # settings, as before scopes were configured in the journal).
+    config_version: int | None = None
 
 
 # The run's columns, in the order of its fields: the journal's `runs` table and this record

@@ -18,6 +18,7 @@ from qjsflow.runner.store.records import (
     ENDED,
     ENDED_SQL,
     RUN_COLUMNS,
+    RUN_FIELDS,
     RunRecord,
     RunStatus,
     run_record,
@@ -37,6 +38,7 @@ _RUN_UPDATABLE = {
     "status", "output", "error", "updated_at", "wake_at", "waiting_for", "cpu_used_s",
     "logs_count", "cancel_requested", "sql_used_s", "executor_deaths", "error_stack",
     "pause_requested", "generation", "input", "persisted_bindings", "snapshot_id", "entry_path",
+    "config_version",
 }  # fmt: skip
 # The tables holding a run's rows besides `runs` itself.
 RUN_TABLES = ("steps", "events", "inbox", "timers", "tool_calls", "logs")
@@ -327,13 +329,8 @@ class RunStatements(TransactionBase):
 
     def insert_run(self, run: RunRecord) -> bool:
         """First writer wins: False when a run with this id already exists."""
-        values = (
-            run.run_id, run.scope, run.workflow, run.snapshot_id, run.entry_path, run.status,
-            run.input, run.persisted_bindings, run.output, run.error, run.created_at,
-            run.updated_at, run.wake_at, run.waiting_for, run.cpu_used_s, run.logs_count,
-            int(run.cancel_requested), run.sql_used_s, run.executor_deaths, run.error_stack,
-            int(run.pause_requested), run.generation, run.traceparent,
-        )  # fmt: skip
+        fields = (getattr(run, name) for name in RUN_FIELDS)  # as RUN_COLUMNS names them
+        values = tuple(int(value) if isinstance(value, bool) else value for value in fields)
         placeholders = ", ".join("?" for _ in values)
         row = self._one(
             f"INSERT INTO runs ({RUN_COLUMNS}) VALUES ({placeholders})"

@@ -183,6 +183,36 @@ class JournalTransaction(StepStatements):
             self._db.executemany(f"DELETE FROM {table} WHERE scope = ? AND snapshot_id = ?", unused)
         return len(unused)
 
+    def insert_scope_config(self, scope: str, text: str, now: int) -> tuple[int, bool]:
+        """A new version of the scope's configuration (its canonical text), and True; or the
+        latest version and False when that already holds this text (applying twice is one)."""
+        latest = self.scope_config(scope)
+        if latest is not None and latest[1] == text:
+            return latest[0], False
+        version = 1 if latest is None else latest[0] + 1
+        self._db.execute(
+            "INSERT INTO scope_configs (scope, version, config, created_at) VALUES (?, ?, ?, ?)",
+            (scope, version, text, now),
+        )
+        return version, True
+
+    def scope_config(self, scope: str, version: int | None = None) -> tuple[int, str, int] | None:
+        """A version of the scope's configuration (the latest without `version`): (version,
+        its canonical text, when it was applied), or None."""
+        if version is None:
+            row = self._one(
+                "SELECT version, config, created_at FROM scope_configs WHERE scope = ?"
+                " ORDER BY version DESC LIMIT 1",
+                (scope,),
+            )
+        else:
+            row = self._one(
+                "SELECT version, config, created_at FROM scope_configs"
+                " WHERE scope = ? AND version = ?",
+                (scope, version),
+            )
+        return None if row is None else (int(row[0]), str(row[1]), int(row[2]))
+
     def register_worker(self, worker: WorkerRecord) -> None:
         """The worker as it starts (again, under the same id: its row is replaced)."""
         values = (

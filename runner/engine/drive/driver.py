@@ -30,6 +30,7 @@ import socket
 from functools import partial
 
 from qjsflow.bridge.types import DriveOutcome
+from qjsflow.bundles.manifest import Capabilities
 from qjsflow.runner.bindings import Bindings
 from qjsflow.runner.config import RunnerConfig
 from qjsflow.runner.engine.drive.beginning import (
@@ -51,7 +52,9 @@ from qjsflow.runner.errors import RunNotFound
 from qjsflow.runner.scopedb import ScopeDatabases
 from qjsflow.runner.store import BundleRecord, JournalStore, Lease, LeaseLost, RunRecord
 from qjsflow.runner.telemetry.metrics import METRICS
-from qjsflow.runner.tenancy.budgets import MINUTE_MS, Charges, forget_before
+from qjsflow.runner.tenancy.budgets import MINUTE_MS, Budgets, Charges, forget_before
+from qjsflow.runner.tenancy.environment import ScopeEnvironment
+from qjsflow.runner.tenancy.scope_config import ConfigCache
 from qjsflow.runner.tenancy.scopes import split_run_key
 from qjsflow.sandbox import ExecutorPool
 
@@ -73,8 +76,11 @@ class RunDriver:
         pool: ExecutorPool,
         config: RunnerConfig,
         scopes: ScopeDatabases,
+        *,
+        configs: ConfigCache | None = None,
     ) -> None:
         self.scopes = scopes
+        self.configs = configs or ConfigCache()  # scopes' configuration versions runs recorded
         self.store = store
         self.pool = pool
         self.config = config
@@ -275,6 +281,20 @@ class RunDriver:
             return author_frames(stack, source_map)
 
         return locate
+
+    async def settings_of(
+        self, run: RunRecord
+    ) -> tuple[ScopeEnvironment | None, Budgets | None, Capabilities | None]:
+        """The environment, budgets and capability policy a drive of `run` uses: those of the
+        scope's configuration version it started with (its secrets' values from this
+        process's environment variables), or, for a run that recorded none, this process's
+        own settings."""
+        if run.config_version is None:
+            config = self.config
+            return (config.environments.get(run.scope), config.scope_budgets.get(run.scope),
+                    config.scope_policies.get(run.scope))  # fmt: skip
+        parsed = await self.configs.version(self.store, run.scope, run.config_version)
+        return parsed.environment(os.environ), parsed.budgets, parsed.capabilities
 
     async def bundle_of(self, run: RunRecord) -> BundleRecord:
         """Bundles never change once published: keep the latest few in memory."""

@@ -320,15 +320,14 @@ class DriveSession:
             damaged = None
         except StoredCodeDamaged as error:  # never run code that is not what was published
             bundle, damaged = None, error
+        environment, budgets, policy = await driver.settings_of(run)
         host = DriveHost(
             self.store, self.lease, self.bindings, config.limits, driver.now_ms,
             scopes=driver.scopes, journal_bytes=recorded, monotonic=config.monotonic,
-            environment=config.environments.get(run.scope), run_env=run.persisted_bindings,
-            generation=run.generation,
-            budgets=config.scope_budgets.get(run.scope), used=used, traced=traced,
+            environment=environment, run_env=run.persisted_bindings, generation=run.generation,
+            budgets=budgets, used=used, traced=traced,
             locate=driver.locator(bundle) if bundle is not None else _nowhere,
-            reach=Reach(None if bundle is None else bundle.capabilities,
-                        config.scope_policies.get(run.scope)),
+            reach=Reach(None if bundle is None else bundle.capabilities, policy),
         )  # fmt: skip
         if bundle is None:
             return Failed(False, str(damaged), 0.0), host

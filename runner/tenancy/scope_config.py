@@ -1,0 +1,239 @@
+"""A scope's configuration as data in the journal (docs/TENANCY.md, "Scope configuration"):
+vars, the names of its secrets and the host environment variable a worker reads each one's
+value from, its binding objects, egress policy, budgets and capability policy.
+
+It is versioned like a snapshot (`qjsflow scope apply`); a run records the version it started
+with, so every worker that drives it, anywhere, sees the same `env`. The journal never holds a
+secret's value: a worker resolves it from its own environment when a tool call or a fetch
+needs it (`ScopeConfig.environment`).
+
+A document is JSON or TOML, one scope's settings, with the keys of one scope of the operator's
+env file: `{"vars": {...}, "secrets": {"API_KEY": "ACME_API_KEY"}, "kv": ["CACHE"],
+"egress": {"allow": ["api.example.com"]}, "budgets": {"steps_per_day": 10000},
+"capabilities": {"tools": ["crm.*"]}}`. Every problem is named, one per line.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from typing import Any
+
+from qjsflow.bridge import CodecError, InvalidInput, dumps_text, loads
+from qjsflow.bundles.manifest import Capabilities, capabilities_from_json
+from qjsflow.runner.store import JournalStore
+from qjsflow.runner.tenancy.budgets import Budgets
+from qjsflow.runner.tenancy.egress import EgressPolicy
+from qjsflow.runner.tenancy.environment import ScopeEnvironment
+
+__all__ = [
+    "MAX_CONFIG_BYTES", "ConfigCache", "ScopeConfig", "config_diff", "parse_config_text",
+]  # fmt: skip
+
+MAX_CONFIG_BYTES = 256 * 1024
+_OBJECT_KEYS = ("kv", "queues", "r2", "durable_objects")
+_KEYS = frozenset({"vars", "secrets", "egress", "budgets", "capabilities", *_OBJECT_KEYS})
+_HOST_VARIABLE = "a host environment variable's name (letters, digits, _)"
+
+
+@dataclass(frozen=True, slots=True)
+class ScopeConfig:
+    """One version of a scope's configuration, validated."""
+
+    vars: Mapping[str, Any]
+    secrets: Mapping[str, str]  # name -> the host environment variable holding its value
+    egress: EgressPolicy
+    kv: tuple[str, ...] = ()
+    queues: tuple[str, ...] = ()
+    r2: tuple[str, ...] = ()
+    durable_objects: tuple[str, ...] = ()
+    budgets: Budgets | None = None
+    capabilities: Capabilities | None = None  # the most its snapshots may declare
+
+    def environment(self, host_env: Mapping[str, str]) -> ScopeEnvironment:
+        """The scope's environment in this process, as a drive uses it: its secrets' values
+        from `host_env` (one this process cannot resolve is left out: a call that needs it
+        fails naming it, `MissingSecret`)."""
+        values = {
+            name: host_env[variable] for name, variable in self.secrets.items()
+            if variable in host_env
+        }  # fmt: skip
+        return self._with_secrets(values)
+
+    def declared(self) -> ScopeEnvironment:
+        """The scope's environment as a run's start records it: a handle for every secret it
+        names, whatever this process can resolve (no value: never revealed from here)."""
+        return self._with_secrets(dict.fromkeys(self.secrets, ""))
+
+    def _with_secrets(self, secrets: Mapping[str, str]) -> ScopeEnvironment:
+        return ScopeEnvironment(
+            vars=self.vars, secrets=secrets, egress=self.egress, kv=self.kv, queues=self.queues,
+            r2=self.r2, durable_objects=self.durable_objects,
+        )  # fmt: skip
+
+    def unresolved(self, host_env: Mapping[str, str]) -> list[str]:
+        """The secrets whose values this process cannot find."""
+        return sorted(name for name, variable in self.secrets.items() if variable not in host_env)
+
+    def document(self) -> dict[str, Any]:
+        """The configuration as its canonical document (what the journal stores)."""
+        shown: dict[str, Any] = {"vars": dict(self.vars), "secrets": dict(self.secrets)}
+        for key in _OBJECT_KEYS:
+            if getattr(self, key):
+                shown[key] = list(getattr(self, key))
+        if self.egress != EgressPolicy():
+            shown["egress"] = {"allow": list(self.egress.allow),
+                               "allow_private": self.egress.allow_private}  # fmt: skip
+        if self.budgets is not None:
+            shown["budgets"] = {
+                f.name: getattr(self.budgets, f.name) for f in fields(Budgets)
+                if getattr(self.budgets, f.name) is not None
+            }  # fmt: skip
+        if self.capabilities is not None:
+            shown["capabilities"] = loads(self.capabilities.to_json())
+        return shown
+
+    def text(self) -> str:
+        """The canonical document as the journal stores it: sorted keys, one line."""
+        return dumps_text(_sorted(self.document()))
+
+    @classmethod
+    def from_text(cls, text: str, scope: str) -> ScopeConfig:
+        """A version as the journal stores it."""
+        return parse_config(loads(text), scope)
+
+
+class ConfigCache:
+    """Parsed versions of scopes' configurations, by (scope, version): a version never changes
+    once applied, so each is read and parsed once a process."""
+
+    _KEPT = 256
+
+    def __init__(self) -> None:
+        self._parsed: dict[tuple[str, int], ScopeConfig] = {}
+
+    def parsed(self, scope: str, version: int, text: str) -> ScopeConfig:
+        key = (scope, version)
+        config = self._parsed.get(key)
+        if config is None:
+            config = self._parsed[key] = ScopeConfig.from_text(text, scope)
+            while len(self._parsed) > self._KEPT:
+                del self._parsed[next(iter(self._parsed))]
+        return config
+
+    async def version(self, store: JournalStore, scope: str, version: int) -> ScopeConfig:
+        """A version a run recorded: read from the journal the first time only."""
+        config = self._parsed.get((scope, version))
+        if config is not None:
+            return config
+        found = await store.scope_config(scope, version)
+        if found is None:  # versions are never deleted: this is a broken journal
+            raise RuntimeError(f"scope {scope!r} has no configuration version {version}")
+        return self.parsed(scope, version, found[1])
+
+
+def parse_config_text(text: str, scope: str, *, toml: bool) -> ScopeConfig:
+    """A configuration file's text (JSON, or TOML), validated: `InvalidInput` naming each
+    problem, one per line."""
+    if len(text.encode()) > MAX_CONFIG_BYTES:
+        raise InvalidInput(f"the configuration is over {MAX_CONFIG_BYTES // 1024} KiB")
+    try:
+        document: object = tomllib.loads(text) if toml else loads(text)
+    except (tomllib.TOMLDecodeError, CodecError) as error:
+        kind = "TOML" if toml else "JSON"
+        raise InvalidInput(f"the configuration is not {kind}: {error}") from None
+    return parse_config(document, scope)
+
+
+def parse_config(document: object, scope: str) -> ScopeConfig:
+    where = f"the configuration of scope {scope!r}"
+    if not isinstance(document, dict):
+        raise InvalidInput(f"{where} must be an object (a table) of settings")
+    problems = [f"{where}: unknown key {key!r} (use {', '.join(sorted(_KEYS))})"
+                for key in sorted(set(document) - _KEYS)]  # fmt: skip
+    vars_ = document.get("vars", {})
+    if not isinstance(vars_, dict):
+        problems.append(f"{where}: vars is an object of names and values")
+        vars_ = {}
+    secrets = document.get("secrets", {})
+    if not isinstance(secrets, dict):
+        problems.append(f"{where}: secrets maps each secret's name to {_HOST_VARIABLE}")
+        secrets = {}
+    for name, variable in secrets.items():
+        if not isinstance(variable, str) or not variable.replace("_", "a").isalnum():
+            problems.append(f"{where}: secret {str(name)[:80]!r} names {_HOST_VARIABLE}")
+    objects: dict[str, tuple[str, ...]] = {}
+    for key in _OBJECT_KEYS:
+        value = document.get(key, [])
+        if not isinstance(value, list) or not all(isinstance(name, str) for name in value):
+            problems.append(f"{where}: {key} is a list of names")
+            value = []
+        objects[key] = tuple(value)
+    egress = _egress(document.get("egress", {}), where, problems)
+    budgets = _budgets(document.get("budgets"), where, problems)
+    capabilities = None
+    if "capabilities" in document:
+        try:
+            capabilities = capabilities_from_json(document["capabilities"], where)
+        except ValueError as error:
+            problems.append(str(error))
+    if problems:
+        raise InvalidInput("\n".join(problems))
+    try:
+        config = ScopeConfig(vars_, {str(k): str(v) for k, v in secrets.items()}, egress,
+                             budgets=budgets, capabilities=capabilities, **objects)  # fmt: skip
+        config.declared()  # the binding names: valid, and none declared twice
+    except InvalidInput as error:
+        raise InvalidInput(f"{where}: {error}") from None
+    return config
+
+
+def _egress(value: object, where: str, problems: list[str]) -> EgressPolicy:
+    if not isinstance(value, dict) or set(value) - {"allow", "allow_private"}:
+        problems.append(f"{where}: egress holds allow (a list of hosts) and allow_private")
+        return EgressPolicy()
+    allow = value.get("allow", [])
+    allow_private = value.get("allow_private", False)
+    if not isinstance(allow, list) or not all(isinstance(host, str) for host in allow):
+        problems.append(f"{where}: egress.allow is a list of hosts")
+        allow = []
+    if not isinstance(allow_private, bool):
+        problems.append(f"{where}: egress.allow_private is true or false")
+        allow_private = False
+    return EgressPolicy(allow=tuple(allow), allow_private=allow_private)
+
+
+def _budgets(value: object, where: str, problems: list[str]) -> Budgets | None:
+    if value is None:
+        return None
+    names = {item.name for item in fields(Budgets)}
+    if not isinstance(value, dict) or set(value) - names:
+        problems.append(f"{where}: budgets holds some of {', '.join(sorted(names))}")
+        return None
+    try:
+        return Budgets(**value)
+    except (InvalidInput, TypeError) as error:
+        problems.append(f"{where}: {error}")
+        return None
+
+
+def config_diff(before: str | None, after: str, *, names: tuple[str, str]) -> str:
+    """Two stored versions as a unified diff of their documents, a line a setting."""
+
+    def lines(text: str | None) -> list[str]:
+        if text is None:
+            return []
+        return json.dumps(loads(text), indent=2, sort_keys=True, ensure_ascii=False).splitlines()
+
+    return "\n".join(difflib.unified_diff(lines(before), lines(after), *names, lineterm=""))
+
+
+def _sorted(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {key: _sorted(value[key]) for key in sorted(value)}
+    if isinstance(value, list):
+        return [_sorted(item) for item in value]
+    return value

@@ -1,0 +1,156 @@
+"""A scope's configuration is data in the journal (docs/TENANCY.md, "Scope configuration"):
+applied and versioned by `qjsflow scope`, recorded by each run as it starts, and read by every
+process from there. Worker processes that share nothing but the journal (their own folders,
+their own environment variables) drive a run started by a command given no flag but `--db`."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+
+from qjsflow.runner import Runner, StartRunInput
+from tests.conftest import PROJECT_ROOT
+from tests.postgres import PostgresServer
+
+pytestmark = pytest.mark.slow  # worker processes
+
+FLOW = """
+export default async (event, step, env) => {
+  const checked = await step.tool("check", "check", { key: env.API_KEY });
+  if (event.payload.wait) await step.waitForEvent("go", { type: "go" });
+  return { region: env.REGION, resolved: checked.resolved };
+};
+"""
+SECRET = "s3cret-value-only-workers-hold"
+
+
+class Operator:
+    """The command line over one journal, in a process with no env file, no tools and no
+    secret: what an operator's shell (or a CI job) has."""
+
+    def __init__(self, tmp_path: Path, db: str) -> None:
+        self.tmp_path, self.db = tmp_path, db
+        self.env = {k: v for k, v in os.environ.items() if not k.startswith(("QJSFLOW_", "ACME_"))}
+
+    def run(self, *args: str, env: dict[str, str] | None = None,
+            cwd: Path | None = None) -> subprocess.CompletedProcess[str]:  # fmt: skip
+        return subprocess.run(
+            [sys.executable, "-m", "qjsflow.runner.cli", "--db", self.db, *args],
+            cwd=cwd or PROJECT_ROOT, env=env or self.env, capture_output=True, text=True,
+            timeout=120, check=False,
+        )  # fmt: skip
+
+    def ok(self, *args: str) -> Any:
+        done = self.run("--json", *args)
+        assert done.returncode == 0, done.stderr
+        return orjson.loads(done.stdout)
+
+    def apply(self, settings: dict[str, Any], name: str = "acme.json") -> Any:
+        path = self.tmp_path / name
+        path.write_text(json.dumps(settings))
+        return self.ok("scope", "apply", str(path), "--scope", "acme")
+
+    def worker_until_idle(self, home: str) -> None:
+        """A worker 'machine': its own folder, its own environment (the secret's value)."""
+        folder = self.tmp_path / home
+        folder.mkdir(exist_ok=True)
+        env = {**self.env, "ACME_API_KEY": SECRET, "PYTHONPATH": str(PROJECT_ROOT)}
+        done = self.run("--tools", "tests.config_tools:TOOLS", "worker", "--until-idle",
+                        env=env, cwd=folder)  # fmt: skip
+        assert done.returncode == 0, done.stderr
+
+    def start(self, run_id: str, payload: object = None) -> Any:
+        return self.ok("start", "flow", "--scope", "acme", "--snapshot", "latest", "--run-id",
+                       run_id, "--input", json.dumps(payload or {}), "--no-wait")  # fmt: skip
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgresql")])
+def operator(request: pytest.FixtureRequest, tmp_path: Path) -> Operator:
+    if request.param == "sqlite":
+        db = str(tmp_path / "journal.db")
+    else:
+        server: PostgresServer = request.getfixturevalue("postgres")
+        db = server.new_database()
+    operator = Operator(tmp_path, db)
+    tree = tmp_path / "src"
+    (tree / "workflows").mkdir(parents=True)
+    (tree / "workflows" / "flow.js").write_text(FLOW)
+    assert operator.run("publish", str(tree), "--scope", "acme").returncode == 0
+    return operator
+
+
+def test_runs_started_anywhere_are_driven_by_workers_with_the_scopes_configuration(
+    operator: Operator,
+) -> None:
+    settings = {"vars": {"REGION": "eu"}, "secrets": {"API_KEY": "ACME_API_KEY"}}
+    assert operator.apply(settings)["version"] == 1
+    started = operator.start("r1")  # no --env, no --tools, no secret in this process
+    assert started["status"] == "running"
+    assert operator.start("r2", {"wait": True})["status"] == "running"
+    operator.worker_until_idle("machine-a")
+    assert operator.ok("result", "r1", "--scope", "acme") == {"region": "eu", "resolved": True}
+    assert operator.ok("status", "r2", "--scope", "acme")["status"] == "waiting"
+    # A new version reaches new runs; a running one keeps the version it started with.
+    assert operator.apply({**settings, "vars": {"REGION": "us"}})["version"] == 2
+    operator.start("r3")
+    assert operator.ok("signal", "r2", "go", "--scope", "acme")["status"] in (
+        "running",
+        "completed",
+    )
+    operator.worker_until_idle("machine-b")  # another machine: its own folder and environment
+    assert operator.ok("result", "r2", "--scope", "acme") == {"region": "eu", "resolved": True}
+    assert operator.ok("result", "r3", "--scope", "acme") == {"region": "us", "resolved": True}
+    if not operator.db.startswith("postgresql"):
+        journal = Path(operator.db)
+        held = b"".join(p.read_bytes() for p in journal.parent.glob(journal.name + "*"))
+        assert SECRET.encode() not in held  # only its name and where a worker finds it
+
+
+def test_apply_validates_keeps_the_last_good_version_and_rolls_back(operator: Operator) -> None:
+    first = operator.apply({"vars": {"REGION": "eu"}, "egress": {"allow": ["api.example.com"]}})
+    again = operator.apply({"vars": {"REGION": "eu"}, "egress": {"allow": ["api.example.com"]}})
+    assert (first["version"], again["version"], again["created"]) == (1, 1, False)
+    toml = operator.tmp_path / "acme.toml"
+    toml.write_text('[vars]\nREGION = "us"\n')
+    assert operator.ok("scope", "apply", str(toml), "--scope", "acme")["version"] == 2
+    bad = operator.tmp_path / "bad.json"
+    bad.write_text('{"vars": 3, "nope": 1, "egress": {"allow": "x"}, "secrets": {"K": "no way"}}')
+    refused = operator.run("scope", "apply", str(bad), "--scope", "acme")
+    assert refused.returncode == 2
+    for problem in ("unknown key 'nope'", "vars is an object", "egress.allow is a list",
+                    "secret 'K' names a host environment variable"):  # fmt: skip
+        assert problem in refused.stderr
+    assert "\\x0a" not in refused.stderr  # one problem a line
+    assert operator.ok("scope", "show", "--scope", "acme")["version"] == 2  # the last good one
+    history = operator.ok("scope", "history", "--scope", "acme")
+    assert [v["version"] for v in history] == [2, 1]
+    diff = operator.run("scope", "diff", "--scope", "acme").stdout
+    assert '-    "REGION": "eu"' in diff
+    assert '+    "REGION": "us"' in diff
+    rolled = operator.ok("scope", "apply", "--version", "1", "--scope", "acme")
+    assert rolled["version"] == 3
+    assert rolled["config"]["vars"] == {"REGION": "eu"}
+    missing = operator.run("scope", "show", "--scope", "acme", "--version", "9")
+    assert (missing.returncode, "no configuration version 9" in missing.stderr) == (2, True)
+
+
+async def test_the_python_api_applies_and_a_start_records_the_version(tmp_path: Path) -> None:
+    async with Runner.open(tmp_path / "journal.db") as runner:
+        published = await runner.publish("acme", {"workflows/flow.js": FLOW})
+        applied = await runner.apply_scope_config("acme", '{"vars": {"REGION": "eu"}}')
+        run = await runner.start(
+            StartRunInput("acme", "flow", published.snapshot_id, {}, "r1"), drive=False
+        )
+        record = await runner.store.get_run("acme/r1")
+        assert record is not None
+        assert record.config_version == applied.version == 1
+        assert run.status == "running"
+        history = await runner.scope_config_history("acme")
+        assert [v.version for v in history] == [1]
