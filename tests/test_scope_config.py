@@ -57,11 +57,14 @@ class Operator:
         path.write_text(json.dumps(settings))
         return self.ok("scope", "apply", str(path), "--scope", "acme")
 
-    def worker_until_idle(self, home: str) -> None:
-        """A worker 'machine': its own folder, its own environment (the secret's value)."""
+    def worker_until_idle(self, home: str, *, secret: bool = True) -> None:
+        """A worker 'machine': its own folder, its own environment (the secret's value, or
+        not)."""
         folder = self.tmp_path / home
         folder.mkdir(exist_ok=True)
-        env = {**self.env, "ACME_API_KEY": SECRET, "PYTHONPATH": str(PROJECT_ROOT)}
+        env = {**self.env, "PYTHONPATH": str(PROJECT_ROOT)}
+        if secret:
+            env["ACME_API_KEY"] = SECRET
         done = self.run("--tools", "tests.config_tools:TOOLS", "worker", "--until-idle",
                         env=env, cwd=folder)  # fmt: skip
         assert done.returncode == 0, done.stderr
@@ -111,6 +114,20 @@ def test_runs_started_anywhere_are_driven_by_workers_with_the_scopes_configurati
         journal = Path(operator.db)
         held = b"".join(p.read_bytes() for p in journal.parent.glob(journal.name + "*"))
         assert SECRET.encode() not in held  # only its name and where a worker finds it
+
+
+def test_a_run_needing_a_secret_its_worker_cannot_resolve_waits_for_one_that_can(
+    operator: Operator,
+) -> None:
+    operator.apply({"vars": {"REGION": "eu"}, "secrets": {"API_KEY": "ACME_API_KEY"}})
+    operator.start("r1")
+    operator.worker_until_idle("without-the-secret", secret=False)
+    parked = operator.ok("status", "r1", "--scope", "acme")
+    assert (parked["status"], parked["waiting_for"]) == ("blocked", "secret API_KEY")
+    operator.worker_until_idle("without-it-again", secret=False)  # leaves it: it cannot help
+    assert operator.ok("status", "r1", "--scope", "acme")["status"] == "blocked"
+    operator.worker_until_idle("with-the-secret")
+    assert operator.ok("result", "r1", "--scope", "acme") == {"region": "eu", "resolved": True}
 
 
 def test_apply_validates_keeps_the_last_good_version_and_rolls_back(operator: Operator) -> None:

@@ -264,7 +264,10 @@ class Worker:
         claimable = await self._fair_order(now, free + len(tasks))
         # A blocked run is this worker's to drive only if it has the tool the run is missing.
         blocked = await self.store.blocked_runs(now, _BLOCKED_LOOKED_AT)
-        claimable += [run_id for run_id, missing in blocked if self._can_unblock(run_id, missing)]
+        claimable += [
+            run_id for run_id, missing, version in blocked
+            if await self._can_unblock(run_id, missing, version)
+        ]  # fmt: skip
         claimable = [run_id for run_id in claimable if not self.retries.waiting(run_id)]
         limits = self.driver.config.scope_concurrency
         driving = await self.store.driving_by_scope(now) if limits else {}
@@ -299,12 +302,19 @@ class Worker:
     def _weight(self, scope: str) -> float:
         return max(self.driver.config.scope_weights.get(scope, 1.0), 1e-6)
 
-    def _can_unblock(self, run_id: str, missing: str) -> bool:
-        """Whether this worker has what a blocked run is missing: a tool, or a secret."""
-        if missing.startswith("secret "):
-            environment = self.driver.config.environments.get(split_run_key(run_id)[0])
-            return environment is not None and missing[len("secret ") :] in environment.secrets
-        return self.bindings.tool(missing) is not None
+    async def _can_unblock(self, run_id: str, missing: str, version: int | None) -> bool:
+        """Whether this worker has what a blocked run is missing: a tool, or a secret (of its
+        scope's configuration version, resolved from this process's environment; or of this
+        process's env file, for a run that recorded no version)."""
+        if not missing.startswith("secret "):
+            return self.bindings.tool(missing) is not None
+        scope, name = split_run_key(run_id)[0], missing[len("secret ") :]
+        if version is None:
+            environment = self.driver.config.environments.get(scope)
+        else:
+            parsed = await self.driver.configs.version(self.store, scope, version)
+            environment = parsed.environment(os.environ)
+        return environment is not None and name in environment.secrets
 
     async def _drive(self, run_id: str) -> bool:
         """Drive a claimed run; False when no lease was taken (nothing was driven: the pause

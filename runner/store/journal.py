@@ -176,16 +176,17 @@ class JournalStore(JournalCore):
         )
         return [str(row[0]) for row in rows]
 
-    async def blocked_runs(self, now: int, limit: int) -> list[tuple[str, str]]:
-        """Blocked runs no live driver holds, with the tool address each is missing."""
+    async def blocked_runs(self, now: int, limit: int) -> list[tuple[str, str, int | None]]:
+        """Blocked runs no live driver holds, with what each is missing (a tool address, or
+        "secret NAME") and the configuration version it started with."""
         clock, at = lease_now(self._backend.dialect.lease_clock, now)
         rows = await self._all(
-            "SELECT run_id, waiting_for FROM runs WHERE status = 'blocked'"
+            "SELECT run_id, waiting_for, config_version FROM runs WHERE status = 'blocked'"
             f" AND (worker_id IS NULL OR lease_expires_at IS NULL OR lease_expires_at <= {clock})"
             " ORDER BY updated_at LIMIT ?",
             (*at, limit),
         )
-        return [(str(row[0]), str(row[1])) for row in rows]
+        return [(str(row[0]), str(row[1]), None if row[2] is None else int(row[2])) for row in rows]
 
     async def next_due(self) -> int | None:
         """The earliest timer of any unfinished run."""
