@@ -74,6 +74,8 @@ class RunView:
     waiting_for: str | None = None  # the awaited event type, while waiting
     # Where it failed, innermost first: "at fn (workflows/x.ts:12:5)" in tree paths.
     error_stack: tuple[str, ...] = ()
+    # Its scope's configuration version as it started (None: the starting process's own).
+    config_version: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,6 +156,7 @@ def run_view(run: RunRecord) -> RunView:
         wake_at=_seconds(run.wake_at),
         waiting_for=run.waiting_for,
         error_stack=_frames(run.error_stack),
+        config_version=run.config_version,
     )
 
 

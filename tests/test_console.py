@@ -354,6 +354,8 @@ def test_the_console_reads_a_postgresql_journal(postgres: PostgresServer, tmp_pa
             page = client.get("/runs/acme/r1")
             assert page.status_code == 200
             assert "prepared 7" in page.text
+            # Started with no configuration in the journal: the starting process's settings.
+            assert "Configuration</dt><dd>the starting process's settings" in page.text
     finally:
         started.server.should_exit = True
         started.thread.join(10)

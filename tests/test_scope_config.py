@@ -168,6 +168,7 @@ async def test_the_python_api_applies_and_a_start_records_the_version(tmp_path: 
         record = await runner.store.get_run("acme/r1")
         assert record is not None
         assert record.config_version == applied.version == 1
-        assert run.status == "running"
+        assert (run.status, run.config_version) == ("running", 1)
+        assert (await runner.get("r1", scope="acme")).config_version == 1
         history = await runner.scope_config_history("acme")
         assert [v.version for v in history] == [1]
