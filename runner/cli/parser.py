@@ -255,8 +255,10 @@ def _add_scope(add: Callable[..., argparse.ArgumentParser]) -> None:
     """`qjsflow scope ACTION` (runner/cli/scope.py)."""
     parents = [_global_options(suppress=True)]
     scope = add("scope", help="a scope's configuration in the journal: apply, show, history, diff")
-    actions = scope.add_subparsers(dest="scope_action", required=True, metavar="ACTION",
-                                   parser_class=type(scope))  # fmt: skip
+    actions = scope.add_subparsers(
+        dest="scope_action", required=True, metavar="ACTION", parser_class=type(scope),
+        help="apply, show, history or diff",
+    )  # fmt: skip
 
     def action(name: str, text: str) -> argparse.ArgumentParser:
         parser = actions.add_parser(name, help=text, parents=parents)
@@ -272,7 +274,7 @@ def _add_scope(add: Callable[..., argparse.ArgumentParser]) -> None:
         help="apply version N's settings again (a rollback), instead of a file",
     )
     show = action("show", "a version's settings (the latest without --version)")
-    show.add_argument("--version", type=_config_version, metavar="N")
+    show.add_argument("--version", type=_config_version, metavar="N", help="this version")
     action("history", "every version, the newest first")
     diff = action("diff", "what changed between two versions (the latest and the one before)")
     diff.add_argument("before", nargs="?", type=_config_version, help="the older version")
