@@ -31,7 +31,9 @@ from qjsflow.runner.errors import (
 from qjsflow.runner.operations.control import (
     FRESH_ATTEMPT,
     Checked,
+    ExistingRun,
     StepRef,
+    check_same_start,
     checked_reason,
     fork_run,
     lift_pause,
@@ -43,7 +45,12 @@ from qjsflow.runner.operations.fork_check import check_fork
 from qjsflow.runner.operations.inspect import describe_exports
 from qjsflow.runner.operations.migrate import MigrationReport, migrate_runs
 from qjsflow.runner.operations.retention import Pruned, prune
-from qjsflow.runner.operations.scope_configs import ScopeConfigs, StartSettings, start_settings
+from qjsflow.runner.operations.scope_configs import (
+    ScopeConfigs,
+    StartSettings,
+    move_to_config,
+    start_settings,
+)
 from qjsflow.runner.reads import (
     RUN_ID,
     RunReads,
@@ -235,14 +242,14 @@ class Runner(ScopeConfigs, RunReads):
         if not drive:
             wanted, existing = await self._store.transact(partial(create, now=now))
             if existing is not None:
-                _check_same(existing, wanted)
+                check_same_start(existing, wanted)
                 return run_view(existing)
             return run_view(wanted)
 
         def create_to_drive(tx: JournalTransaction, *, now: int) -> bool:
             wanted, existing = create(tx, now)  # the drive's time: its beginning changes nothing
             if existing is not None:  # nothing is written: the run is returned as it is
-                raise _Existing(existing, wanted)
+                raise ExistingRun(existing, wanted)
             return True
 
         # Created in the transaction that takes its lease and begins its first drive (not
@@ -250,8 +257,8 @@ class Runner(ScopeConfigs, RunReads):
         # caller learns of the run only then).
         try:
             return await self._drive(run_id, bindings, first=create_to_drive)
-        except _Existing as already:
-            _check_same(already.run, already.wanted)
+        except ExistingRun as already:
+            check_same_start(already.run, already.wanted)
             return run_view(already.run)
 
     async def resume(
@@ -297,17 +304,19 @@ class Runner(ScopeConfigs, RunReads):
         scope: str,
         from_step: str | None = None,
         drive: bool = True,
+        config: str | None = None,
     ) -> RunView:
         """Run it again under the same id: from the beginning, or from `from_step`
         (`KIND:NAME[:COUNT]`): the steps settled before it keep their recorded results (their
         tools are not called again); it and everything after run again. The history keeps the
-        earlier attempts."""
-        key = caller_key(run_id, scope)
+        earlier attempts. `config` ("latest", or a version) moves it to that configuration."""
+        key, now = caller_key(run_id, scope), self.driver.now_ms()
         start = None if from_step is None else StepRef.parse(from_step)
-        now = self.driver.now_ms()
+        move = None if config is None else partial(
+            move_to_config, target=config, config=self.config, configs=self.configs)  # fmt: skip
         budgets = self.config.scope_budgets.get(validate_scope(scope))
         await self._store.transact(
-            partial(restart_run, key=key, start=start, now=now, budgets=budgets)
+            partial(restart_run, key=key, start=start, now=now, budgets=budgets, move=move)
         )
         self.driver.stop(key)
         if not drive:
@@ -569,26 +578,6 @@ class Runner(ScopeConfigs, RunReads):
         if not isinstance(run_id, str) or not RUN_ID.fullmatch(run_id):
             raise InvalidRunId(run_id)
         return run_id
-
-
-class _Existing(Exception):
-    """A start found the run it was asked to create (`wanted`): the transaction writes
-    nothing."""
-
-    def __init__(self, run: RunRecord, wanted: RunRecord) -> None:
-        super().__init__(run.run_id)
-        self.run = run
-        self.wanted = wanted
-
-
-def _check_same(existing: RunRecord, wanted: RunRecord) -> None:
-    differences = [
-        name
-        for name in ("workflow", "snapshot_id", "input", "persisted_bindings")
-        if getattr(existing, name) != getattr(wanted, name)
-    ]
-    if differences:  # the run is the caller's own scope's: the key holds the scope
-        raise RunConflict(split_run_key(wanted.run_id)[1], differences)
 
 
 def _published(record: SnapshotRecord, *, created: bool) -> PublishResult:

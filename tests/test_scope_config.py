@@ -116,6 +116,30 @@ def test_runs_started_anywhere_are_driven_by_workers_with_the_scopes_configurati
         assert SECRET.encode() not in held  # only its name and where a worker finds it
 
 
+def test_restart_config_moves_a_run_to_another_version(operator: Operator) -> None:
+    settings = {"vars": {"REGION": "eu"}, "secrets": {"API_KEY": "ACME_API_KEY"}}
+    operator.apply(settings)
+    operator.start("r1")
+    operator.worker_until_idle("machine-a")
+    operator.apply({**settings, "vars": {"REGION": "us"}})
+    # Restarted as it was, it keeps version 1; moved, its env is made again from the version.
+    operator.ok("restart", "r1", "--scope", "acme", "--no-wait")
+    operator.worker_until_idle("machine-a")
+    assert operator.ok("result", "r1", "--scope", "acme") == {"region": "eu", "resolved": True}
+    moved = operator.ok("restart", "r1", "--scope", "acme", "--no-wait", "--config", "latest")
+    assert moved["config_version"] == 2
+    operator.worker_until_idle("machine-b")
+    assert operator.ok("result", "r1", "--scope", "acme") == {"region": "us", "resolved": True}
+    back = operator.ok("restart", "r1", "--scope", "acme", "--no-wait", "--config", "1")
+    assert back["config_version"] == 1
+    for wrong, said in (("9", "no configuration version 9"), ("soon", "latest or a version")):
+        refused = operator.run("restart", "r1", "--scope", "acme", "--config", wrong)
+        assert (refused.returncode, said in refused.stderr) == (2, True), refused.stderr
+    history = operator.ok("history", "r1", "--scope", "acme")
+    moves = [e["data"]["configVersion"] for e in history if e["type"] == "run_restarted"]
+    assert moves == [1, 2, 1]
+
+
 def test_a_run_needing_a_secret_its_worker_cannot_resolve_waits_for_one_that_can(
     operator: Operator,
 ) -> None:

@@ -88,6 +88,10 @@ def add_control_commands(add: Callable[..., argparse.ArgumentParser]) -> None:
                 "--from-step", metavar="KIND:NAME[:COUNT]",
                 help="keep the results before this step; it and the rest run again",
             )  # fmt: skip
+            command.add_argument(
+                "--config", metavar="latest|N",
+                help="run it under this version of its scope's configuration",
+            )  # fmt: skip
         if verb in ("resume", "restart"):
             command.add_argument("--no-wait", action="store_true",
                                  help="leave the run for a worker to drive")  # fmt: skip
@@ -176,7 +180,8 @@ async def _act(verb: str, args: argparse.Namespace, runner: Runner, run: str, sc
         case "terminate":
             return await runner.terminate(run, scope=scope, reason=args.reason)
         case "restart":
-            return await runner.restart(run, scope=scope, from_step=args.from_step, drive=wait)
+            return await runner.restart(run, scope=scope, from_step=args.from_step, drive=wait,
+                                        config=args.config)  # fmt: skip
     raise AssertionError(verb)
 
 

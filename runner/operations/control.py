@@ -9,12 +9,12 @@ write nothing more and its heartbeat stops its executor.
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from qjsflow.bridge import InvalidInput, dumps_text
 from qjsflow.bridge.types import STEP_KINDS
-from qjsflow.runner.errors import RunChanged, RunClosed, RunNotFound
+from qjsflow.runner.errors import RunChanged, RunClosed, RunConflict, RunNotFound
 from qjsflow.runner.store import ENDED, JournalTransaction, RunRecord, RunStatus, StepRow
 from qjsflow.runner.tenancy.budgets import Budgets
 from qjsflow.runner.tenancy.scopes import split_run_key
@@ -24,7 +24,9 @@ __all__ = [
     "FRESH_ATTEMPT",
     "STEP_KINDS",
     "Checked",
+    "ExistingRun",
     "StepRef",
+    "check_same_start",
     "checked_reason",
     "fork_run",
     "kept_steps",
@@ -165,11 +167,17 @@ def restart_run(
     now: int,
     *,
     budgets: Budgets | None = None,
+    move: Callable[[JournalTransaction, RunRecord], tuple[int, str]] | None = None,
 ) -> tuple[int, int]:
     """Run it again, keeping its id: from the beginning, or from `start` (the steps settled
     before it keep their results). Returns (steps kept, steps that run again). An ended run
-    made live again is admitted against its scope's live-runs budget."""
+    made live again is admitted against its scope's live-runs budget. With `move`, it runs
+    under another configuration version, its env made again from it."""
     run = _found(tx, key)
+    moved = {}
+    if move is not None:
+        version, env = move(tx, run)
+        moved = {"config_version": version, "persisted_bindings": env}
     kept, again = _split(tx.list_steps(key), start)
     if run.status in ENDED:
         admit(tx, run.scope, budgets, new_live_run=True)
@@ -177,9 +185,10 @@ def restart_run(
     tx.delete_timers(key)
     tx.delete_steps(key, again)
     tx.free_journal_bytes(run.scope, sum(len(row.output or "") for row in again))
-    tx.update_run(key, **FRESH_ATTEMPT, generation=run.generation + 1, updated_at=now)
+    tx.update_run(key, **FRESH_ATTEMPT, **moved, generation=run.generation + 1, updated_at=now)
     data = {"fromStep": None if start is None else str(start), "generation": run.generation + 1,
-            "kept": len(kept), "again": len(again), "previousStatus": run.status}  # fmt: skip
+            "kept": len(kept), "again": len(again), "previousStatus": run.status,
+            "configVersion": moved.get("config_version", run.config_version)}  # fmt: skip
     tx.append_event(key, "run_restarted", now, dumps_text(data))
     return len(kept), len(again)
 
@@ -225,3 +234,24 @@ def fork_run(
     forked = {"fork": split_run_key(fork.run_id)[1], "copied": len(kept), **data}
     tx.append_event(source_key, "run_forked", now, dumps_text(forked))
     return True
+
+
+class ExistingRun(Exception):
+    """A start found the run it was asked to create (`wanted`): the transaction writes
+    nothing."""
+
+    def __init__(self, run: RunRecord, wanted: RunRecord) -> None:
+        super().__init__(run.run_id)
+        self.run = run
+        self.wanted = wanted
+
+
+def check_same_start(existing: RunRecord, wanted: RunRecord) -> None:
+    """A start with a run id that exists: `RunConflict` unless it was asked the same."""
+    differences = [
+        name
+        for name in ("workflow", "snapshot_id", "input", "persisted_bindings")
+        if getattr(existing, name) != getattr(wanted, name)
+    ]
+    if differences:  # the run is the caller's own scope's: the key holds the scope
+        raise RunConflict(split_run_key(wanted.run_id)[1], differences)

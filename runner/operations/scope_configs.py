@@ -14,11 +14,14 @@ from functools import partial
 from typing import Any
 
 from qjsflow.bridge import InvalidInput, dumps_text, loads
+from qjsflow.bridge.values import from_python, to_python
 from qjsflow.bundles.manifest import Capabilities
 from qjsflow.runner.config import RunnerConfig
-from qjsflow.runner.store import JournalStore, JournalTransaction
+from qjsflow.runner.reads import snapshot_in
+from qjsflow.runner.store import JournalStore, JournalTransaction, RunRecord
 from qjsflow.runner.tenancy.budgets import Budgets
-from qjsflow.runner.tenancy.environment import ScopeEnvironment
+from qjsflow.runner.tenancy.capabilities import Reach
+from qjsflow.runner.tenancy.environment import ScopeEnvironment, env_of
 from qjsflow.runner.tenancy.scope_config import (
     ConfigCache,
     ScopeConfig,
@@ -27,7 +30,9 @@ from qjsflow.runner.tenancy.scope_config import (
 )
 from qjsflow.runner.tenancy.scopes import validate_scope
 
-__all__ = ["ScopeConfigVersion", "ScopeConfigs", "StartSettings", "start_settings"]
+__all__ = [
+    "ScopeConfigVersion", "ScopeConfigs", "StartSettings", "move_to_config", "start_settings",
+]  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,6 +73,55 @@ def start_settings(
     version, text, _ = latest
     parsed = configs.parsed(scope, version, text)
     return StartSettings(parsed.declared(), parsed.capabilities, parsed.budgets, version)
+
+
+def move_to_config(
+    tx: JournalTransaction,
+    run: RunRecord,
+    *,
+    target: str,
+    config: RunnerConfig,
+    configs: ConfigCache,
+) -> tuple[int, str]:
+    """The configuration version a run moves to (`target`: "latest" or a version number) and
+    its `env` made again from it: what its start took from its old settings is replaced, what
+    its caller gave is kept (`restart --config`)."""
+    wanted = None if target == "latest" else _version_number(target)
+    found = tx.scope_config(run.scope, wanted)
+    if found is None:
+        which = "no configuration" if wanted is None else f"no configuration version {wanted}"
+        raise InvalidInput(f"scope {run.scope!r} has {which} (qjsflow scope apply FILE)")
+    version, text, _ = found
+    new = configs.parsed(run.scope, version, text)
+    if run.config_version is None:
+        old = config.environments.get(run.scope)
+    else:
+        earlier = tx.scope_config(run.scope, run.config_version)
+        old = None if earlier is None else configs.parsed(run.scope, *earlier[:2]).declared()
+    given = {
+        name: value for name, value in to_python(run.persisted_bindings).items()
+        if name not in _names(old)
+    }  # fmt: skip
+    snapshot = snapshot_in(tx, reference=run.snapshot_id, scope=run.scope)
+    env = env_of(
+        new.declared(), given, Reach(snapshot.capabilities, new.capabilities).binding_allowed
+    )
+    return version, from_python(env, max_bytes=config.limits.value_bytes, what="the env")
+
+
+def _version_number(text: str) -> int:
+    if not text.isdigit() or not 1 <= int(text) <= 2**62:
+        raise InvalidInput(f"--config is latest or a version number, not {text[:40]!r}")
+    return int(text)
+
+
+def _names(environment: ScopeEnvironment | None) -> set[str]:
+    """The names a scope's settings put in a run's env."""
+    if environment is None:
+        return set()
+    objects = (*environment.kv, *environment.queues, *environment.r2,
+               *environment.durable_objects)  # fmt: skip
+    return {*environment.vars, *environment.secrets, *objects}
 
 
 class ScopeConfigs:
