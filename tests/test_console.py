@@ -4,6 +4,7 @@ Debian's packages, driven by Playwright) for what people do with it."""
 from __future__ import annotations
 
 import asyncio
+import json
 import shutil
 import subprocess
 import sys
@@ -195,6 +196,32 @@ def test_the_workers_page_shows_operators_the_workers_and_tenants_nothing(
     with _client(console, ACME_TOKEN) as client:  # workers serve every scope: not a tenant's
         assert client.get("/api/workers").status_code == 404
         assert client.get("/workers").status_code == 404
+
+
+def test_a_scopes_configuration_is_shown_to_it_and_applied_by_operators(console: Console) -> None:
+    settings = {"vars": {"REGION": "eu"}, "secrets": {"API_KEY": "ACME_API_KEY"}}
+    with _client(console) as client:
+        empty = client.get("/api/scopes/acme/config").json()
+        assert (empty["shown"], empty["versions"]) == (None, [])
+        assert "No configuration in the journal" in client.get("/scopes/acme/config").text
+        applied = client.post("/api/scopes/acme/config", data={"config": json.dumps(settings)})
+        assert applied.json()["version"] == 1
+        bad = client.post("/api/scopes/acme/config", data={"config": '{"vars": 3}'})
+        assert (bad.status_code, "vars is an object" in bad.json()["error"]) == (400, True)
+        again = client.post("/api/scopes/acme/config",
+                            data={"config": json.dumps({"vars": {"REGION": "us"}})})  # fmt: skip
+        assert again.json()["version"] == 2
+        rolled = client.post("/api/scopes/acme/config", data={"rollback": "1"}).json()
+        assert (rolled["version"], rolled["config"]["vars"]) == (3, {"REGION": "eu"})
+        page = client.get("/scopes/acme/config?version=2").text
+        assert "Version 2" in page
+        assert client.get("/scopes/acme/config?version=9").status_code == 404
+    with _client(console, ACME_TOKEN) as client:  # its own scope's settings: names, no values
+        shown = client.get("/api/scopes/acme/config").json()["shown"]
+        assert shown["config"]["secrets"] == {"API_KEY": "ACME_API_KEY"}
+        assert client.get("/api/scopes/other/config").status_code == 404
+        assert client.post("/api/scopes/acme/config", data={"rollback": "2"}).status_code == 404
+        assert "Apply as a new version" not in client.get("/scopes/acme/config").text
 
 
 def test_usage_per_scope_for_the_scope_that_may_see_it(console: Console) -> None:

@@ -238,6 +238,46 @@ class _Console:
             return JSONResponse(views.plain(found))
         return self.page(request, f"{name}.html", scope=scope, **{name: found})
 
+    async def scope_config(self, request: Request) -> Response:
+        """A scope's configuration in the journal (`?version=N`, the latest without it) and its
+        versions: for its own token and operators (secret names only: the journal holds no
+        value). An operator's POST applies a new version (JSON), or `rollback` to one."""
+        principal, by_bearer = self.caller(request)
+        scope = request.path_params["scope"]
+        if not principal.may_see(scope):
+            raise HTTPException(404)
+        api, problem = _api(request), None
+        if request.method == "POST":
+            if principal.scope is not None:  # a tenant reads its settings; operators set them
+                raise HTTPException(404)
+            form = await _form(request)
+            self.prove_intent(request, form, by_bearer)
+            try:
+                rollback = form.get("rollback", "")
+                applied = await (
+                    self.runner.rollback_scope_config(scope, int(rollback)) if rollback.isdigit()
+                    else self.runner.apply_scope_config(scope, form.get("config", ""))
+                )  # fmt: skip
+            except InvalidInput as error:
+                if api:
+                    return JSONResponse({"error": str(error)[:2000]}, status_code=400)
+                problem = str(error)[:2000]
+            else:
+                if api:
+                    return JSONResponse(views.plain(applied))
+                return RedirectResponse(f"/scopes/{scope}/config?done=applied", status_code=303)
+        versions = await self.runner.scope_config_history(scope)
+        wanted = request.query_params.get("version", "")
+        shown = next((v for v in versions if str(v.version) == wanted), None) if wanted else None
+        shown = shown or (versions[0] if versions else None)
+        if wanted and (shown is None or str(shown.version) != wanted):
+            raise HTTPException(404)
+        if api:
+            return JSONResponse(views.plain({"shown": shown, "versions": versions}))
+        return self.page(request, "scope_config.html", scope=scope, shown=shown,
+                         versions=versions, problem=problem,
+                         operator=principal.scope is None)  # fmt: skip
+
     async def workers(self, request: Request) -> Response:
         """The workers serving the journal, live, gone or stopped (operators only: a worker
         serves every scope, and a tenant sees only its own)."""
@@ -305,6 +345,8 @@ def create_app(
         Route("/snapshots", console.snapshots),
         Route("/api/snapshots", console.snapshots),
         Route("/snapshots/{scope}/{snapshot_id}", console.snapshot),
+        Route("/scopes/{scope}/config", console.scope_config, methods=["GET", "POST"]),
+        Route("/api/scopes/{scope}/config", console.scope_config, methods=["GET", "POST"]),
         Route("/workers", console.workers),
         Route("/api/workers", console.workers),
         Route("/usage", console.usage),
