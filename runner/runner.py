@@ -333,11 +333,13 @@ class Runner(ScopeConfigs, RunReads):
         snapshot_id: str | None = None,
         new_run_id: str | None = None,
         drive: bool = True,
+        config: str | None = None,
     ) -> RunView:
         """A new run of the same workflow and input, with the results of the steps settled
         before `from_step` copied (none without it); on `snapshot_id`, another snapshot of
         the scope, if its code reaches those steps in the same order (else `ForkMismatch`,
-        naming the first difference)."""
+        naming the first difference). `config` ("latest", or a version) runs it under that
+        version of its scope's configuration."""
         source = await self._run(run_id, scope)
         start = None if from_step is None else StepRef.parse(from_step)
         snapshot = await self.find_snapshot(snapshot_id or source.snapshot_id, scope=scope)
@@ -357,12 +359,13 @@ class Runner(ScopeConfigs, RunReads):
             checked = Checked(source.generation, keys)
         created = await self._store.transact(partial(
             fork_run, source_key=source.run_id, fork=fork, start=start, now=now, checked=checked,
-            budgets=self.config.scope_budgets.get(fork.scope),
+            budgets=self.config.scope_budgets.get(fork.scope), move=None if config is None else
+            partial(move_to_config, target=config, config=self.config, configs=self.configs),
         ))  # fmt: skip
         if not created:
             raise RunConflict(split_run_key(key)[1], ["run_id (a run with this id exists)"])
         if not drive:
-            return run_view(fork)
+            return await self.get(split_run_key(key)[1], scope=scope)
         return await self._drive(key, bindings)
 
     async def migrate(

@@ -116,7 +116,7 @@ def test_runs_started_anywhere_are_driven_by_workers_with_the_scopes_configurati
         assert SECRET.encode() not in held  # only its name and where a worker finds it
 
 
-def test_restart_config_moves_a_run_to_another_version(operator: Operator) -> None:
+def test_restart_and_fork_config_move_a_run_to_another_version(operator: Operator) -> None:
     settings = {"vars": {"REGION": "eu"}, "secrets": {"API_KEY": "ACME_API_KEY"}}
     operator.apply(settings)
     operator.start("r1")
@@ -138,6 +138,11 @@ def test_restart_config_moves_a_run_to_another_version(operator: Operator) -> No
     history = operator.ok("history", "r1", "--scope", "acme")
     moves = [e["data"]["configVersion"] for e in history if e["type"] == "run_restarted"]
     assert moves == [1, 2, 1]
+    forked = operator.ok("fork", "r1", "--scope", "acme", "--run-id", "f1", "--no-wait",
+                         "--config", "latest")  # fmt: skip
+    assert forked["config_version"] == 2
+    operator.worker_until_idle("machine-b")
+    assert operator.ok("result", "f1", "--scope", "acme") == {"region": "us", "resolved": True}
 
 
 def test_a_run_needing_a_secret_its_worker_cannot_resolve_waits_for_one_that_can(

@@ -101,6 +101,8 @@ def add_control_commands(add: Callable[..., argparse.ArgumentParser]) -> None:
     fork.add_argument("--from-step", metavar="KIND:NAME[:COUNT]",
                       help="copy the results before this step (none without it)")  # fmt: skip
     fork.add_argument("--snapshot", help="run on this snapshot of the scope (id, prefix, latest)")
+    fork.add_argument("--config", metavar="latest|N",
+                      help="run it under this version of its scope's configuration")  # fmt: skip
     fork.add_argument("--run-id", help="the new run's id (random without it)")
     fork.add_argument("--no-wait", action="store_true", help="leave the fork for a worker")
     migrate = add("migrate", help="move runs that have not ended to new code, each only if a "
@@ -219,6 +221,7 @@ async def fork(args: argparse.Namespace, runner: Runner, scope_of: Callable[...,
     return await runner.fork(
         args.run, scope=await scope_of(args, runner), from_step=args.from_step,
         snapshot_id=args.snapshot, new_run_id=args.run_id, drive=not args.no_wait,
+        config=args.config,
     )  # fmt: skip
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from qjsflow.bridge import InvalidInput, dumps_text
 from qjsflow.bridge.types import STEP_KINDS
@@ -211,17 +211,22 @@ def fork_run(
     *,
     checked: Checked | None = None,
     budgets: Budgets | None = None,
+    move: Callable[[JournalTransaction, RunRecord], tuple[int, str]] | None = None,
 ) -> bool:
     """Create `fork` (a new run of the same input) with the results of `source_key`'s steps
     settled before `start` copied. False when a run with the fork's id exists already;
     `RunChanged` when `checked` no longer holds. The fork is admitted as a new live run,
-    and the results it copies as bytes stored, against its scope's budgets."""
+    and the results it copies as bytes stored, against its scope's budgets. With `move`, it
+    runs under another configuration version, its env made again from it."""
     source = _found(tx, source_key)
     kept, _ = _split(tx.list_steps(source_key), start)
     if checked is not None and checked != Checked(source.generation, tuple(r.key for r in kept)):
         raise RunChanged(split_run_key(source_key)[1], "its fork was checked")
     if tx.get_run(fork.run_id) is not None:
         return False
+    if move is not None:
+        version, env = move(tx, fork)
+        fork = replace(fork, config_version=version, persisted_bindings=env)
     copied = sum(len(row.output or "") for row in kept)
     admit(tx, fork.scope, budgets, new_live_run=True, stored_bytes=copied)
     if not tx.insert_run(fork):
