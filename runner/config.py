@@ -85,5 +85,7 @@ class RunnerConfig:
 
     def secret_providers(self) -> tuple[str, ...]:
         """Where this process's secret values come from (as `qjsflow workers` shows it)."""
+        from qjsflow.runner.tenancy.secret_sources import SecretSource  # noqa: PLC0415  (workers only)
+
         from_file = ("env-file",) if any(e.secrets for e in self.environments.values()) else ()
-        return ("environment", *from_file)  # a journal configuration's: variables, by name
+        return (*SecretSource().providers(), *from_file)

@@ -1,14 +1,18 @@
 """A tool for the scope-configuration tests, loaded by worker processes through `--tools`:
-it answers whether the secret value it was handed is the one its own process was given."""
+it answers whether the secret value it was handed is the tests' secret (so a worker resolved
+the handle, from its environment or a mounted file)."""
 
 from __future__ import annotations
 
-import os
 from typing import Any
+
+# The value the tests give the workers that may resolve it (an environment variable, or a
+# mounted file), and only them.
+SECRET = "s3cret-value-only-workers-hold"
 
 
 async def check(args: Any) -> Any:
-    return {"resolved": args["key"] == os.environ.get("ACME_API_KEY", "\0unset")}
+    return {"resolved": args["key"] == SECRET}
 
 
 TOOLS = {"check": check}

@@ -16,6 +16,7 @@ import orjson
 import pytest
 
 from qjsflow.runner import Runner, StartRunInput
+from tests.config_tools import SECRET
 from tests.conftest import PROJECT_ROOT
 from tests.postgres import PostgresServer
 
@@ -28,7 +29,6 @@ export default async (event, step, env) => {
   return { region: env.REGION, resolved: checked.resolved };
 };
 """
-SECRET = "s3cret-value-only-workers-hold"
 
 
 class Operator:
@@ -57,12 +57,12 @@ class Operator:
         path.write_text(json.dumps(settings))
         return self.ok("scope", "apply", str(path), "--scope", "acme")
 
-    def worker_until_idle(self, home: str, *, secret: bool = True) -> None:
+    def worker_until_idle(self, home: str, *, secret: bool = True, **more: str) -> None:
         """A worker 'machine': its own folder, its own environment (the secret's value, or
-        not)."""
+        not; `more` variables)."""
         folder = self.tmp_path / home
         folder.mkdir(exist_ok=True)
-        env = {**self.env, "PYTHONPATH": str(PROJECT_ROOT)}
+        env = {**self.env, "PYTHONPATH": str(PROJECT_ROOT), **more}
         if secret:
             env["ACME_API_KEY"] = SECRET
         done = self.run("--tools", "tests.config_tools:TOOLS", "worker", "--until-idle",
@@ -156,6 +156,18 @@ def test_a_run_needing_a_secret_its_worker_cannot_resolve_waits_for_one_that_can
     operator.worker_until_idle("without-it-again", secret=False)  # leaves it: it cannot help
     assert operator.ok("status", "r1", "--scope", "acme")["status"] == "blocked"
     operator.worker_until_idle("with-the-secret")
+    assert operator.ok("result", "r1", "--scope", "acme") == {"region": "eu", "resolved": True}
+
+
+def test_a_worker_reads_a_secret_from_a_mounted_file(operator: Operator) -> None:
+    """One file per variable, as systemd credentials and Kubernetes secret volumes mount them
+    (QJSFLOW_SECRETS_DIR, or systemd's CREDENTIALS_DIRECTORY)."""
+    operator.apply({"vars": {"REGION": "eu"}, "secrets": {"API_KEY": "ACME_API_KEY"}})
+    mounted = operator.tmp_path / "credentials"
+    mounted.mkdir()
+    (mounted / "ACME_API_KEY").write_text(SECRET + "\n")
+    operator.start("r1")
+    operator.worker_until_idle("machine-a", secret=False, CREDENTIALS_DIRECTORY=str(mounted))
     assert operator.ok("result", "r1", "--scope", "acme") == {"region": "eu", "resolved": True}
 
 

@@ -28,6 +28,7 @@ from qjsflow.runner.store import JournalStore
 from qjsflow.runner.tenancy.budgets import Budgets
 from qjsflow.runner.tenancy.egress import EgressPolicy
 from qjsflow.runner.tenancy.environment import ScopeEnvironment
+from qjsflow.runner.tenancy.secret_sources import SecretSource
 
 __all__ = [
     "MAX_CONFIG_BYTES", "ConfigCache", "ScopeConfig", "config_diff", "parse_config_text",
@@ -53,15 +54,12 @@ class ScopeConfig:
     budgets: Budgets | None = None
     capabilities: Capabilities | None = None  # the most its snapshots may declare
 
-    def environment(self, host_env: Mapping[str, str]) -> ScopeEnvironment:
+    def environment(self, source: SecretSource) -> ScopeEnvironment:
         """The scope's environment in this process, as a drive uses it: its secrets' values
-        from `host_env` (one this process cannot resolve is left out: a call that needs it
-        fails naming it, `MissingSecret`)."""
-        values = {
-            name: host_env[variable] for name, variable in self.secrets.items()
-            if variable in host_env
-        }  # fmt: skip
-        return self._with_secrets(values)
+        from `source` (one this process cannot resolve is left out: the run parks `blocked`
+        on it until a worker that can drives it)."""
+        found = {name: source.get(variable) for name, variable in self.secrets.items()}
+        return self._with_secrets({name: v for name, v in found.items() if v is not None})
 
     def declared(self) -> ScopeEnvironment:
         """The scope's environment as a run's start records it: a handle for every secret it
@@ -73,10 +71,6 @@ class ScopeConfig:
             vars=self.vars, secrets=secrets, egress=self.egress, kv=self.kv, queues=self.queues,
             r2=self.r2, durable_objects=self.durable_objects,
         )  # fmt: skip
-
-    def unresolved(self, host_env: Mapping[str, str]) -> list[str]:
-        """The secrets whose values this process cannot find."""
-        return sorted(name for name, variable in self.secrets.items() if variable not in host_env)
 
     def document(self) -> dict[str, Any]:
         """The configuration as its canonical document (what the journal stores)."""

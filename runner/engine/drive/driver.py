@@ -56,6 +56,7 @@ from qjsflow.runner.tenancy.budgets import MINUTE_MS, Budgets, Charges, forget_b
 from qjsflow.runner.tenancy.environment import ScopeEnvironment
 from qjsflow.runner.tenancy.scope_config import ConfigCache
 from qjsflow.runner.tenancy.scopes import split_run_key
+from qjsflow.runner.tenancy.secret_sources import SecretSource
 from qjsflow.sandbox import ExecutorPool
 
 __all__ = ["RunDriver"]
@@ -81,6 +82,7 @@ class RunDriver:
     ) -> None:
         self.scopes = scopes
         self.configs = configs or ConfigCache()  # scopes' configuration versions runs recorded
+        self.secret_source = SecretSource()  # where this process finds secrets' values
         self.store = store
         self.pool = pool
         self.config = config
@@ -294,7 +296,7 @@ class RunDriver:
             return (config.environments.get(run.scope), config.scope_budgets.get(run.scope),
                     config.scope_policies.get(run.scope))  # fmt: skip
         parsed = await self.configs.version(self.store, run.scope, run.config_version)
-        return parsed.environment(os.environ), parsed.budgets, parsed.capabilities
+        return parsed.environment(self.secret_source), parsed.budgets, parsed.capabilities
 
     async def bundle_of(self, run: RunRecord) -> BundleRecord:
         """Bundles never change once published: keep the latest few in memory."""
