@@ -182,3 +182,27 @@ def test_dev_republishes_on_change_shows_errors_and_serves_the_console(tmp_path:
         out, err = dev.communicate(timeout=30)
     assert dev.returncode == 0, err
     assert "stopped" in out
+
+
+def test_run_honours_the_env_file_and_its_scope(tmp_path: Path) -> None:
+    """`qjsflow run --env FILE`: the run sees the scope's vars and secrets (from this shell's
+    variables), as a worker would; a file of several scopes needs --scope."""
+    tree = tmp_path / "src"
+    (tree / "workflows").mkdir(parents=True)
+    (tree / "workflows" / "flow.js").write_text(
+        "export default async (event, step, env) => ({ region: env.REGION, has: 'KEY' in env });\n"
+    )
+    env_file = tmp_path / "env.json"
+    env_file.write_text('{"acme": {"vars": {"REGION": "eu"}, "secrets": {"KEY": "HOME"}}}')
+    done = subprocess.run([*QJSFLOW, "--env", str(env_file), "run", str(tree), "flow", "--json"],
+                          capture_output=True, text=True, timeout=120, check=False)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert orjson.loads(done.stdout)["output"] == {"region": "eu", "has": True}
+    env_file.write_text('{"acme": {"vars": {"REGION": "eu"}}, "beta": {"vars": {"REGION": "us"}}}')
+    which = subprocess.run([*QJSFLOW, "--env", str(env_file), "run", str(tree), "flow"],
+                           capture_output=True, text=True, timeout=120, check=False)  # fmt: skip
+    assert (which.returncode, "it has: acme, beta" in which.stderr) == (2, True)
+    beta = subprocess.run([*QJSFLOW, "--env", str(env_file), "run", str(tree), "flow", "--scope",
+                           "beta", "--json"], capture_output=True, text=True, timeout=120,
+                          check=False)  # fmt: skip
+    assert orjson.loads(beta.stdout)["output"] == {"region": "us", "has": False}

@@ -19,6 +19,7 @@ from qjsflow.runner.bindings import ToolFn
 from qjsflow.runner.cli.output import printable, render_json, table
 from qjsflow.runner.config import RunnerConfig
 from qjsflow.runner.runner import Runner
+from qjsflow.runner.tenancy.environment import ScopeEnvironment, load_scope_settings
 from qjsflow.runner.testing import Idle, MockTool, WorkflowTest
 
 __all__ = ["develop", "run_workflow"]
@@ -64,7 +65,9 @@ async def run_workflow(args: argparse.Namespace, tools: Mapping[str, ToolFn]) ->
     steps = {name: _json(text, f"--mock-step {name}")
              for name, text in _pairs(args.mock_step, "--mock-step")}  # fmt: skip
     real_time = not args.fast_forward
-    async with WorkflowTest(args.dir, tools=mocks, real_time=real_time) as test:
+    scope, environment = _environment_of(args)
+    async with WorkflowTest(args.dir, tools=mocks, real_time=real_time, scope=scope,
+                            environment=environment) as test:  # fmt: skip
         run = await test.start(args.workflow, payload, events=events, mock_steps=steps)
         idle = await test.run_until_idle(run.run_id, waits_time_out=args.let_waits_time_out)
         rows = await test.timeline(run.run_id)
@@ -165,3 +168,19 @@ async def _publish(runner: Runner, scope: str, root: Path) -> None:
 
 def _say(line: str) -> None:
     print(printable(f"[{time.strftime('%H:%M:%S')}] {line}"), flush=True)
+
+
+def _environment_of(args: argparse.Namespace) -> tuple[str, ScopeEnvironment | None]:
+    """The scope a local run runs as and its environment: with `--env`, the env file's scope
+    (`--scope`, or the file's only one) with its vars, secrets (from this shell's variables)
+    and egress; without, scope "test" and none."""
+    if not args.env:
+        return args.scope or "test", None
+    environments = load_scope_settings(args.env).environments
+    if args.scope is None and len(environments) != 1:
+        scopes = ", ".join(sorted(environments)[:20]) or "none"
+        raise InvalidInput(f"say which scope of the env file with --scope (it has: {scopes})")
+    scope = args.scope or next(iter(environments))
+    if scope not in environments:
+        raise InvalidInput(f"the env file has no scope {printable(scope[:80])!r}")
+    return scope, environments[scope]

@@ -346,6 +346,7 @@ def _add_author_commands(add: Callable[..., argparse.ArgumentParser]) -> None:
               "(exit 0 completed, 1 failed or stopped, 2 bad input)")  # fmt: skip
     run.add_argument("dir", help="the folder holding workflows/ and the code it imports")
     run.add_argument("workflow", help="the workflow's name")
+    run.add_argument("--scope", help="with --env: the env file's scope to run as (its only one)")
     run.add_argument("--input", default="null", help="the event payload, as JSON")
     for option, metavar, text in (
         ("--event", "TYPE=JSON", "an event given when the run waits for TYPE (repeatable)"),
