@@ -216,6 +216,9 @@ def test_a_scopes_configuration_is_shown_to_it_and_applied_by_operators(console:
         page = client.get("/scopes/acme/config?version=2").text
         assert "Version 2" in page
         assert client.get("/scopes/acme/config?version=9").status_code == 404
+        assert client.get("/api/scopes/no%20such/config").status_code == 404  # not a scope name
+        huge = client.post("/api/scopes/acme/config", data={"rollback": "9" * 40})
+        assert (huge.status_code, "no version" in huge.json()["error"]) == (400, True)
     with _client(console, ACME_TOKEN) as client:  # its own scope's settings: names, no values
         shown = client.get("/api/scopes/acme/config").json()["shown"]
         assert shown["config"]["secrets"] == {"API_KEY": "ACME_API_KEY"}

@@ -195,6 +195,12 @@ def test_apply_validates_keeps_the_last_good_version_and_rolls_back(operator: Op
     rolled = operator.ok("scope", "apply", "--version", "1", "--scope", "acme")
     assert rolled["version"] == 3
     assert rolled["config"]["vars"] == {"REGION": "eu"}
+    dated = operator.tmp_path / "dated.toml"
+    dated.write_text("[vars]\nWHEN = 1979-05-27\nN = nan\n")
+    refused = operator.run("scope", "apply", str(dated), "--scope", "acme")
+    assert refused.returncode == 2
+    assert "vars.WHEN is a date, not a JSON value" in refused.stderr  # never converted
+    assert "vars.N is not a finite number" in refused.stderr
     missing = operator.run("scope", "show", "--scope", "acme", "--version", "9")
     assert (missing.returncode, "no configuration version 9" in missing.stderr) == (2, True)
 

@@ -36,7 +36,7 @@ from qjsflow.runner.console import views
 from qjsflow.runner.console.auth import OPERATOR, SESSION_COOKIE, Principal, Sessions, Tokens
 from qjsflow.runner.console.guard import LOOPBACK_NAMES, prove_same_origin, served_host
 from qjsflow.runner.runner import Runner
-from qjsflow.runner.tenancy.scopes import ALL_SCOPES, AllScopes
+from qjsflow.runner.tenancy.scopes import ALL_SCOPES, AllScopes, validate_scope
 from qjsflow.runner.views import RUN_STATUSES
 
 __all__ = ["create_app"]
@@ -244,6 +244,10 @@ class _Console:
         value). An operator's POST applies a new version (JSON), or `rollback` to one."""
         principal, by_bearer = self.caller(request)
         scope = request.path_params["scope"]
+        try:
+            scope = validate_scope(scope)
+        except InvalidInput:  # as a scope that does not exist
+            raise HTTPException(404) from None
         if not principal.may_see(scope):
             raise HTTPException(404)
         api, problem = _api(request), None
@@ -254,8 +258,10 @@ class _Console:
             self.prove_intent(request, form, by_bearer)
             try:
                 rollback = form.get("rollback", "")
+                if rollback and not (rollback.isdigit() and 1 <= int(rollback) <= 2**62):
+                    raise InvalidInput(f"no version {rollback[:40]!r} to roll back to")
                 applied = await (
-                    self.runner.rollback_scope_config(scope, int(rollback)) if rollback.isdigit()
+                    self.runner.rollback_scope_config(scope, int(rollback)) if rollback
                     else self.runner.apply_scope_config(scope, form.get("config", ""))
                 )  # fmt: skip
             except InvalidInput as error:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import difflib
 import json
+import math
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
@@ -152,6 +153,10 @@ def parse_config(document: object, scope: str) -> ScopeConfig:
     if not isinstance(vars_, dict):
         problems.append(f"{where}: vars is an object of names and values")
         vars_ = {}
+    for name, value in vars_.items():
+        problem = _not_json(value, f"vars.{str(name)[:80]}")
+        if problem is not None:
+            problems.append(f"{where}: {problem}")
     secrets = document.get("secrets", {})
     if not isinstance(secrets, dict):
         problems.append(f"{where}: secrets maps each secret's name to {_HOST_VARIABLE}")
@@ -183,6 +188,25 @@ def parse_config(document: object, scope: str) -> ScopeConfig:
     except InvalidInput as error:
         raise InvalidInput(f"{where}: {error}") from None
     return config
+
+
+def _not_json(value: object, path: str, depth: int = 0) -> str | None:
+    """What makes `value` no JSON value a run's env can hold (a TOML date, NaN, ...), if
+    anything: values are stored and given to runs as JSON, never converted."""
+    if depth > 32:
+        return f"{path} is nested too deep"
+    if value is None or isinstance(value, bool | int | str):
+        return None
+    if isinstance(value, float):
+        return None if math.isfinite(value) else f"{path} is not a finite number"
+    if isinstance(value, list):
+        return next((p for i, v in enumerate(value)
+                     if (p := _not_json(v, f"{path}[{i}]", depth + 1))), None)  # fmt: skip
+    if isinstance(value, dict):
+        return next((p for k, v in value.items()
+                     if (p := _not_json(v, f"{path}.{str(k)[:80]}", depth + 1))), None)  # fmt: skip
+    kind = type(value).__name__
+    return f"{path} is a {kind}, not a JSON value (write it as a string)"
 
 
 def _egress(value: object, where: str, problems: list[str]) -> EgressPolicy:
