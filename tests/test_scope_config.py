@@ -39,12 +39,12 @@ class Operator:
         self.tmp_path, self.db = tmp_path, db
         self.env = {k: v for k, v in os.environ.items() if not k.startswith(("QJSFLOW_", "ACME_"))}
 
-    def run(self, *args: str, env: dict[str, str] | None = None,
-            cwd: Path | None = None) -> subprocess.CompletedProcess[str]:  # fmt: skip
+    def run(self, *args: str, env: dict[str, str] | None = None, cwd: Path | None = None,
+            stdin: str | None = None) -> subprocess.CompletedProcess[str]:  # fmt: skip
         return subprocess.run(
             [sys.executable, "-m", "qjsflow.runner.cli", "--db", self.db, *args],
             cwd=cwd or PROJECT_ROOT, env=env or self.env, capture_output=True, text=True,
-            timeout=120, check=False,
+            timeout=120, check=False, input=stdin,
         )  # fmt: skip
 
     def ok(self, *args: str) -> Any:
@@ -169,6 +169,40 @@ def test_a_worker_reads_a_secret_from_a_mounted_file(operator: Operator) -> None
     operator.start("r1")
     operator.worker_until_idle("machine-a", secret=False, CREDENTIALS_DIRECTORY=str(mounted))
     assert operator.ok("result", "r1", "--scope", "acme") == {"region": "eu", "resolved": True}
+
+
+def test_secrets_sealed_in_the_journal_open_only_where_the_scopes_key_is(
+    operator: Operator,
+) -> None:
+    keys = operator.tmp_path / "keys"
+    made = operator.run("secrets", "keygen", "--scope", "acme", "--keys", str(keys))
+    assert made.returncode == 0, made.stderr
+    assert (keys / "acme.key").stat().st_mode & 0o077 == 0  # its owner's only
+    again = operator.run("secrets", "keygen", "--scope", "acme", "--keys", str(keys))
+    assert (again.returncode, "it is kept" in again.stderr) == (2, True)
+    keyless = operator.run("secrets", "set", "API_KEY", "--scope", "acme", stdin=SECRET)
+    assert (keyless.returncode, "secrets keygen" in keyless.stderr) == (2, True)
+    sealed = operator.run("secrets", "set", "API_KEY", "--scope", "acme", "--keys", str(keys),
+                          stdin=SECRET + "\n")  # fmt: skip
+    assert sealed.returncode == 0, sealed.stderr
+    listed = operator.ok("secrets", "list", "--scope", "acme")
+    assert [entry["name"] for entry in listed] == ["API_KEY"]
+    assert SECRET not in json.dumps(listed)
+    operator.apply({"vars": {"REGION": "eu"}, "secrets": {"API_KEY": "@journal"}})
+    operator.start("r1")
+    operator.worker_until_idle("without-the-key", secret=False)
+    parked = operator.ok("status", "r1", "--scope", "acme")
+    assert (parked["status"], parked["waiting_for"]) == ("blocked", "secret API_KEY")
+    operator.worker_until_idle("with-the-key", secret=False, QJSFLOW_SECRET_KEYS=str(keys))
+    assert operator.ok("result", "r1", "--scope", "acme") == {"region": "eu", "resolved": True}
+    if not operator.db.startswith("postgresql"):
+        journal = Path(operator.db)
+        held = b"".join(p.read_bytes() for p in journal.parent.glob(journal.name + "*"))
+        assert SECRET.encode() not in held
+    (keys / "acme.key").unlink()  # the scope's key destroyed: its sealed values with it
+    operator.start("r2")
+    operator.worker_until_idle("with-the-key", secret=False, QJSFLOW_SECRET_KEYS=str(keys))
+    assert operator.ok("status", "r2", "--scope", "acme")["status"] == "blocked"
 
 
 def test_apply_validates_keeps_the_last_good_version_and_rolls_back(operator: Operator) -> None:

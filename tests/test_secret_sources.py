@@ -1,10 +1,16 @@
 """Where a worker finds secret values (runner/tenancy/secret_sources.py): its environment
-first, then one file per variable in a mounted directory; names that could leave it never."""
+first, then one file per variable in a mounted directory; names that could leave it never.
+And values sealed in the journal (runner/tenancy/sealed_secrets.py)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
+import pytest
+
+from qjsflow.bridge import InvalidInput
+from qjsflow.runner.tenancy.sealed_secrets import SecretKeys, new_key, open_sealed, seal
 from qjsflow.runner.tenancy.secret_sources import MAX_SECRET_BYTES, SecretSource
 
 
@@ -35,3 +41,23 @@ def test_names_that_could_leave_the_directory_and_oversized_files_are_refused(
     assert source.get("../outside") is None
     assert source.get("BIG") is None
     assert SecretSource({}).providers() == ("environment",)
+
+
+def test_a_sealed_value_opens_only_with_its_key_in_its_own_slot(tmp_path: Path) -> None:
+    new_key(tmp_path, "acme")
+    new_key(tmp_path, "beta")
+    keys = SecretKeys(folder=str(tmp_path))
+    acme, beta = keys.key("acme"), keys.key("beta")
+    assert acme is not None
+    assert beta is not None
+    sealed = seal(acme, "acme", "API_KEY", "v4lue")
+    assert "v4lue" not in repr(sealed)
+    assert open_sealed(acme, "acme", "API_KEY", sealed) == "v4lue"
+    assert open_sealed(beta, "acme", "API_KEY", sealed) is None  # another scope's key
+    assert open_sealed(acme, "acme", "OTHER", sealed) is None  # moved to another name
+    assert open_sealed(acme, "beta", "API_KEY", sealed) is None  # or another scope
+    flipped = replace(sealed, ciphertext=sealed.ciphertext[:-4] + "AAAA")
+    assert open_sealed(acme, "acme", "API_KEY", flipped) is None  # tampered with
+    assert keys.key("../acme") is None  # a name that could leave the folder
+    with pytest.raises(InvalidInput, match="1 byte to"):
+        seal(acme, "acme", "API_KEY", "")

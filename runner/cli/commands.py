@@ -348,10 +348,10 @@ def _show(args: argparse.Namespace, colour: bool) -> str:
             args, lambda a, r: r.usage(scope=ALL_SCOPES if a.scope is None else a.scope)
         ))  # fmt: skip
         return render_json(found) if args.json else render_usage(found)
-    if command == "scope":
-        from qjsflow.runner.cli.scope import scope_command  # noqa: PLC0415  (loads the Runner)
+    if command in ("scope", "secrets"):
+        from qjsflow.runner.cli.scope import scope_command, secrets_command  # noqa: PLC0415
 
-        return scope_command(args)
+        return scope_command(args) if command == "scope" else secrets_command(args)
     if command == "workers":
         workers = asyncio.run(_with_reads(args, lambda _, reads: reads.workers()))
         return render_json(workers) if args.json else render_workers(workers)

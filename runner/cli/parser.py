@@ -237,6 +237,7 @@ def _add_worker(add: Callable[..., argparse.ArgumentParser]) -> None:
     _old_spelling(worker, "--listen-host", "--host")  # as the console's --host
     add("workers", help="the workers serving this journal: live, gone or stopped, what each binds")
     _add_scope(add)
+    _add_secrets(add)
 
 
 def _add_signal(add: Callable[..., argparse.ArgumentParser]) -> None:
@@ -281,6 +282,27 @@ def _add_scope(add: Callable[..., argparse.ArgumentParser]) -> None:
     diff.add_argument(
         "after", nargs="?", type=_config_version, help="the newer version (the latest)"
     )
+
+
+def _add_secrets(add: Callable[..., argparse.ArgumentParser]) -> None:
+    """`qjsflow secrets ACTION` (runner/cli/scope.py): values sealed in the journal."""
+    parents = [_global_options(suppress=True)]
+    secrets = add("secrets", help="secret values sealed in the journal under their scope's key")
+    actions = secrets.add_subparsers(
+        dest="secrets_action", required=True, metavar="ACTION", parser_class=type(secrets),
+        help="set, list, delete or keygen",
+    )  # fmt: skip
+    for name, text in (
+        ("set", "seal a value read from stdin as the secret NAME (its source: @journal)"),
+        ("delete", "forget the secret NAME"),
+        ("list", "the scope's sealed secrets: names and when each was set, never a value"),
+        ("keygen", "make the scope's key in --keys (or QJSFLOW_SECRET_KEYS); never replaced"),
+    ):
+        action = actions.add_parser(name, help=text, parents=parents)
+        action.add_argument("--scope", help="the scope (QJSFLOW_SCOPE)")
+        action.add_argument("--keys", metavar="DIR", help="the folder of scope keys")
+        if name in ("set", "delete"):
+            action.add_argument("name", help="the secret's name, as the run's env has it")
 
 
 def _config_version(text: str) -> int:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -16,7 +17,7 @@ from qjsflow.bridge.printable import printable
 from qjsflow.runner.cli.output import age, render_json, table
 from qjsflow.runner.tenancy.scope_config import MAX_CONFIG_BYTES
 
-__all__ = ["scope_command"]
+__all__ = ["scope_command", "secrets_command"]
 
 
 def scope_command(args: argparse.Namespace) -> str:
@@ -73,3 +74,42 @@ def _read(file: str) -> str:
         raise InvalidInput(f"cannot read {printable(file[:200])!r}: {error.strerror}") from None
     except UnicodeDecodeError:
         raise InvalidInput(f"{printable(file[:200])!r} is not UTF-8 text") from None
+
+
+def secrets_command(args: argparse.Namespace) -> str:
+    """Run `qjsflow secrets ACTION`; what to print (never a value)."""
+    from qjsflow.runner.cli import host as cli_host  # noqa: PLC0415  (loads the Runner)
+    from qjsflow.runner.tenancy.sealed_secrets import (  # noqa: PLC0415  (cryptography)
+        KEYS_VARIABLE,
+        SecretKeys,
+        new_key,
+    )
+
+    if not args.scope:
+        raise InvalidInput("say which scope with --scope (or QJSFLOW_SCOPE)")
+    keys = SecretKeys(folder=args.keys)
+    action = args.secrets_action
+    if action == "keygen":
+        if keys.folder is None:
+            raise InvalidInput(f"say where the key goes with --keys DIR (or {KEYS_VARIABLE})")
+        return printable(f"scope {args.scope}: key written to {new_key(keys.folder, args.scope)}")
+    if action == "set":
+        value = sys.stdin.read(MAX_CONFIG_BYTES + 1).removesuffix("\n")
+        asyncio.run(cli_host.with_runner(
+            args, lambda a, r: r.set_secret(a.scope, a.name, value, keys=keys), create=True
+        ))  # fmt: skip
+        return printable(f"scope {args.scope}: secret {args.name} sealed")
+    if action == "delete":
+        gone = asyncio.run(cli_host.with_runner(
+            args, lambda a, r: r.delete_secret(a.scope, a.name), create=False
+        ))  # fmt: skip
+        if not gone:
+            raise InvalidInput(f"scope {args.scope!r} has no sealed secret {args.name[:80]!r}")
+        return printable(f"scope {args.scope}: secret {args.name} deleted")
+    names = asyncio.run(cli_host.with_runner(
+        args, lambda a, r: r.secret_names(a.scope), create=False
+    ))  # fmt: skip
+    if args.json:
+        return render_json([{"name": name, "set_at": at} for name, at in names])
+    rows = [("SECRET", "SET")] + [(name, age(at)) for name, at in names]
+    return "\n".join(table([tuple(printable(cell) for cell in row) for row in rows]))

@@ -313,7 +313,7 @@ class Worker:
             environment = self.driver.config.environments.get(scope)
         else:
             parsed = await self.driver.configs.version(self.store, scope, version)
-            environment = parsed.environment(self.driver.secret_source)
+            environment = await self.driver.environment_of(scope, parsed)
         return environment is not None and name in environment.secrets
 
     async def _drive(self, run_id: str) -> bool:

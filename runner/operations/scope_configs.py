@@ -29,6 +29,7 @@ from qjsflow.runner.tenancy.scope_config import (
     parse_config_text,
 )
 from qjsflow.runner.tenancy.scopes import validate_scope
+from qjsflow.runner.tenancy.sealed_secrets import KEYS_VARIABLE, SecretKeys, seal
 
 __all__ = [
     "ScopeConfigVersion", "ScopeConfigs", "StartSettings", "move_to_config", "start_settings",
@@ -172,6 +173,35 @@ class ScopeConfigs:
             names=(f"version {older_version}", f"version {newer.version}"),
         )  # fmt: skip
 
+    async def set_secret(
+        self, scope: str, name: str, value: str, *, keys: SecretKeys | None = None
+    ) -> None:
+        """Seal `value` under the scope's key (which this process must hold: `keys`, or the
+        folder `QJSFLOW_SECRET_KEYS` names) and store it as the secret `name`: a configuration
+        names it with the source `@journal`. The journal never holds the value."""
+        scope = validate_scope(scope)
+        ScopeEnvironment(secrets={name: ""})  # a valid binding name, or InvalidInput
+        key = (keys or SecretKeys()).key(scope)
+        if key is None:
+            raise InvalidInput(
+                f"no key for scope {scope!r}: make one with qjsflow secrets keygen, and give "
+                f"its folder as {KEYS_VARIABLE}"
+            )
+        sealed = seal(key, scope, name, value)
+        row = (sealed.key_id, sealed.nonce, sealed.ciphertext)
+        now = int(time.time() * 1000)
+        await self.store.transact(partial(_put_secret, scope=scope, name=name, row=row, now=now))
+
+    async def delete_secret(self, scope: str, name: str) -> bool:
+        """Forget the sealed secret `name`; False when there was none."""
+        scope = validate_scope(scope)
+        return bool(await self.store.transact(partial(_delete_secret, scope=scope, name=name)))
+
+    async def secret_names(self, scope: str) -> list[tuple[str, float]]:
+        """The scope's sealed secrets: each name and when it was set (never a value)."""
+        rows = await self.store.sealed_secrets(validate_scope(scope))
+        return [(name, row[3] / 1000) for name, row in rows.items()]
+
     async def _store_version(self, scope: str, config: ScopeConfig) -> ScopeConfigVersion:
         now = int(time.time() * 1000)
         version, created = await self.store.transact(
@@ -190,3 +220,13 @@ def _view(scope: str, version: int, text: str, at: int) -> ScopeConfigVersion:
 
 def _text(view: ScopeConfigVersion) -> str:
     return ScopeConfig.from_text(dumps_text(view.config), view.scope).text()
+
+
+def _put_secret(
+    tx: JournalTransaction, *, scope: str, name: str, row: tuple[str, str, str], now: int
+) -> None:
+    tx.put_sealed_secret(scope, name, row, now)
+
+
+def _delete_secret(tx: JournalTransaction, *, scope: str, name: str) -> bool:
+    return tx.delete_sealed_secret(scope, name)

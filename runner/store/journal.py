@@ -396,6 +396,15 @@ class JournalStore(JournalCore):
         )
         return [(int(row[0]), str(row[1]), int(row[2])) for row in rows]
 
+    async def sealed_secrets(self, scope: str) -> dict[str, tuple[str, str, str, int]]:
+        """The scope's sealed secrets by name: (key id, nonce, ciphertext, when set)."""
+        rows = await self._all(
+            "SELECT name, key_id, nonce, ciphertext, updated_at FROM scope_secrets"
+            " WHERE scope = ? ORDER BY name",
+            (scope,),
+        )
+        return {str(r[0]): (str(r[1]), str(r[2]), str(r[3]), int(r[4])) for r in rows}
+
     async def list_workers(self) -> list[WorkerRecord]:
         """Every worker registered, the most recently heard of first."""
         rows = await self._all(

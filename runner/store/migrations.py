@@ -24,6 +24,7 @@ __all__ = [
     "migrate",
     "replay_clock",
     "scope_configs",
+    "scope_secrets",
     "scoped_run_keys",
     "tenancy",
 ]
@@ -104,6 +105,21 @@ def scope_configs(integer: str) -> str:
     PRIMARY KEY (scope, version)
 );
 ALTER TABLE runs ADD COLUMN config_version {integer}"""
+
+
+def scope_secrets(integer: str) -> str:
+    """Migration 19 (PostgreSQL's 14): secret values sealed with AES-GCM under their scope's
+    key, which only workers and operators hold (runner/tenancy/sealed_secrets.py): the journal
+    holds the nonce and the ciphertext (base64) and which key sealed them, never a value."""
+    return f"""CREATE TABLE scope_secrets (
+    scope TEXT NOT NULL,
+    name TEXT NOT NULL,
+    key_id TEXT NOT NULL,
+    nonce TEXT NOT NULL,
+    ciphertext TEXT NOT NULL,
+    updated_at {integer} NOT NULL,
+    PRIMARY KEY (scope, name)
+)"""
 
 
 # Migration 17 (PostgreSQL's 12): the workers serving this journal, each registered as it
@@ -343,6 +359,7 @@ MIGRATIONS: tuple[tuple[int, str, str], ...] = (
         "each scope's configuration, versioned, and the version each run started with",
         scope_configs("INTEGER"),
     ),
+    (19, "secret values sealed under their scope's key", scope_secrets("INTEGER")),
 )
 
 

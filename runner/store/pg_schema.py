@@ -17,6 +17,7 @@ from qjsflow.runner.store.migrations import (
     Migration,
     replay_clock,
     scope_configs,
+    scope_secrets,
     scoped_run_keys,
     tenancy,
 )
@@ -133,4 +134,9 @@ PG_MIGRATIONS: tuple[Migration, ...] = (
     (11, "marks of commits, for a commit whose answer is lost (SQLite migration 16)", COMMIT_MARKS),
     (12, "the workers serving the journal (SQLite migration 17)", WORKERS),
     (13, "each scope's configuration, versioned (SQLite migration 18)", scope_configs("BIGINT")),
+    (
+        14,
+        "secret values sealed under their scope's key (SQLite migration 19)",
+        scope_secrets("BIGINT"),
+    ),
 )

@@ -213,6 +213,24 @@ class JournalTransaction(StepStatements):
             )
         return None if row is None else (int(row[0]), str(row[1]), int(row[2]))
 
+    def put_sealed_secret(
+        self, scope: str, name: str, sealed: tuple[str, str, str], now: int
+    ) -> None:
+        """A secret's value sealed under its scope's key: (key id, nonce, ciphertext)."""
+        self._db.execute(
+            "INSERT INTO scope_secrets (scope, name, key_id, nonce, ciphertext, updated_at)"
+            " VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (scope, name) DO UPDATE SET"
+            " key_id = excluded.key_id, nonce = excluded.nonce,"
+            " ciphertext = excluded.ciphertext, updated_at = excluded.updated_at",
+            (scope, name, *sealed, now),
+        )
+
+    def delete_sealed_secret(self, scope: str, name: str) -> bool:
+        cursor = self._db.execute(
+            "DELETE FROM scope_secrets WHERE scope = ? AND name = ?", (scope, name)
+        )
+        return bool(cursor.rowcount)
+
     def register_worker(self, worker: WorkerRecord) -> None:
         """The worker as it starts (again, under the same id: its row is replaced)."""
         values = (

@@ -29,6 +29,7 @@ from qjsflow.runner.store import JournalStore
 from qjsflow.runner.tenancy.budgets import Budgets
 from qjsflow.runner.tenancy.egress import EgressPolicy
 from qjsflow.runner.tenancy.environment import ScopeEnvironment
+from qjsflow.runner.tenancy.sealed_secrets import JOURNAL_SOURCE
 from qjsflow.runner.tenancy.secret_sources import SecretSource
 
 __all__ = [
@@ -38,7 +39,10 @@ __all__ = [
 MAX_CONFIG_BYTES = 256 * 1024
 _OBJECT_KEYS = ("kv", "queues", "r2", "durable_objects")
 _KEYS = frozenset({"vars", "secrets", "egress", "budgets", "capabilities", *_OBJECT_KEYS})
-_HOST_VARIABLE = "a host environment variable's name (letters, digits, _)"
+_HOST_VARIABLE = (
+    "a host environment variable's name (letters, digits, _), or @journal for a value sealed in"
+    " the journal (qjsflow secrets set)"
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,12 +59,23 @@ class ScopeConfig:
     budgets: Budgets | None = None
     capabilities: Capabilities | None = None  # the most its snapshots may declare
 
-    def environment(self, source: SecretSource) -> ScopeEnvironment:
+    def environment(
+        self, source: SecretSource, sealed: Mapping[str, str] | None = None
+    ) -> ScopeEnvironment:
         """The scope's environment in this process, as a drive uses it: its secrets' values
-        from `source` (one this process cannot resolve is left out: the run parks `blocked`
-        on it until a worker that can drives it)."""
-        found = {name: source.get(variable) for name, variable in self.secrets.items()}
+        from `source`, or for those sealed in the journal (`@journal`), from `sealed` (opened
+        with this process's key); one this process cannot resolve is left out: the run parks
+        `blocked` on it until a worker that can drives it."""
+        found = {
+            name: (sealed or {}).get(name) if variable == JOURNAL_SOURCE else source.get(variable)
+            for name, variable in self.secrets.items()
+        }  # fmt: skip
         return self._with_secrets({name: v for name, v in found.items() if v is not None})
+
+    @property
+    def sealed_names(self) -> list[str]:
+        """The secrets whose values are sealed in the journal."""
+        return sorted(name for name, source in self.secrets.items() if source == JOURNAL_SOURCE)
 
     def declared(self) -> ScopeEnvironment:
         """The scope's environment as a run's start records it: a handle for every secret it
@@ -162,6 +177,8 @@ def parse_config(document: object, scope: str) -> ScopeConfig:
         problems.append(f"{where}: secrets maps each secret's name to {_HOST_VARIABLE}")
         secrets = {}
     for name, variable in secrets.items():
+        if variable == JOURNAL_SOURCE:
+            continue
         if not isinstance(variable, str) or not variable.replace("_", "a").isalnum():
             problems.append(f"{where}: secret {str(name)[:80]!r} names {_HOST_VARIABLE}")
     objects: dict[str, tuple[str, ...]] = {}

@@ -54,8 +54,9 @@ from qjsflow.runner.store import BundleRecord, JournalStore, Lease, LeaseLost, R
 from qjsflow.runner.telemetry.metrics import METRICS
 from qjsflow.runner.tenancy.budgets import MINUTE_MS, Budgets, Charges, forget_before
 from qjsflow.runner.tenancy.environment import ScopeEnvironment
-from qjsflow.runner.tenancy.scope_config import ConfigCache
+from qjsflow.runner.tenancy.scope_config import ConfigCache, ScopeConfig
 from qjsflow.runner.tenancy.scopes import split_run_key
+from qjsflow.runner.tenancy.sealed_secrets import Sealed, SecretKeys, open_sealed
 from qjsflow.runner.tenancy.secret_sources import SecretSource
 from qjsflow.sandbox import ExecutorPool
 
@@ -83,6 +84,7 @@ class RunDriver:
         self.scopes = scopes
         self.configs = configs or ConfigCache()  # scopes' configuration versions runs recorded
         self.secret_source = SecretSource()  # where this process finds secrets' values
+        self.secret_keys = SecretKeys()  # and the scope keys it opens sealed ones with
         self.store = store
         self.pool = pool
         self.config = config
@@ -296,7 +298,21 @@ class RunDriver:
             return (config.environments.get(run.scope), config.scope_budgets.get(run.scope),
                     config.scope_policies.get(run.scope))  # fmt: skip
         parsed = await self.configs.version(self.store, run.scope, run.config_version)
-        return parsed.environment(self.secret_source), parsed.budgets, parsed.capabilities
+        return await self.environment_of(run.scope, parsed), parsed.budgets, parsed.capabilities
+
+    async def environment_of(self, scope: str, parsed: ScopeConfig) -> ScopeEnvironment:
+        """A configuration's environment in this process: secrets from its sources, those
+        sealed in the journal opened with this process's key of the scope (if it holds one)."""
+        opened: dict[str, str] = {}
+        key = self.secret_keys.key(scope) if parsed.sealed_names else None
+        if key is not None:
+            rows = await self.store.sealed_secrets(scope)
+            for name in parsed.sealed_names:
+                if name in rows:
+                    value = open_sealed(key, scope, name, Sealed(*rows[name][:3]))
+                    if value is not None:
+                        opened[name] = value
+        return parsed.environment(self.secret_source, opened)
 
     async def bundle_of(self, run: RunRecord) -> BundleRecord:
         """Bundles never change once published: keep the latest few in memory."""
