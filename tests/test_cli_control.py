@@ -107,6 +107,10 @@ def test_bulk_verbs_count_then_act_with_yes(cli: Cli, tmp_path: Path) -> None:
     asked = cli.run("cancel", "--where", "status=sleeping")
     assert asked.returncode == 2
     assert "2 runs match; nothing was done: add --yes" in asked.stderr
+    preview = cli.ok("cancel", "--where", "status=sleeping", "--dry-run")  # as migrate's, prune's
+    assert (preview["matched"], sorted(preview["would"]), preview["done"]) == (
+        2, ["acme/a", "acme/b"], [],
+    )  # fmt: skip
     assert {run["status"] for run in cli.ok("list")["runs"]} == {"sleeping", "terminated"}
     done = cli.ok("cancel", "--where", "status=sleeping,workflow=flow", "--yes")
     assert (done["matched"], sorted(done["done"]), done["failed"]) == (2, ["acme/a", "acme/b"], [])
@@ -120,6 +124,8 @@ def test_bulk_verbs_count_then_act_with_yes(cli: Cli, tmp_path: Path) -> None:
         (("cancel", "--where", "colour=red"), "--where wants"),
         (("cancel", "--where", "status=odd"), "status must be one of"),
         (("cancel", "a", "--yes"), "only with --where"),
+        (("cancel", "a", "--dry-run"), "only with --where"),
+        (("cancel", "--where", "status=failed", "--yes", "--dry-run"), "say one"),
         (("cancel", "--where", "status=failed", "--since", "yesterday"), "--since wants"),
     ):
         refused = cli.run(*bad)

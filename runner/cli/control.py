@@ -81,6 +81,10 @@ def add_control_commands(add: Callable[..., argparse.ArgumentParser]) -> None:
         command.add_argument("--workflow", help="with --where: runs of this workflow")
         command.add_argument("--since", metavar="WHEN", help="with --where: created since")
         command.add_argument("--yes", action="store_true", help="with --where: do it")
+        command.add_argument(
+            "--dry-run", action="store_true",
+            help="with --where: show what it would change, change nothing",
+        )  # fmt: skip
         if verb == "terminate":
             command.add_argument("--reason", help="why, kept in the run's error and history")
         if verb == "restart":
@@ -137,6 +141,7 @@ class Bulk:
     matched: int
     done: list[str] = field(default_factory=list)
     failed: list[dict[str, str]] = field(default_factory=list)
+    would: list[str] | None = None  # with --dry-run: the runs it would change (none changed)
 
 
 def _where(text: str) -> dict[str, str]:
@@ -196,15 +201,24 @@ async def control(
     if args.where is None:
         if args.run is None:
             raise InvalidInput(f"{verb} needs a run id, or --where to select runs")
-        if args.yes or args.workflow or args.since:
-            raise InvalidInput("--workflow, --since and --yes select runs only with --where")
+        if args.yes or args.dry_run or args.workflow or args.since:
+            raise InvalidInput(
+                "--workflow, --since, --yes and --dry-run select runs only with --where"
+            )
         result: RunView = await _act(verb, args, runner, args.run, await scope_of(args, runner))
         return result
     if args.run is not None:
         raise InvalidInput(f"{verb} takes a run id or --where, not both")
+    if args.yes and args.dry_run:
+        raise InvalidInput("--yes does it and --dry-run only shows it: say one")
     runs = await _selected(args, runner)
+    if args.dry_run:  # as migrate --dry-run and prune --dry-run: what it would change
+        return Bulk(verb, len(runs), would=[f"{run.scope}/{run.run_id}" for run in runs])
     if not args.yes:
-        raise InvalidInput(f"{len(runs)} runs match; nothing was done: add --yes to {verb} them")
+        raise InvalidInput(
+            f"{len(runs)} runs match; nothing was done: add --yes to {verb} them "
+            "(--dry-run lists them)"
+        )
     if verb in ("resume", "restart"):
         args.no_wait = True  # workers drive them, many at once
     bulk = Bulk(verb, len(runs))
@@ -266,6 +280,9 @@ async def prune(args: argparse.Namespace, runner: Runner) -> Pruned:
 
 
 def render_bulk(bulk: Bulk) -> str:
+    if bulk.would is not None:
+        lines = [f"{bulk.verb} would change {bulk.matched} runs (nothing was done)"]
+        return "\n".join([*lines, *(printable(f"  {run}") for run in bulk.would)])
     lines = [f"{bulk.verb}: {len(bulk.done)} of {bulk.matched} runs"]
     lines += [printable(f"  failed: {f['run']}: {f['error']}") for f in bulk.failed]
     return "\n".join(lines)
