@@ -377,6 +377,7 @@ class Runner(ScopeConfigs, RunReads):
         workflow: str | None = None,
         from_snapshot: str | None = None,
         dry_run: bool = False,
+        config: str | None = None,
     ) -> MigrationReport:
         """Move one run (`run_id`), or every run of `workflow` on `from_snapshot` that has not
         ended, to `to_snapshot` — each only if replaying its journal against the new code
@@ -403,9 +404,10 @@ class Runner(ScopeConfigs, RunReads):
                 known = sorted(w.workflow for w in target.workflows)
                 raise UnknownWorkflow(name, known)
             bundles[name] = bundle
-        return await migrate_runs(
-            self.driver, scope, runs, bundles, to_snapshot=target.snapshot_id, dry_run=dry_run
-        )
+        move = None if config is None else partial(
+            move_to_config, target=config, config=self.config, configs=self.configs)  # fmt: skip
+        return await migrate_runs(self.driver, scope, runs, bundles, to_snapshot=target.snapshot_id,
+                                  dry_run=dry_run, move=move)  # fmt: skip
 
     async def signal(
         self,

@@ -145,6 +145,27 @@ def test_restart_and_fork_config_move_a_run_to_another_version(operator: Operato
     assert operator.ok("result", "f1", "--scope", "acme") == {"region": "us", "resolved": True}
 
 
+def test_migrate_config_moves_waiting_runs_to_new_code_and_a_new_version(
+    operator: Operator,
+) -> None:
+    settings = {"vars": {"REGION": "eu"}, "secrets": {"API_KEY": "ACME_API_KEY"}}
+    operator.apply(settings)
+    operator.start("w1", {"wait": True})
+    operator.worker_until_idle("machine-a")
+    assert operator.ok("status", "w1", "--scope", "acme")["status"] == "waiting"
+    flow = operator.tmp_path / "src" / "workflows" / "flow.js"
+    flow.write_text(FLOW + "// the same calls, new code\n")
+    assert operator.run("publish", str(flow.parent.parent), "--scope", "acme").returncode == 0
+    operator.apply({**settings, "vars": {"REGION": "us"}})
+    report = operator.ok("migrate", "w1", "--scope", "acme", "--to-snapshot", "latest",
+                         "--config", "latest")  # fmt: skip
+    assert report["migrated"] == 1, report
+    assert operator.ok("status", "w1", "--scope", "acme")["config_version"] == 2
+    operator.ok("signal", "w1", "go", "--scope", "acme")
+    operator.worker_until_idle("machine-b")
+    assert operator.ok("result", "w1", "--scope", "acme") == {"region": "us", "resolved": True}
+
+
 def test_a_run_needing_a_secret_its_worker_cannot_resolve_waits_for_one_that_can(
     operator: Operator,
 ) -> None:

@@ -118,6 +118,8 @@ def add_control_commands(add: Callable[..., argparse.ArgumentParser]) -> None:
                          help="with --workflow: the snapshot its runs are on now")  # fmt: skip
     migrate.add_argument("--to-snapshot", metavar="SNAPSHOT", required=True,
                          help="the new code: id, prefix of 8+ hex digits, or latest")  # fmt: skip
+    migrate.add_argument("--config", metavar="latest|N",
+                         help="and under this version of the scope's configuration")  # fmt: skip
     migrate.add_argument("--dry-run", action="store_true",
                          help="check and report; move nothing")  # fmt: skip
     prune = add("prune", help="delete ended runs (and unused snapshots) older than a duration")
@@ -250,7 +252,7 @@ async def migrate(
         scope = args.scope
     return await runner.migrate(
         scope=scope, to_snapshot=args.to_snapshot, run_id=args.run, workflow=args.workflow,
-        from_snapshot=args.from_snapshot, dry_run=args.dry_run,
+        from_snapshot=args.from_snapshot, dry_run=args.dry_run, config=args.config,
     )  # fmt: skip
 
 

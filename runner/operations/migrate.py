@@ -13,7 +13,8 @@ and reported with the first divergence and where the new code made it (file:line
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 from functools import partial
 from typing import Literal
 
@@ -81,9 +82,10 @@ async def migrate_runs(
     *,
     to_snapshot: str,
     dry_run: bool,
+    move: Callable[[JournalTransaction, RunRecord], tuple[int, str]] | None = None,
 ) -> MigrationReport:
     """Check each run against the bundle of its workflow in `bundles`, and re-pin those that
-    pass (unless `dry_run`)."""
+    pass (unless `dry_run`); with `move`, under another configuration version too."""
     gate = asyncio.Semaphore(_CHECKS_AT_ONCE)
 
     async def one(run: RunRecord) -> RunVerdict:
@@ -103,7 +105,7 @@ async def migrate_runs(
                 repin, run_id=run.run_id, old=run.snapshot_id, bundle=bundle,
                 checked=Checked(run.generation, tuple(row.key for row in rows)),
                 worker=driver.worker_id, now=driver.now_ms(),
-                ttl_ms=int(driver.config.lease_ttl_s * 1000),
+                ttl_ms=int(driver.config.lease_ttl_s * 1000), move=move,
             )
         )  # fmt: skip
         if refused is not None:
@@ -129,6 +131,7 @@ def repin(
     worker: str,
     now: int,
     ttl_ms: int,
+    move: Callable[[JournalTransaction, RunRecord], tuple[int, str]] | None = None,
 ) -> str | None:
     """Pin a checked run to the new snapshot, under its lease (a driver holding a live one
     keeps the run; one holding a lapsed one is fenced out). None when done, else why not."""
@@ -145,9 +148,14 @@ def repin(
     if lease is None:
         return "a worker is driving it: migrate it again"
     tx.adopt(lease)
+    moved_to: dict[str, object] = {}
+    if move is not None:  # its env made again from the version, on the new snapshot's reach
+        version, env = move(tx, replace(run, snapshot_id=bundle.snapshot_id))
+        moved_to = {"config_version": version, "persisted_bindings": env}
     tx.update_run(run_id, snapshot_id=bundle.snapshot_id, entry_path=bundle.entry_path,
-                  updated_at=now)  # fmt: skip
-    moved = {"from": old, "to": bundle.snapshot_id}
+                  updated_at=now, **moved_to)  # fmt: skip
+    moved = {"from": old, "to": bundle.snapshot_id,
+             "configVersion": moved_to.get("config_version", run.config_version)}  # fmt: skip
     tx.append_event(run_id, "run_migrated", now, dumps_text(moved))
     tx.release_lease(lease)
     return None
