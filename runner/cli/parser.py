@@ -252,19 +252,32 @@ def _add_signal(add: Callable[..., argparse.ArgumentParser]) -> None:
     )
 
 
-def _add_scope(add: Callable[..., argparse.ArgumentParser]) -> None:
-    """`qjsflow scope ACTION` (runner/cli/scope.py)."""
+def _command_with_actions(
+    add: Callable[..., argparse.ArgumentParser], name: str, text: str, actions: str
+) -> Callable[[str, str], argparse.ArgumentParser]:
+    """A command whose first argument is an action (`qjsflow scope apply`): how to add each
+    action, which takes the global options and `--scope` as every command does."""
     parents = [_global_options(suppress=True)]
-    scope = add("scope", help="a scope's configuration in the journal: apply, show, history, diff")
-    actions = scope.add_subparsers(
-        dest="scope_action", required=True, metavar="ACTION", parser_class=type(scope),
-        help="apply, show, history or diff",
+    command = add(name, help=text)
+    chosen = command.add_subparsers(
+        dest=f"{name}_action", required=True, metavar="ACTION", parser_class=type(command),
+        help=actions,
     )  # fmt: skip
 
-    def action(name: str, text: str) -> argparse.ArgumentParser:
-        parser = actions.add_parser(name, help=text, parents=parents)
+    def action(action_name: str, action_text: str) -> argparse.ArgumentParser:
+        parser = chosen.add_parser(action_name, help=action_text, parents=parents)
         parser.add_argument("--scope", help="the scope (QJSFLOW_SCOPE)")
         return parser
+
+    return action
+
+
+def _add_scope(add: Callable[..., argparse.ArgumentParser]) -> None:
+    """`qjsflow scope ACTION` (runner/cli/scope.py)."""
+    action = _command_with_actions(
+        add, "scope", "a scope's configuration in the journal: apply, show, history, diff",
+        "apply, show, history or diff",
+    )  # fmt: skip
 
     apply = action("apply", "store a configuration file (JSON or TOML) as the next version")
     apply.add_argument("file", nargs="?", help="the file (.json, or .toml)")
@@ -286,11 +299,9 @@ def _add_scope(add: Callable[..., argparse.ArgumentParser]) -> None:
 
 def _add_secrets(add: Callable[..., argparse.ArgumentParser]) -> None:
     """`qjsflow secrets ACTION` (runner/cli/scope.py): values sealed in the journal."""
-    parents = [_global_options(suppress=True)]
-    secrets = add("secrets", help="secret values sealed in the journal under their scope's key")
-    actions = secrets.add_subparsers(
-        dest="secrets_action", required=True, metavar="ACTION", parser_class=type(secrets),
-        help="set, list, delete or keygen",
+    action = _command_with_actions(
+        add, "secrets", "secret values sealed in the journal under their scope's key",
+        "set, list, delete or keygen",
     )  # fmt: skip
     for name, text in (
         ("set", "seal a value read from stdin as the secret NAME (its source: @journal)"),
@@ -298,11 +309,10 @@ def _add_secrets(add: Callable[..., argparse.ArgumentParser]) -> None:
         ("list", "the scope's sealed secrets: names and when each was set, never a value"),
         ("keygen", "make the scope's key in --keys (or QJSFLOW_SECRET_KEYS); never replaced"),
     ):
-        action = actions.add_parser(name, help=text, parents=parents)
-        action.add_argument("--scope", help="the scope (QJSFLOW_SCOPE)")
-        action.add_argument("--keys", metavar="DIR", help="the folder of scope keys")
+        parser = action(name, text)
+        parser.add_argument("--keys", metavar="DIR", help="the folder of scope keys")
         if name in ("set", "delete"):
-            action.add_argument("name", help="the secret's name, as the run's env has it")
+            parser.add_argument("name", help="the secret's name, as the run's env has it")
 
 
 def _config_version(text: str) -> int:

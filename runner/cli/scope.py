@@ -111,5 +111,7 @@ def secrets_command(args: argparse.Namespace) -> str:
     ))  # fmt: skip
     if args.json:
         return render_json([{"name": name, "set_at": at} for name, at in names])
+    if not names:
+        return printable(f"scope {args.scope}: no secrets sealed in the journal")
     rows = [("SECRET", "SET")] + [(name, age(at)) for name, at in names]
     return "\n".join(table([tuple(printable(cell) for cell in row) for row in rows]))
