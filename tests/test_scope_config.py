@@ -166,6 +166,20 @@ def test_migrate_config_moves_waiting_runs_to_new_code_and_a_new_version(
     assert operator.ok("result", "w1", "--scope", "acme") == {"region": "us", "resolved": True}
 
 
+def test_a_versions_budgets_hold_as_a_drive_begins_on_any_worker(operator: Operator) -> None:
+    """Budgets set only in the journal (no worker has them in an env file) park the scope's
+    runs as their drives begin: a day's compute budget of 0 is spent before any drive."""
+    operator.apply({"vars": {"REGION": "eu"}, "secrets": {"API_KEY": "ACME_API_KEY"},
+                    "budgets": {"compute_s_per_day": 0}})  # fmt: skip
+    operator.start("r1")
+    operator.worker_until_idle("machine-a")
+    parked = operator.ok("status", "r1", "--scope", "acme")
+    assert (parked["status"], parked["waiting_for"]) == ("throttled", "compute_s_per_day")
+    # A resume a caller waits on (read before its lease) looks at them too.
+    resumed = operator.ok("resume", "r1", "--scope", "acme")
+    assert resumed["status"] == "throttled"
+
+
 def test_a_run_needing_a_secret_its_worker_cannot_resolve_waits_for_one_that_can(
     operator: Operator,
 ) -> None:

@@ -125,6 +125,10 @@ class ConfigCache:
     def __init__(self) -> None:
         self._parsed: dict[tuple[str, int], ScopeConfig] = {}
 
+    def cached(self, scope: str, version: int) -> ScopeConfig | None:
+        """A version parsed already in this process, if it is."""
+        return self._parsed.get((scope, version))
+
     def parsed(self, scope: str, version: int, text: str) -> ScopeConfig:
         key = (scope, version)
         config = self._parsed.get(key)

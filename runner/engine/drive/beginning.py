@@ -32,6 +32,7 @@ from qjsflow.runner.store import (
     RunStatus,
 )
 from qjsflow.runner.tenancy.budgets import AT_DRIVE, Budgets, current_windows, exhausted
+from qjsflow.runner.tenancy.scope_config import ConfigCache
 from qjsflow.runner.tenancy.scopes import split_run_key
 
 __all__ = [
@@ -60,6 +61,25 @@ def set_budgets(budgets: Mapping[str, Budgets], scope: str) -> Budgets | None:
     return scope_budgets if scope_budgets is not None and scope_budgets.any else None
 
 
+def run_budgets(
+    tx: JournalTransaction,
+    run: RunRecord,
+    budgets: Mapping[str, Budgets],
+    configs: ConfigCache | None,
+) -> Budgets | None:
+    """A run's budgets, if any are set: its scope's configuration version's (read once a
+    process), or this process's settings for a run that recorded no version."""
+    if run.config_version is None or configs is None:
+        return set_budgets(budgets, run.scope)
+    parsed = configs.cached(run.scope, run.config_version)
+    if parsed is None:
+        found = tx.scope_config(run.scope, run.config_version)
+        if found is None:
+            return None
+        parsed = configs.parsed(run.scope, found[0], found[1])
+    return parsed.budgets if parsed.budgets is not None and parsed.budgets.any else None
+
+
 def take_and_begin(
     tx: JournalTransaction,
     *,
@@ -69,6 +89,7 @@ def take_and_begin(
     ttl_ms: int,
     budgets: Mapping[str, Budgets],
     first: BeforeLease | None = None,
+    configs: ConfigCache | None = None,
 ) -> tuple[Lease, Begun | RunRecord, bool] | None:
     """The run's lease, if no live driver holds it, the drive's beginning under it, and
     whether `first` wrote anything."""
@@ -80,16 +101,23 @@ def take_and_begin(
     if lease is None:
         return None
     tx.adopt(lease)  # the beginning's events carry the new epoch
-    return lease, begin_drive(tx, lease, now, budgets), wrote
+    return lease, begin_drive(tx, lease, now, budgets, configs), wrote
 
 
 def read_begin(
-    tx: JournalTransaction, *, run_id: str, worker_id: str, now: int, take: partial[None]
+    tx: JournalTransaction,
+    *,
+    run_id: str,
+    worker_id: str,
+    now: int,
+    take: partial[None],
+    configs: ConfigCache | None = None,
 ) -> tuple[Lease, Begun, bool] | None:
     """A drive's beginning read without taking the lease (`writes=False`): the run, its
     journal, and a lease to take later (`take_read`) at the epoch after the one read. None
     when the beginning must be written now (`take_and_begin`): there is no such run, it has
-    ended or is paused, a cancel or a pause is asked, or a driver holds (or held) its lease."""
+    ended or is paused, a cancel or a pause is asked, a driver holds (or held) its lease, or
+    its configuration version sets budgets (looked at as its drive begins, under the lease)."""
     found = tx.unleased_run(run_id, WAKE_UPS)
     if found is None:
         return None
@@ -97,6 +125,8 @@ def read_begin(
     if run.status in TERMINAL or run.status == RunStatus.paused:
         return None
     if run.cancel_requested or run.pause_requested:
+        return None
+    if run_budgets(tx, run, {}, configs) is not None:
         return None
     later = partial(take, run_id=run_id, epoch=epoch, snapshot_id=run.snapshot_id, woken=woken)
     lease = Lease(run_id, worker_id, epoch + 1, take=later)
@@ -167,7 +197,11 @@ def journal_and_open(
 
 
 def begin_drive(
-    tx: JournalTransaction, lease: Lease, now: int, budgets: Mapping[str, Budgets]
+    tx: JournalTransaction,
+    lease: Lease,
+    now: int,
+    budgets: Mapping[str, Budgets],
+    configs: ConfigCache | None = None,
 ) -> Begun | RunRecord:
     """Mark the run running and load its journal: one transaction, one query for the journal.
     A run that is over (or cancelled now), paused, or whose scope has spent a budget is
@@ -185,7 +219,7 @@ def begin_drive(
         park_paused(tx, run, now)
         return release(tx, lease)
     used: dict[str, float] = {}
-    scope_budgets = set_budgets(budgets, run.scope)
+    scope_budgets = run_budgets(tx, run, budgets, configs)
     if scope_budgets is not None:
         used = tx.scope_usage(run.scope, current_windows(now))
         spent = exhausted(scope_budgets, used, now, AT_DRIVE)

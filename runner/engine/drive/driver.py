@@ -141,6 +141,8 @@ class RunDriver:
         async with self._locks.hold(run_id):
             kept = self.kept.take(run_id, self.now_ms())  # dropped: the end keeps it again
             read_first = read_first and self._may_read_first(run_id)
+            if kept is not None and self._budgeted(kept.run):
+                kept = None  # its budgets are looked at as its drive begins, under the lease
             if kept is not None and read_first:
                 begun = self._from_kept(kept)
                 final = await self._drive_taken(begun, bindings, keep=True, mark=kept.mark)
@@ -152,7 +154,7 @@ class RunDriver:
             if read_first:
                 taken = await self.store.transact(
                     partial(read_begin, run_id=run_id, worker_id=self.worker_id, now=now,
-                            take=self._late_take),
+                            take=self._late_take, configs=self.configs),
                     durable=False, writes=False,
                 )  # fmt: skip
             if taken is None:
@@ -160,7 +162,7 @@ class RunDriver:
                 taken = await self.store.transact(
                     partial(take_and_begin, run_id=run_id, worker_id=self.worker_id, now=now,
                             ttl_ms=self.ttl_ms, budgets=self.config.scope_budgets,
-                            first=first),
+                            first=first, configs=self.configs),
                     durable=False,
                 )  # fmt: skip
             if taken is None:
@@ -217,6 +219,14 @@ class RunDriver:
         return set_budgets(config.scope_budgets, scope) is None and (
             scope not in config.scope_concurrency
         )
+
+    def _budgeted(self, run: RunRecord) -> bool:
+        """Whether the configuration version a run recorded sets budgets (a version not read
+        in this process yet counts as setting them: the drive then reads it)."""
+        if run.config_version is None:
+            return False
+        parsed = self.configs.cached(run.scope, run.config_version)
+        return parsed is None or (parsed.budgets is not None and parsed.budgets.any)
 
     def alone(self) -> bool:
         """Whether at most one drive is in progress in this process: the event loop would

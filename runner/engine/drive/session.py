@@ -154,7 +154,8 @@ class DriveSession:
             if drives:
                 now = driver.now_ms()
                 begun = await self.store.transact(
-                    partial(begin_drive, lease=lease, now=now, budgets=self.config.scope_budgets),
+                    partial(begin_drive, lease=lease, now=now, budgets=self.config.scope_budgets,
+                            configs=driver.configs),
                     lease, durable=False,
                 )  # fmt: skip
             if isinstance(begun, RunRecord):
