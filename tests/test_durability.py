@@ -195,14 +195,26 @@ async def test_two_workers_share_200_runs(workers: Workers, api: Runner) -> None
     };
     """
     published = await api.publish("acme", {"workflows/quick.ts": source})
+    # Both workers serving (registered in the journal) before any run exists: a worker that
+    # started late would otherwise find the quick runs all done by the other.
+    first = workers.spawn("--concurrency", "4")
+    second = workers.spawn("--concurrency", "4")
+    deadline = time.monotonic() + 60
+    while sum(1 for w in await api.workers() if w.state == "live") < 2:
+        assert time.monotonic() < deadline, "the two workers did not register"
+        await asyncio.sleep(0.05)
     run_ids = []
     for n in range(200):
         request = StartRunInput("acme", "quick", published.snapshot_id, {"n": n}, f"quick-{n}")
         run_ids.append((await api.start(request, drive=False)).run_id)
-    first = workers.spawn("--until-idle", "--concurrency", "4")
-    second = workers.spawn("--until-idle", "--concurrency", "4")
-    assert first.wait(timeout=240) == 0
-    assert second.wait(timeout=240) == 0
+    deadline = time.monotonic() + 240
+    for run_id in run_ids:
+        while (await api.get(run_id, scope="acme")).status != "completed":
+            assert time.monotonic() < deadline, f"{run_id} did not complete"
+            await asyncio.sleep(0.05)
+    for process in (first, second):
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=60) == 0
     for n, run_id in enumerate(run_ids):
         run = await api.get(run_id, scope="acme")
         assert (run.status, run.output) == ("completed", 2 * n + 1)
