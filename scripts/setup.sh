@@ -49,12 +49,12 @@ if [ ! -x .venv/bin/python ]; then
 fi
 
 # The package is installed editable in setuptools' strict mode: a tree of links under build/
-# presents runner/, sandbox/, bridge/, bundles/, fixtures/ and api/ as qjsflow.*, so Python,
+# presents runner/, sandbox/, bridge/, bundles/, fixtures/ and qjsflow/ (the root module) as qjsflow.*, so Python,
 # mypy and editors all resolve `qjsflow.runner...` by path (no import hook). The tree lists
 # files, so it is made again when a file is added or removed, as when pyproject.toml or the dev
 # tools' lock changed since the last install.
 stamp=.venv/.qjsflow-installed
-tree=$(find api runner sandbox bridge bundles fixtures -type f ! -path '*/__pycache__/*' |
+tree=$(find qjsflow runner sandbox bridge bundles fixtures -type f ! -path '*/__pycache__/*' |
   LC_ALL=C sort | sha256sum | cut -c1-16)
 if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ requirements-dev.txt -nt "$stamp" ] ||
   [ "$(cat "$stamp")" != "$tree" ] || ! ls -d build/__editable__.qjsflow-* >/dev/null 2>&1; then

@@ -174,7 +174,7 @@ def _loaded(imports: str, watched: tuple[str, ...]) -> list[str]:
     "package", ["qjsflow", "qjsflow.runner", "qjsflow.bundles", "qjsflow.sandbox"]
 )
 def test_the_facade_names_exist(package: str) -> None:
-    """Each package imports its names when first asked (api/lazy_exports.py): every name it
+    """Each package imports its names when first asked (qjsflow/lazy_exports.py): every name it
     lists resolves, and a name it does not list is an AttributeError."""
     module = importlib.import_module(package)
     for name in module.__all__:
@@ -244,7 +244,7 @@ def test_the_build_maps_every_package_folder_and_the_tree_holds_no_links() -> No
     link stands in for one (tools that read the tree see every file)."""
     setuptools = tomllib.loads((PROJECT_ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
     folder_of: dict[str, str] = setuptools["package-dir"]
-    assert folder_of["qjsflow"] == "api"
+    assert folder_of["qjsflow"] == "qjsflow"
     found = {"qjsflow", "qjsflow.fixtures"}  # fixtures: data only, mapped for the demo
     for top, folder in folder_of.items():
         root = PROJECT_ROOT / folder
@@ -264,7 +264,7 @@ def test_the_build_maps_every_package_folder_and_the_tree_holds_no_links() -> No
 def test_no_module_is_over_600_lines() -> None:
     """Small modules, each one responsibility (CONTRIBUTING.md): a module that outgrows 600
     lines is split by what its parts do, not trimmed."""
-    folders = [*PACKAGES, "api"]
+    folders = [*PACKAGES, "qjsflow"]
     sizes = {
         path.relative_to(PROJECT_ROOT): len(path.read_text().splitlines())
         for folder in folders

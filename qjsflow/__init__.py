@@ -5,6 +5,12 @@ The public API in one place; the parts live in `qjsflow.runner` (the journal, ru
 `qjsflow.bundles` (publishing with esbuild).
 """
 
+# In a checkout the subpackages (runner/, sandbox/, bridge/, bundles/ at the top level) are
+# found through the editable install's tree of links; when this folder is found first on
+# sys.path (the checkout as the working directory), that tree's qjsflow/ is added here.
+# Installed from a wheel, there is only one qjsflow/ and this changes nothing.
+__path__ = __import__("pkgutil").extend_path(__path__, __name__)
+
 from typing import TYPE_CHECKING, Any
 
 from qjsflow.lazy_exports import lazy_exports
