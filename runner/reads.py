@@ -95,6 +95,25 @@ class RunReads:
                 raise RunTimeout(run_id, run.status, timeout_s or 0.0)
             await asyncio.sleep(poll_s)
 
+    async def wait_suspended(
+        self, run_id: str, *, scope: str, timeout_s: float | None = None, poll_s: float = 0.2
+    ) -> RunView:
+        """The run once it is at rest: ended, or suspended (sleeping, waiting, blocked, paused,
+        throttled) with no timer due, so no driver has anything to do for it until its time or
+        an event comes; `RunTimeout` past `timeout_s`. A runnable run (started, resumed,
+        restarted, or woken by an event) is at rest only once a worker has driven it."""
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while True:
+            run = await self._run(run_id, scope)
+            if run.status in TERMINAL or (
+                run.status != "running"
+                and not await self._store.timer_due(run.run_id, int(time.time() * 1000))
+            ):
+                return run_view(run)
+            if deadline is not None and time.monotonic() >= deadline:
+                raise RunTimeout(run_id, run.status, timeout_s or 0.0)
+            await asyncio.sleep(poll_s)
+
     async def get_persisted(self, run_id: str, *, scope: str) -> PersistedRun:
         run = await self._run(run_id, scope)
         bindings = to_python(run.persisted_bindings)

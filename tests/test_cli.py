@@ -8,6 +8,7 @@ import sqlite3
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +18,6 @@ import pytest
 from qjsflow.runner.cli.commands import main as cli_main
 from qjsflow.runner.store import JournalStore
 from tests.conftest import PROJECT_ROOT
-from tests.leases import seconds_until_lease_lapses
 from tests.postgres import PostgresServer
 
 pytestmark = pytest.mark.slow  # every test here runs the CLI as subprocesses
@@ -42,6 +42,7 @@ class Cli:
         self.tool_log = tmp_path / "tools.log"
         self.tool_log.touch()
         self.env = {**os.environ, "QJSFLOW_TOOL_LOG": str(self.tool_log)}
+        self.background: subprocess.Popen[bytes] | None = None
 
     def argv(self, *args: str) -> list[str]:
         return [
@@ -61,6 +62,27 @@ class Cli:
         assert done.returncode == 0, done.stderr
         return orjson.loads(done.stdout)
 
+    def start_worker(self) -> None:
+        """A worker process serving the journal until the test ends (`close`): the operator
+        commands only record, and a worker drives. Started once the journal exists."""
+        if self.background is None:
+            self.background = subprocess.Popen(
+                self.argv("worker"), cwd=PROJECT_ROOT, env=self.env,
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            )  # fmt: skip
+
+    def close(self) -> None:
+        if self.background is not None:
+            self.background.send_signal(signal.SIGTERM)  # finishes or releases what it holds
+            self.background.wait(timeout=60)
+            self.background = None
+
+    def __enter__(self) -> Cli:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
     def counts(self) -> dict[str, int]:
         with sqlite3.connect(self.db) as connection:
             tables = [row[0] for row in connection.execute(
@@ -71,8 +93,9 @@ class Cli:
 
 
 @pytest.fixture
-def cli(tmp_path: Path) -> Cli:
-    return Cli(tmp_path)
+def cli(tmp_path: Path) -> Iterator[Cli]:
+    with Cli(tmp_path) as cli:
+        yield cli
 
 
 def _tree(tmp_path: Path) -> Path:
@@ -92,26 +115,29 @@ def test_the_four_flows_from_a_shell(cli: Cli, tmp_path: Path) -> None:
     ]
     snapshot = published["snapshot_id"]
 
-    # Start, and kill the starting process while the slow tool runs inside its drive.
-    starter = subprocess.Popen(
-        cli.argv("--json", "start", "greet", "--scope", "acme", "--snapshot", snapshot,
-                 "--input", '{"name": "ada"}', "--run-id", "cli-1"),
-        cwd=PROJECT_ROOT, env=cli.env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
+    # Start: the command records the run and returns; a worker drives it.
+    started = cli.ok("start", "greet", "--scope", "acme", "--snapshot", snapshot,
+                     "--input", '{"name": "ada"}', "--run-id", "cli-1")  # fmt: skip
+    assert started["status"] == "running"
+    assert cli.counts()["steps"] == 0  # nothing of the body ran in the command
+    # Kill that worker while the slow tool runs inside its drive.
+    first = subprocess.Popen(cli.argv("worker"), cwd=PROJECT_ROOT, env=cli.env,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
     deadline = time.monotonic() + 60
     while "slow" not in cli.tool_log.read_text() and time.monotonic() < deadline:
         time.sleep(0.05)
-    starter.send_signal(signal.SIGKILL)
-    starter.wait(timeout=30)
+    first.send_signal(signal.SIGKILL)
+    first.wait(timeout=30)
     crashed = cli.ok("status", "cli-1")
     assert crashed["status"] == "running"
 
-    time.sleep(seconds_until_lease_lapses(cli.db, "acme/cli-1"))
-    resumed = cli.ok("resume", "cli-1", "--scope", "acme")
+    # Another worker takes the run over once the dead one's lease lapses.
+    cli.start_worker()
+    resumed = cli.ok("resume", "cli-1", "--scope", "acme", "--wait", "suspended")
     assert (resumed["status"], resumed["waiting_for"]) == ("waiting", "go")
     assert resumed["snapshot_id"] == snapshot
 
-    done = cli.ok("signal", "cli-1", "go", "--input", '{"ok": true}')
+    done = cli.ok("signal", "cli-1", "go", "--input", '{"ok": true}', "--wait", "suspended")
     assert done["status"] == "completed"
     assert done["output"] == {"hello": "hello ada", "slow": "slow done", "ok": True}
 
@@ -132,7 +158,9 @@ def test_human_output_is_a_table(cli: Cli, tmp_path: Path) -> None:
     tree.mkdir(parents=True)
     (tree / "nap.ts").write_text('export default async (e, step) => step.sleep("nap", "1 hour");\n')
     snapshot = cli.ok("publish", str(tree.parent), "--scope", "acme")["snapshot_id"]
-    cli.ok("start", "nap", "--scope", "acme", "--snapshot", snapshot, "--run-id", "nap-1")
+    cli.start_worker()
+    cli.ok("start", "nap", "--scope", "acme", "--snapshot", snapshot, "--run-id", "nap-1",
+           "--wait", "suspended")  # fmt: skip
     listing = cli.run("list", json=False)
     assert listing.returncode == 0
     header, row = listing.stdout.splitlines()
@@ -205,17 +233,25 @@ def test_the_cli_speaks_postgresql_urls(tmp_path: Path, postgres: PostgresServer
         'export default async (e, step) => step.do("add", async () => e.payload.a + 1);\n'
     )
 
+    command = [sys.executable, "-m", "qjsflow.runner.cli", "--db", url, "--json"]
+
     def ok(*args: str) -> Any:
-        done = subprocess.run(
-            [sys.executable, "-m", "qjsflow.runner.cli", "--db", url, "--json", *args],
-            cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=120, check=False,
-        )  # fmt: skip
+        done = subprocess.run([*command, *args], cwd=PROJECT_ROOT, capture_output=True,
+                              text=True, timeout=120, check=False)  # fmt: skip
         assert done.returncode == 0, done.stderr
         return orjson.loads(done.stdout)
 
     snapshot = ok("publish", str(tree.parent), "--scope", "acme")["snapshot_id"]
-    run = ok("start", "add", "--scope", "acme", "--snapshot", snapshot, "--input", '{"a": 41}')
-    assert (run["status"], run["output"]) == ("completed", 42)
+    recorded = ok("start", "add", "--scope", "acme", "--snapshot", snapshot, "--input", '{"a": 41}')
+    assert recorded["status"] == "running"
+    worker = subprocess.Popen([*command, "worker"], cwd=PROJECT_ROOT,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    try:
+        assert ok("result", recorded["run_id"], "--wait", "--timeout", "60") == 42
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        worker.wait(timeout=60)
+    run = ok("status", recorded["run_id"])
     assert [s["name"] for s in ok("steps", run["run_id"])] == ["add"]
     assert ok("status", run["run_id"], "--scope", "acme")["status"] == "completed"
 
@@ -252,8 +288,20 @@ def test_human_output_escapes_what_authors_control(cli: Cli, tmp_path: Path) -> 
     (root / "workflows").mkdir(parents=True)
     (root / "workflows" / "forge.ts").write_text(FORGER)
     snapshot = cli.ok("publish", str(root), "--scope", "acme")["snapshot_id"]
+    cli.start_worker()
     for args in (
-        ("start", "forge", "--scope", "acme", "--snapshot", snapshot, "--run-id", "f1"),
+        (
+            "start",
+            "forge",
+            "--scope",
+            "acme",
+            "--snapshot",
+            snapshot,
+            "--run-id",
+            "f1",
+            "--wait",
+            "suspended",
+        ),
         ("status", "f1"),
         ("steps", "f1"),
     ):
@@ -312,9 +360,16 @@ def test_global_options_after_the_command_and_from_the_environment(tmp_path: Pat
     published = qjsflow("publish", str(tree), "--json")  # --json after the command
     assert published.returncode == 0, published.stderr
     assert (tmp_path / "env.db").exists()  # QJSFLOW_DB
-    started = qjsflow("start", "greet", "--snapshot", "latest", "--run-id", "r1",
-                      "--input", '{"name": "ada"}', "--json")  # fmt: skip
-    assert started.returncode == 0, started.stderr  # QJSFLOW_SCOPE, QJSFLOW_TOOLS
+    worker = subprocess.Popen([sys.executable, "-m", "qjsflow.runner.cli", "worker"],
+                              cwd=PROJECT_ROOT, env=env, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL)  # fmt: skip  # QJSFLOW_TOOLS
+    try:
+        started = qjsflow("start", "greet", "--snapshot", "latest", "--run-id", "r1",
+                          "--input", '{"name": "ada"}', "--json", "--wait", "suspended")  # fmt: skip
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        worker.wait(timeout=60)
+    assert started.returncode == 0, started.stderr  # QJSFLOW_SCOPE, QJSFLOW_DB
     assert orjson.loads(started.stdout)["status"] == "waiting"
     history = orjson.loads(qjsflow("history", "r1", "--json").stdout)
     types = [event["type"] for event in history]
@@ -335,15 +390,15 @@ def test_global_options_after_the_command_and_from_the_environment(tmp_path: Pat
     )  # fmt: skip
 
 
-def test_logs_shows_console_lines(tmp_path: Path) -> None:
-    cli = Cli(tmp_path)
+def test_logs_shows_console_lines(cli: Cli, tmp_path: Path) -> None:
     tree = tmp_path / "tree"
     (tree / "workflows").mkdir(parents=True)
     (tree / "workflows" / "chatty.ts").write_text(
         'export default async () => { console.log("hello"); console.warn("careful"); return 1; };\n'
     )
     assert cli.run("publish", str(tree), "--scope", "a").returncode == 0
-    cli.ok("start", "chatty", "--scope", "a", "--snapshot", "latest", "--run-id", "c1")
+    cli.start_worker()
+    cli.ok("start", "chatty", "--scope", "a", "--snapshot", "latest", "--run-id", "c1", "--wait")
     assert cli.run("logs", "c1", json=False).stdout.splitlines() == [
         "log    hello",
         "warn   careful",
@@ -371,9 +426,8 @@ def test_list_pages_and_says_when_more_exist(tmp_path: Path) -> None:
 
 
 def test_status_says_which_step_retries_when_and_why(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    cli: Cli, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    cli = Cli(tmp_path)
     tree = tmp_path / "tree"
     (tree / "workflows").mkdir(parents=True)
     (tree / "workflows" / "flaky.ts").write_text(
@@ -381,7 +435,9 @@ def test_status_says_which_step_retries_when_and_why(
         '  async () => { throw new Error("CRM busy"); });\n'
     )
     assert cli.run("publish", str(tree), "--scope", "a").returncode == 0
-    cli.ok("start", "flaky", "--scope", "a", "--snapshot", "latest", "--run-id", "f1")
+    cli.start_worker()
+    cli.ok("start", "flaky", "--scope", "a", "--snapshot", "latest", "--run-id", "f1",
+           "--wait", "suspended")  # fmt: skip
     status = cli.run("status", "f1", json=False).stdout
     assert "retry     step 'sync' attempt 2 in " in status
     assert status.splitlines()[6].endswith("after: Error: CRM busy")
@@ -414,9 +470,12 @@ def test_start_without_waiting_then_wait_for_the_result(tmp_path: Path) -> None:
         'export default async (e, step) => { await step.sleep("nap", "1 second"); return 7; };\n'
     )
     assert cli.run("publish", str(tree), "--scope", "a").returncode == 0
-    queued = cli.ok("start", "nap", "--scope", "a", "--snapshot", "latest", "--run-id", "n1",
-                    "--no-wait")  # fmt: skip
-    assert queued["status"] == "running"
+    queued = cli.run("start", "nap", "--scope", "a", "--snapshot", "latest", "--run-id", "n1",
+                     "--no-wait")  # fmt: skip
+    assert queued.returncode == 0, queued.stderr
+    assert orjson.loads(queued.stdout)["status"] == "running"
+    assert "--no-wait is deprecated: every operator command only records now" in queued.stderr
+    assert "no live worker serves this journal: the run is recorded" in queued.stderr
     not_yet = cli.run("result", "n1")
     assert (not_yet.returncode, "is running: wait with --wait" in not_yet.stderr) == (1, True)
     timed_out = cli.run("result", "n1", "--wait", "--timeout", "0.3")
@@ -446,8 +505,9 @@ _PROBE = (
 )
 
 
-def test_reading_commands_load_neither_the_runner_nor_the_publish_path(tmp_path: Path) -> None:
-    cli = Cli(tmp_path)
+def test_reading_commands_load_neither_the_runner_nor_the_publish_path(
+    cli: Cli, tmp_path: Path
+) -> None:
     plain = {name: value for name, value in os.environ.items() if not name.startswith("QJSFLOW_")}
     tree = tmp_path / "tree"
     (tree / "workflows").mkdir(parents=True)
@@ -456,10 +516,10 @@ def test_reading_commands_load_neither_the_runner_nor_the_publish_path(tmp_path:
         'await step.do("boom", { retries: { limit: 0 } }, async () => { throw new Error("no"); }); };\n'
     )  # fmt: skip
     assert cli.run("publish", str(tree), "--scope", "a").returncode == 0
-    assert (
-        cli.ok("start", "fails", "--scope", "a", "--snapshot", "latest", "--run-id", "f1")["status"]
-        == "failed"
-    )
+    cli.start_worker()
+    started = cli.ok("start", "fails", "--scope", "a", "--snapshot", "latest", "--run-id", "f1",
+                     "--wait", "suspended")  # fmt: skip
+    assert started["status"] == "failed"
     reads = [("status", "f1"), ("steps", "f1"), ("logs", "f1"), ("tools", "f1"),
              ("history", "f1"), ("timeline", "f1"), ("list",), ("snapshots",)]  # fmt: skip
     for args in reads:
@@ -509,7 +569,9 @@ def test_a_multi_line_error_shows_as_lines(cli: Cli, tmp_path: Path) -> None:
         'export default async () => { throw new Error("first line\\nsecond \\u202e line"); };\n'
     )
     _publish_one(cli, tmp_path / "lines", "two", throws)
-    cli.run("start", "two", "--scope", "acme", "--snapshot", "latest", "--run-id", "m1", json=False)
+    cli.start_worker()
+    cli.run("start", "two", "--scope", "acme", "--snapshot", "latest", "--run-id", "m1",
+            "--wait", "suspended", json=False)  # fmt: skip
     shown = cli.run("status", "m1", "--scope", "acme", json=False).stdout.splitlines()
     error = next(n for n, line in enumerate(shown) if line.startswith("error"))
     assert shown[error].endswith("Error: first line")
@@ -535,15 +597,17 @@ def test_a_signal_of_a_type_the_run_never_waited_for_says_so(cli: Cli, tmp_path:
     _publish_one(cli, tmp_path / "waits", "w",
                  "export default async (e: unknown, step: any) => "
                  '(await step.waitForEvent("approval", { type: "approve" })).payload;\n')  # fmt: skip
-    cli.ok("start", "w", "--scope", "acme", "--snapshot", "latest", "--run-id", "s1")
-    typo = cli.run("signal", "s1", "aprove", "--scope", "acme")
+    cli.start_worker()
+    cli.ok("start", "w", "--scope", "acme", "--snapshot", "latest", "--run-id", "s1",
+           "--wait", "suspended")  # fmt: skip
+    typo = cli.run("signal", "s1", "aprove", "--scope", "acme", "--wait", "suspended")
     assert typo.returncode == 0, typo.stderr  # delivered all the same
     assert "has never waited for an event of type 'aprove'" in typo.stderr
     assert "(the types it waited for: approve)" in typo.stderr
-    right = cli.run("signal", "s1", "approve", "--payload", "7", "--scope", "acme")
+    right = cli.run("signal", "s1", "approve", "--payload", "7", "--scope", "acme", "--wait")
     assert right.returncode == 0, right.stderr
     assert "never waited" not in right.stderr
-    assert orjson.loads(right.stdout)["output"] == 7
+    assert orjson.loads(right.stdout) == 7  # --wait: the output, as `result` prints it
 
 
 def test_an_idle_worker_waits_for_timers_within_its_window_and_says_what_it_left(

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import orjson
@@ -37,9 +39,11 @@ def _published(cli: Cli, tmp_path: Path, source: str = STEPS) -> str:
 
 
 def _start(cli: Cli, snapshot: str, run_id: str, nap: str = "1 second") -> dict[str, object]:
+    """The run once a worker has driven it to its first suspension."""
+    cli.start_worker()
     payload = orjson.dumps({"nap": nap}).decode()
     return dict(cli.ok("start", "flow", "--scope", "acme", "--snapshot", snapshot,
-                       "--run-id", run_id, "--input", payload))  # fmt: skip
+                       "--run-id", run_id, "--input", payload, "--wait", "suspended"))  # fmt: skip
 
 
 def _calls(cli: Cli) -> list[str]:
@@ -47,17 +51,18 @@ def _calls(cli: Cli) -> list[str]:
 
 
 @pytest.fixture
-def cli(tmp_path: Path) -> Cli:
-    return Cli(tmp_path)
+def cli(tmp_path: Path) -> Iterator[Cli]:
+    with Cli(tmp_path) as cli:
+        yield cli
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
-def any_cli(request: pytest.FixtureRequest, tmp_path: Path) -> Cli:
-    cli = Cli(tmp_path)
-    if request.param == "postgresql":
-        server: PostgresServer = request.getfixturevalue("postgres")
-        cli.db = server.new_database()  # type: ignore[assignment]  # a URL, not a path
-    return cli
+def any_cli(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Cli]:
+    with Cli(tmp_path) as cli:
+        if request.param == "postgresql":
+            server: PostgresServer = request.getfixturevalue("postgres")
+            cli.db = server.new_database()  # type: ignore[assignment]  # a URL, not a path
+        yield cli
 
 
 def test_pause_resume_terminate_from_the_command_line(any_cli: Cli, tmp_path: Path) -> None:
@@ -67,7 +72,7 @@ def test_pause_resume_terminate_from_the_command_line(any_cli: Cli, tmp_path: Pa
     paused = cli.ok("pause", "r1")
     assert paused["status"] == "paused"
     assert cli.ok("worker", "--until-idle") == {"drives": 0}
-    assert cli.ok("resume", "r1")["status"] == "sleeping"
+    assert cli.ok("resume", "r1", "--wait", "suspended")["status"] == "sleeping"
     ended = cli.ok("terminate", "r1", "--reason", "not needed")
     assert (ended["status"], ended["error"]) == (
         "terminated",
@@ -86,12 +91,11 @@ def test_restart_from_a_step_and_fork(any_cli: Cli, tmp_path: Path) -> None:
     snapshot = _published(cli, tmp_path)
     assert _start(cli, snapshot, "r1", nap="1 second")["status"] == "sleeping"
     assert _calls(cli) == ["r1 one", "r1 two"]
-    restarted = cli.ok("restart", "r1", "--from-step", "tool:two", "--no-wait")
-    assert restarted["status"] == "running"
-    assert cli.ok("worker", "--until-idle")["drives"] >= 1
-    assert cli.ok("result", "r1") == ["one", "two"]
+    restarted = cli.ok("restart", "r1", "--from-step", "tool:two", "--wait")
+    assert restarted == ["one", "two"]  # --wait: the output once a worker has driven it
     assert _calls(cli) == ["r1 one", "r1 two", "r1 two"]  # `one` was not called again
-    fork = cli.ok("fork", "r1", "--from-step", "sleep:nap", "--run-id", "f1")
+    fork = cli.ok("fork", "r1", "--from-step", "sleep:nap", "--run-id", "f1", "--wait",
+                  "suspended")  # fmt: skip
     assert (fork["run_id"], fork["status"]) == ("f1", "sleeping")
     assert _calls(cli) == ["r1 one", "r1 two", "r1 two"]  # the fork called no tool
     wrong = cli.run("restart", "r1", "--from-step", "tool:three")
@@ -117,8 +121,9 @@ def test_bulk_verbs_count_then_act_with_yes(cli: Cli, tmp_path: Path) -> None:
     assert [run["status"] for run in cli.ok("list")["runs"]] == ["cancelled", "cancelled",
                                                                   "terminated"]  # fmt: skip
     restarted = cli.ok("restart", "--where", "status=cancelled", "--since", "1h", "--yes")
-    assert restarted["matched"] == 2
-    assert cli.ok("list", "--status", "running")["runs"][0]["run_id"] == "a"
+    assert (restarted["matched"], sorted(restarted["done"])) == (2, ["acme/a", "acme/b"])
+    for run_id in ("a", "b"):  # each made runnable, for the worker (which drives it to its nap)
+        assert cli.ok("status", run_id)["status"] in ("running", "sleeping")
     for bad, message in (
         (("cancel", "a", "--where", "status=failed"), "not both"),
         (("cancel", "--where", "colour=red"), "--where wants"),
@@ -127,6 +132,7 @@ def test_bulk_verbs_count_then_act_with_yes(cli: Cli, tmp_path: Path) -> None:
         (("cancel", "a", "--dry-run"), "only with --where"),
         (("cancel", "--where", "status=failed", "--yes", "--dry-run"), "say one"),
         (("cancel", "--where", "status=failed", "--since", "yesterday"), "--since wants"),
+        (("resume", "--where", "status=paused", "--yes", "--wait"), "--wait takes one run"),
     ):
         refused = cli.run(*bad)
         assert refused.returncode == 2, bad
@@ -135,8 +141,10 @@ def test_bulk_verbs_count_then_act_with_yes(cli: Cli, tmp_path: Path) -> None:
 
 def test_prune_from_the_command_line(cli: Cli, tmp_path: Path) -> None:
     snapshot = _published(cli, tmp_path, 'export default async () => "done";')
+    cli.start_worker()
     for run_id in ("a", "b"):
-        cli.ok("start", "flow", "--scope", "acme", "--snapshot", snapshot, "--run-id", run_id)
+        cli.ok("start", "flow", "--scope", "acme", "--snapshot", snapshot, "--run-id", run_id,
+               "--wait")  # fmt: skip
     time.sleep(0.01)
     counted = cli.ok("prune", "--older-than", "0s", "--dry-run")
     assert (counted["runs"], counted["dry_run"]) == (2, True)
@@ -166,8 +174,7 @@ export default async (event, step) => {
 
 def test_logs_follow_prints_lines_until_the_run_ends(cli: Cli, tmp_path: Path) -> None:
     snapshot = _published(cli, tmp_path, LOGS)
-    cli.ok("start", "flow", "--scope", "acme", "--snapshot", snapshot, "--run-id", "r1",
-           "--no-wait")  # fmt: skip
+    cli.ok("start", "flow", "--scope", "acme", "--snapshot", snapshot, "--run-id", "r1")
     follower = subprocess.Popen(
         cli.argv("logs", "r1", "--follow"), cwd=PROJECT_ROOT, env=cli.env,
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -197,27 +204,35 @@ def test_start_wait_utc_and_tools_and_notify_from_the_current_folder(tmp_path: P
         '  return await step.tool("loud", "shout", event.payload);\n};\n'
     )
     script = Path(sys.executable).with_name("qjsflow")  # the installed command, as users run it
-    env = {**os.environ, "QJSFLOW_DB": str(tmp_path / "j.db"), "QJSFLOW_SCOPE": "acme",
-           "QJSFLOW_TOOLS": "mytools:TOOLS", "QJSFLOW_NOTIFY": "mytools:notify"}  # fmt: skip
+    env = {**os.environ, "QJSFLOW_DB": str(tmp_path / "j.db"), "QJSFLOW_SCOPE": "acme"}
+    # The worker loads the tools and the notifier from its folder; the operator's commands
+    # need neither.
+    hosting = {**env, "QJSFLOW_TOOLS": "mytools:TOOLS", "QJSFLOW_NOTIFY": "mytools:notify"}
 
     def run(*args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run([str(script), *args], cwd=here, env=env, capture_output=True,
                               text=True, timeout=120, check=False)  # fmt: skip
 
     assert run("publish", ".").returncode == 0
-    waited = run("start", "flow", "--snapshot", "latest", "--input", '"hi"', "--wait",
-                 "--run-id", "r1")  # fmt: skip
-    assert (waited.returncode, waited.stdout.strip()) == (0, '"HI"'), waited.stderr
-    assert (here / "notified.txt").read_text() == "heads up"
-    shown = run("status", "r1", "--utc").stdout
-    assert re.search(r"created\s+20\d\d-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z", shown), shown
-    (here / "workflows" / "flow.js").write_text(
-        'export default async (e, step) => { await step.sleep("nap", "1 hour"); };\n'
-    )
-    assert run("publish", ".").returncode == 0
-    late = run("start", "flow", "--snapshot", "latest", "--wait", "--timeout", "0.5")
-    assert late.returncode == 1
-    assert "is still sleeping after 0.5 s" in late.stderr
+    worker = subprocess.Popen([str(script), "worker"], cwd=here, env=hosting,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    try:
+        waited = run("start", "flow", "--snapshot", "latest", "--input", '"hi"', "--wait",
+                     "--run-id", "r1")  # fmt: skip
+        assert (waited.returncode, waited.stdout.strip()) == (0, '"HI"'), waited.stderr
+        assert (here / "notified.txt").read_text() == "heads up"
+        shown = run("status", "r1", "--utc").stdout
+        assert re.search(r"created\s+20\d\d-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z", shown), shown
+        (here / "workflows" / "flow.js").write_text(
+            'export default async (e, step) => { await step.sleep("nap", "1 hour"); };\n'
+        )
+        assert run("publish", ".").returncode == 0
+        late = run("start", "flow", "--snapshot", "latest", "--wait", "--timeout", "0.5")
+        assert late.returncode == 1
+        assert re.search(r"is still (running|sleeping) after 0.5 s", late.stderr), late.stderr
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        worker.wait(timeout=60)
 
 
 def test_list_pages_by_cursor_and_since(cli: Cli, tmp_path: Path) -> None:
@@ -241,8 +256,7 @@ def test_terminate_stops_a_drive_in_another_process(cli: Cli, tmp_path: Path) ->
 export default async (event, step) =>
   step.tool("stuck", "slow", { run: event.instanceId, seconds: 60 });
 """)  # fmt: skip
-    cli.ok("start", "flow", "--scope", "acme", "--snapshot", snapshot, "--run-id", "r1",
-           "--no-wait")  # fmt: skip
+    cli.ok("start", "flow", "--scope", "acme", "--snapshot", snapshot, "--run-id", "r1")
     worker = subprocess.Popen(
         cli.argv("worker", "--until-idle"), cwd=PROJECT_ROOT, env=cli.env,
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,

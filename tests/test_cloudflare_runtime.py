@@ -261,6 +261,8 @@ def test_the_cli_takes_an_env_file_whose_secrets_come_from_the_host(tmp_path: Pa
     assert qjsflow("publish", str(tree.parent), "--scope", "acme").returncode == 0
     started = qjsflow("start", "w", "--scope", "acme", "--snapshot", "latest")
     assert started.returncode == 0, started.stderr
+    driven = qjsflow("worker", "--until-idle")  # the worker resolves the secret from its host
+    assert driven.returncode == 0, driven.stderr
     assert tool_log.read_text() == f"hi {SECRET_VALUE}\n"
     for path in tmp_path.glob("j.db*"):
         assert SECRET_VALUE.encode() not in path.read_bytes()

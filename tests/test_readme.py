@@ -7,6 +7,7 @@ import contextlib
 import io
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -71,3 +72,20 @@ def test_the_demo_runs_to_a_completed_run_with_a_timeline() -> None:
     assert timeline["pack order"][2] == "2"  # the attempt cut short by the kill was retried
     assert timeline["price order"][4] == "drive 1"
     assert timeline["price order"][5] != "-"  # replayed by later drives, not executed again
+
+
+@pytest.mark.timeout(180)
+def test_the_shell_example_runs_with_a_worker(tmp_path: Path) -> None:
+    """The command-line walk-through, run by bash as written: the commands record, the
+    worker in the background drives."""
+    shutil.copytree(PROJECT_ROOT / "fixtures", tmp_path / "fixtures")
+    bin_folder = str(Path(sys.executable).parent)  # where `qjsflow` is installed
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("QJSFLOW_")},
+           "PATH": f"{bin_folder}:{os.environ['PATH']}"}  # fmt: skip
+    done = subprocess.run(["bash", "-e", "-c", _example("shell")], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=170, check=False)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    out = done.stdout
+    assert re.search(r"^status\s+sleeping", out, re.M), out  # at rest after the worker's drive
+    assert '"charge":' in out or '"orderId":"A-7"' in out, out  # the output, once it ended
+    assert re.search(r"charge card\s+tool\s+1", out), out  # the timeline

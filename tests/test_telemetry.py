@@ -41,7 +41,7 @@ class Workers(Cli):
 
     def start(self, run_id: str, seconds: float) -> None:
         self.ok("start", "flow", "--scope", "acme", "--snapshot", "latest", "--run-id", run_id,
-                 "--input", str(seconds), "--no-wait")  # fmt: skip
+                 "--input", str(seconds))  # fmt: skip
 
     def worker(self, *args: str) -> subprocess.Popen[str]:
         return subprocess.Popen(self.argv("worker", *args), cwd=PROJECT_ROOT, env=self.env,

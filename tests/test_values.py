@@ -90,7 +90,8 @@ def test_views_and_json_output_of_hostile_values(tmp_path: Path) -> None:
     started = cli("--json", "start", "flow", "--scope", "acme", "--snapshot", snapshot,
                   "--run-id", "r1")  # fmt: skip
     assert started.returncode == 0, started.stderr
-    assert orjson.loads(started.stdout)["status"] == "completed"
+    assert cli("worker", "--until-idle").returncode == 0
+    assert orjson.loads(cli("--json", "status", "r1").stdout)["status"] == "completed"
     for args in (("status", "r1", "--scope", "acme"), ("steps", "r1", "--scope", "acme"),
                  ("list",)):  # fmt: skip
         for json in ((), ("--json",)):

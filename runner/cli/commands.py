@@ -50,6 +50,7 @@ from qjsflow.runner.cli.parser import (
     build_parser,
     confinement_of,
 )
+from qjsflow.runner.cli.recorded import RECORDING, recorded
 from qjsflow.runner.errors import RunNotFound
 from qjsflow.runner.operations.timeline import timeline_rows
 from qjsflow.runner.reads import RunReads, reading
@@ -170,18 +171,7 @@ def _serve_metrics(host: str, port: int) -> None:
 async def _start(args: argparse.Namespace, runner: Runner) -> RunView:
     payload = _json_arg(args.input, "--input")
     request = StartRunInput(args.scope, args.workflow, args.snapshot, payload, args.run_id)
-    run = await runner.start(request, drive=not args.no_wait)
-    if run.status not in TERMINAL:  # left for a worker: say if none can call its tools
-        snapshot = await runner.find_snapshot(run.snapshot_id, scope=run.scope)
-        unbound = await runner.unbound_tools(snapshot)
-        if unbound:
-            print(printable(f"qjsflow: note: no live worker binds a tool the snapshot declares "
-                            f"({', '.join(unbound)}): a run that calls one waits, blocked, "
-                            "until a worker that binds it runs (qjsflow workers)"),
-                  file=sys.stderr)  # fmt: skip
-    if not args.wait:
-        return run
-    return await runner.wait(run.run_id, scope=run.scope, timeout_s=args.timeout)
+    return await recorded(args, runner, lambda: runner.start(request, drive=False))
 
 
 async def _result(args: argparse.Namespace, reads: RunReads) -> RunView:
@@ -209,11 +199,13 @@ async def _scope_of(args: argparse.Namespace, reads: RunReads) -> str:
 async def _signal(args: argparse.Namespace, runner: Runner) -> RunView:
     payload = _json_arg(args.input, "--input")
     scope = await _scope_of(args, runner)
-    done = await runner.signal(args.run, args.type, payload, scope=scope, event_id=args.event_id)
     waited = {
         str(event.data.get("type")) for event in await runner.history(args.run, scope=scope)
         if event.type == "waiting_for_event" and isinstance(event.data, dict)
     }  # fmt: skip
+    done = await recorded(args, runner, lambda: runner.signal(
+        args.run, args.type, payload, scope=scope, event_id=args.event_id, drive=False,
+    ))  # fmt: skip
     if args.type not in waited:  # delivered all the same: a later wait may ask for it
         types = ", ".join(sorted(waited)) or "none yet"
         print(printable(f"qjsflow: note: run {args.run!r} has never waited for an event of type "
@@ -306,6 +298,8 @@ def _operate(args: argparse.Namespace, colour: bool) -> str | tuple[str, int]:
         if isinstance(done, Bulk):
             shown = render_json(done) if args.json else cli_control.render_bulk(done)
             return (shown, EXIT_FAILED) if done.failed else shown
+        if getattr(args, "wait", None) == "end":
+            return _output(done)
         return render_json(done) if args.json else render_run(done, colour)
     if command == "migrate":
         report = asyncio.run(_with_runner(args, lambda a, r: cli_control.migrate(a, r, _scope_of)))
@@ -324,15 +318,8 @@ def _show(args: argparse.Namespace, colour: bool) -> str:
     if command == "steps":
         steps: list[StepView] = asyncio.run(_with_reads(args, _on_run("list_steps")))
         return render_json(steps) if args.json else render_steps(steps)
-    if command == "result" or (command == "start" and args.wait):
-        ended: RunView = asyncio.run(
-            _with_reads(args, _result) if command == "result" else _with_runner(args, _start)
-        )
-        if ended.status not in TERMINAL:
-            raise QjsflowError(f"run {ended.run_id!r} is {ended.status}: wait with --wait")
-        if ended.status != "completed":
-            raise QjsflowError(f"run {ended.run_id!r} {ended.status}: {ended.error or ''}")
-        return render_json(ended.output)
+    if command == "result":
+        return _output(asyncio.run(_with_reads(args, _result)))
     if command == "timeline":
         rows = asyncio.run(_with_reads(args, _timeline))
         if args.json:
@@ -375,9 +362,21 @@ def _show(args: argparse.Namespace, colour: bool) -> str:
         else _with_runner(args, _and_retrying_steps(_RUN_COMMANDS[command]))
     )
     view, retrying = shown_run
+    if command in RECORDING and args.wait == "end":
+        return _output(view)
     if args.json:
         return render_json(view)
     return render_run(view, colour, render_retries(retrying))
+
+
+def _output(ended: RunView) -> str:
+    """What `result` prints: an ended run's output (a run that did not complete, or has not
+    ended, is a failure of the command, saying so)."""
+    if ended.status not in TERMINAL:
+        raise QjsflowError(f"run {ended.run_id!r} is {ended.status}: wait with --wait")
+    if ended.status != "completed":
+        raise QjsflowError(f"run {ended.run_id!r} {ended.status}: {ended.error or ''}")
+    return render_json(ended.output)
 
 
 _Reads = TypeVar("_Reads", bound=RunReads)

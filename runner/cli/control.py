@@ -12,7 +12,9 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from qjsflow.bridge import InvalidInput, QjsflowError
+from qjsflow.runner.cli.options import add_wait
 from qjsflow.runner.cli.output import printable
+from qjsflow.runner.cli.recorded import recorded
 from qjsflow.runner.reads import RunReads
 from qjsflow.runner.tenancy.scopes import ALL_SCOPES
 from qjsflow.runner.views import RUN_STATUSES, TERMINAL, RunView
@@ -38,10 +40,11 @@ __all__ = [
 # verb -> what it does, for help and for the confirmation message
 CONTROL_VERBS = {
     "pause": "park a run after the steps under way (no worker drives it until resume)",
-    "resume": "make a paused run runnable and drive it (or drive a run again after a crash)",
+    "resume": "make a paused run runnable again (a worker drives it)",
     "cancel": "stop a run at its next suspension",
     "terminate": "end a run now, stopping its executor mid-step if need be",
-    "restart": "run a run again under its id, from the beginning or from a step",
+    "restart": "run a run again under its id, from the beginning or from a step (a worker "
+    "drives it)",
 }
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 _DURATION = re.compile(r"^([0-9]{1,9})([smhdw])$")
@@ -97,8 +100,7 @@ def add_control_commands(add: Callable[..., argparse.ArgumentParser]) -> None:
                 help="run it under this version of its scope's configuration",
             )  # fmt: skip
         if verb in ("resume", "restart"):
-            command.add_argument("--no-wait", action="store_true",
-                                 help="leave the run for a worker to drive")  # fmt: skip
+            add_wait(command)
     fork = add("fork", help="start a new run with a run's input and its results before a step")
     fork.add_argument("run", help="the run id")
     fork.add_argument("--scope", help="the run's tenant (found if only one has the id)")
@@ -108,7 +110,7 @@ def add_control_commands(add: Callable[..., argparse.ArgumentParser]) -> None:
     fork.add_argument("--config", metavar="latest|N",
                       help="run it under this version of its scope's configuration")  # fmt: skip
     fork.add_argument("--run-id", help="the new run's id (random without it)")
-    fork.add_argument("--no-wait", action="store_true", help="leave the fork for a worker")
+    add_wait(fork)
     migrate = add("migrate", help="move runs that have not ended to new code, each only if a "
                   "replay of its journal proves the new code makes the same calls")  # fmt: skip
     migrate.add_argument("run", nargs="?", help="the run id (or --workflow and --from-snapshot)")
@@ -178,19 +180,22 @@ async def _selected(args: argparse.Namespace, runner: Runner) -> list[RunView]:
 
 
 async def _act(verb: str, args: argparse.Namespace, runner: Runner, run: str, scope: str) -> Any:
-    wait = not getattr(args, "no_wait", False)
+    """One run's verb. Resume and restart only record (a worker drives the run): with
+    `--wait`, the CLI waits for it as it does after `start`."""
     match verb:
         case "pause":
             return await runner.pause(run, scope=scope)
         case "resume":
-            return await runner.resume(run, scope=scope, drive=wait)
+            return await recorded(args, runner, lambda: runner.resume(run, scope=scope,
+                                  drive=False))  # fmt: skip
         case "cancel":
             return await runner.cancel(run, scope=scope)
         case "terminate":
             return await runner.terminate(run, scope=scope, reason=args.reason)
         case "restart":
-            return await runner.restart(run, scope=scope, from_step=args.from_step, drive=wait,
-                                        config=args.config)  # fmt: skip
+            return await recorded(args, runner, lambda: runner.restart(
+                run, scope=scope, from_step=args.from_step, drive=False, config=args.config,
+            ))  # fmt: skip
     raise AssertionError(verb)
 
 
@@ -211,6 +216,8 @@ async def control(
         return result
     if args.run is not None:
         raise InvalidInput(f"{verb} takes a run id or --where, not both")
+    if getattr(args, "wait", None) is not None:
+        raise InvalidInput(f"{verb} --where leaves the runs to workers: --wait takes one run")
     if args.yes and args.dry_run:
         raise InvalidInput("--yes does it and --dry-run only shows it: say one")
     runs = await _selected(args, runner)
@@ -221,8 +228,6 @@ async def control(
             f"{len(runs)} runs match; nothing was done: add --yes to {verb} them "
             "(--dry-run lists them)"
         )
-    if verb in ("resume", "restart"):
-        args.no_wait = True  # workers drive them, many at once
     bulk = Bulk(verb, len(runs))
     for run in runs:
         try:
@@ -234,11 +239,11 @@ async def control(
 
 
 async def fork(args: argparse.Namespace, runner: Runner, scope_of: Callable[..., Any]) -> RunView:
-    return await runner.fork(
-        args.run, scope=await scope_of(args, runner), from_step=args.from_step,
-        snapshot_id=args.snapshot, new_run_id=args.run_id, drive=not args.no_wait,
-        config=args.config,
-    )  # fmt: skip
+    scope = await scope_of(args, runner)
+    return await recorded(args, runner, lambda: runner.fork(
+        args.run, scope=scope, from_step=args.from_step, snapshot_id=args.snapshot,
+        new_run_id=args.run_id, drive=False, config=args.config,
+    ))  # fmt: skip
 
 
 async def migrate(

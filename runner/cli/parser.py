@@ -7,7 +7,6 @@ help text name (no runner, driver or pool).
 from __future__ import annotations
 
 import argparse
-import math
 import sys
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -16,6 +15,7 @@ from qjsflow.bridge import InvalidInput
 from qjsflow.bridge.printable import printable
 from qjsflow.bundles.versions import ESBUILD_VERSION
 from qjsflow.runner.cli.control import add_control_commands
+from qjsflow.runner.cli.options import SECONDS, add_wait, number, old_spelling
 from qjsflow.runner.views import RUN_STATUSES
 from qjsflow.sandbox.confinement_modes import CONFINEMENT_MODES
 
@@ -32,34 +32,6 @@ EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 _SCOPE_HELP = "the run's tenant (found if only one has the run id)"
 
 
-class _Deprecated(argparse.Action):
-    """An old spelling of an option (docs/OPERATIONS.md keeps one word for each concept): it
-    still works for one release, sets the new option's value, and says so on stderr."""
-
-    def __init__(self, option_strings: list[str], dest: str, *, instead: str,
-                 append: bool = False, **kwargs: Any) -> None:  # fmt: skip
-        super().__init__(option_strings, dest, default=argparse.SUPPRESS, **kwargs)
-        self.instead, self.append = instead, append
-
-    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
-                 values: Any, option_string: str | None = None) -> None:  # fmt: skip
-        print(f"qjsflow: {option_string} is deprecated: say {self.instead} (the old spelling "
-              "goes in the next release)", file=sys.stderr)  # fmt: skip
-        if self.append:
-            setattr(namespace, self.dest, [*getattr(namespace, self.dest, []), values])
-        else:
-            setattr(namespace, self.dest, values)
-
-
-def _old_spelling(
-    parser: argparse.ArgumentParser, old: str, new: str, *, append: bool = False
-) -> None:
-    """`old` as a deprecated spelling of the option `new` already added to `parser`."""
-    dest = new.removeprefix("--").replace("-", "_")
-    parser.add_argument(old, action=_Deprecated, dest=dest, instead=new, append=append,
-                        help=argparse.SUPPRESS)  # fmt: skip
-
-
 class _Parser(argparse.ArgumentParser):
     """argparse, but usage errors are one line on stderr and exit 2."""
 
@@ -68,30 +40,11 @@ class _Parser(argparse.ArgumentParser):
         raise SystemExit(EXIT_USAGE)
 
 
-def _number(kind: type[int] | type[float], low: float, high: float) -> Callable[[str], Any]:
-    """An argparse type: a finite `kind` within [low, high], or a usage error naming the range
-    (a value past it would fail later, deep in a library, with no word of the option)."""
-
-    def parse(text: str) -> int | float:
-        try:
-            value = kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text[:40]!r} is not {_KIND[kind]}") from None
-        if not math.isfinite(value) or not low <= value <= high:
-            raise argparse.ArgumentTypeError(f"{text[:40]!r} is outside {low:g} to {high:g}")
-        return value
-
-    parse.__name__ = _KIND[kind]  # argparse names the type in its errors
-    return parse
-
-
-_KIND: dict[type, str] = {int: "a whole number", float: "a number"}
 _DAY_S = 86_400.0
-_SECONDS = _number(float, 0.001, 366 * _DAY_S)  # a wait or a lease: up to a year
-_PORT = _number(int, 1, 65_535)
-_LEASE_S = _number(float, 0.1, _DAY_S)
-_LIMIT, _OFFSET = _number(int, 1, 10_000), _number(int, 0, 2**62)
-_DRIVES = _number(int, 1, 4096)
+_PORT = number(int, 1, 65_535)
+_LEASE_S = number(float, 0.1, _DAY_S)
+_LIMIT, _OFFSET = number(int, 1, 10_000), number(int, 0, 2**62)
+_DRIVES = number(int, 1, 4096)
 
 
 # Options every command takes, before or after its name (`qjsflow status RUN --json`). The
@@ -167,21 +120,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     start.add_argument("--input", default="null", help="the event payload, as JSON")
     start.add_argument("--run-id", help="makes start idempotent")
-    start.add_argument(
-        "--no-wait", action="store_true", help="only record the run: a worker drives it"
-    )
-    start.add_argument(
-        "--wait", action="store_true",
-        help="block until the run ends (a worker drives what is left) and print its output",
-    )  # fmt: skip
-    start.add_argument("--timeout", type=_SECONDS, metavar="SECONDS", help="how long to --wait")
+    add_wait(start)
     result = add("result", help="a run's output once it has ended")
     result.add_argument("run", help="the run id")
     result.add_argument("--scope", help=_SCOPE_HELP)
     result.add_argument(
         "--wait", action="store_true", help="wait for the run to end (a worker drives it)"
     )
-    result.add_argument("--timeout", type=_SECONDS, metavar="SECONDS", help="how long to wait")
+    result.add_argument("--timeout", type=SECONDS, metavar="SECONDS", help="how long to wait")
     _add_run_views(add)
     add_control_commands(add)
     _add_signal(add)
@@ -218,7 +164,7 @@ def _add_worker(add: Callable[..., argparse.ArgumentParser]) -> None:
         help="exit once nothing is running and no timer is due within --idle-window",
     )
     worker.add_argument(
-        "--idle-window", type=_number(float, 0.0, 3600.0), default=1.0, metavar="SECONDS",
+        "--idle-window", type=number(float, 0.0, 3600.0), default=1.0, metavar="SECONDS",
         help="with --until-idle, the timers it still waits for: those due within this (1)",
     )  # fmt: skip
     worker.add_argument("--concurrency", type=_DRIVES, default=8, help="drives at once (8)")
@@ -234,7 +180,7 @@ def _add_worker(add: Callable[..., argparse.ArgumentParser]) -> None:
                         help="serve /healthz and /readyz on this port")  # fmt: skip
     worker.add_argument("--host", default="127.0.0.1",
                         help="where the metrics and health ports listen (127.0.0.1)")  # fmt: skip
-    _old_spelling(worker, "--listen-host", "--host")  # as the console's --host
+    old_spelling(worker, "--listen-host", "--host")  # as the console's --host
     add("workers", help="the workers serving this journal: live, gone or stopped, what each binds")
     _add_scope(add)
     _add_secrets(add)
@@ -245,11 +191,12 @@ def _add_signal(add: Callable[..., argparse.ArgumentParser]) -> None:
     signal_.add_argument("run", help="the run id")
     signal_.add_argument("type", help="the event type its waitForEvent waits for")
     signal_.add_argument("--input", default="null", help="the event payload, as JSON (as start's)")
-    _old_spelling(signal_, "--payload", "--input")
+    old_spelling(signal_, "--payload", "--input")
     signal_.add_argument("--scope", help=_SCOPE_HELP)
     signal_.add_argument(
         "--event-id", help="an idempotency key: the same id delivered again adds nothing"
     )
+    add_wait(signal_)
 
 
 def _command_with_actions(
@@ -386,7 +333,7 @@ def _add_author_commands(add: Callable[..., argparse.ArgumentParser]) -> None:
         ("--mock-step", "NAME[:COUNT]=JSON", "step.do NAME's result; its body is not run"),
     ):
         run.add_argument(option, action="append", default=[], metavar=metavar, help=text)
-    _old_spelling(run, "--tool", "--mock-tool", append=True)  # beside the global --tools
+    old_spelling(run, "--tool", "--mock-tool", append=True)  # beside the global --tools
     run.add_argument(
         "--let-waits-time-out", action="store_true",
         help="a wait nobody gave an event for times out (else the run stops there)",

@@ -359,6 +359,13 @@ class JournalStore(JournalCore):
     async def list_steps(self, run_id: str) -> list[StepRow]:
         return await self.read(lambda tx: tx.list_steps(run_id))
 
+    async def timer_due(self, run_id: str, by: int) -> bool:
+        """Whether a timer of the run is due by `by` (ms): a worker drives it then."""
+        rows = await self._all(
+            "SELECT 1 FROM timers WHERE run_id = ? AND due_at <= ? LIMIT 1", (run_id, by)
+        )
+        return bool(rows)
+
     async def list_events(self, run_id: str) -> list[EventRecord]:
         rows = await self._all(
             "SELECT seq, run_id, type, at, data FROM events WHERE run_id = ? ORDER BY seq",
