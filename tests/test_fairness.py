@@ -10,8 +10,10 @@ from typing import Any
 
 import pytest
 
+from qjsflow.bridge import InvalidInput
 from qjsflow.runner import Bindings, Runner, RunnerConfig, StartRunInput
 from qjsflow.runner.store.journal import claim_query
+from qjsflow.runner.tenancy.scope_config import parse_config
 from qjsflow.sandbox import PoolConfig
 from tests.conftest import FakeClock
 
@@ -77,10 +79,16 @@ async def test_a_scope_with_few_runs_is_not_held_back_by_one_with_thousands(
     assert big_drives <= SMALL + CONCURRENCY, big_drives
 
 
-async def test_a_scopes_weight_is_its_share(tmp_path: Path, clock: FakeClock) -> None:
+@pytest.mark.parametrize("where", ["process", "journal"])
+async def test_a_scopes_weight_is_its_share(tmp_path: Path, clock: FakeClock, where: str) -> None:
+    """Set in the worker's own settings, or in the scope's configuration in the journal (what
+    every worker on the journal follows)."""
+    weights = {"big": 3.0} if where == "process" else {}
     config = RunnerConfig(clock=clock, pool=PoolConfig(size=2), scope_root=tmp_path / "scopes",
-                          scope_weights={"big": 3})  # fmt: skip
+                          scope_weights=weights)  # fmt: skip
     async with Runner.open(tmp_path / "j.db", config) as runner:
+        if where == "journal":
+            await runner.apply_scope_config("big", '{"scheduling": {"weight": 3}}')
         await _enqueue(runner, "big", 200, clock)
         await _enqueue(runner, "small", 10, clock)
         picked = _picks(runner)
@@ -94,9 +102,15 @@ async def test_a_scopes_weight_is_its_share(tmp_path: Path, clock: FakeClock) ->
     assert 3 * 10 - CONCURRENCY <= big_drives <= 3 * 10 + CONCURRENCY, big_drives
 
 
-async def test_a_scopes_concurrency_limit_holds(tmp_path: Path, clock: FakeClock) -> None:
+@pytest.mark.parametrize("where", ["process", "journal"])
+async def test_a_scopes_concurrency_limit_holds(
+    tmp_path: Path, clock: FakeClock, where: str
+) -> None:
+    """In the worker's own settings, or in the journal's configuration: then it holds across
+    two workers that were given no limit of their own."""
+    limits = {"capped": 1} if where == "process" else {}
     config = RunnerConfig(clock=clock, pool=PoolConfig(size=2), scope_root=tmp_path / "scopes",
-                          scope_concurrency={"capped": 1})  # fmt: skip
+                          scope_concurrency=limits)  # fmt: skip
     gate = asyncio.Event()
     seen: list[int] = []
     driving = 0
@@ -110,17 +124,22 @@ async def test_a_scopes_concurrency_limit_holds(tmp_path: Path, clock: FakeClock
         return "ok"
 
     source = 'export default async (e, step) => step.tool("hold", "hold", {});'
-    async with Runner.open(tmp_path / "j.db", config) as runner:
+    bindings = Bindings(tools={"hold": hold})
+    async with Runner.open(tmp_path / "j.db", config) as runner, \
+            Runner.open(tmp_path / "j.db", config) as other:  # fmt: skip
+        if where == "journal":
+            await runner.apply_scope_config("capped", '{"scheduling": {"concurrency": 1}}')
         published = await runner.publish("capped", {"workflows/flow.ts": source})
         for n in range(3):
             await runner.start(StartRunInput("capped", "flow", published.snapshot_id, None,
                                              f"c{n}"), drive=False)  # fmt: skip
         stop = asyncio.Event()
-        serving = asyncio.create_task(
-            runner.serve(concurrency=8, stop=stop, bindings=Bindings(tools={"hold": hold}))
-        )
+        serving = [
+            asyncio.create_task(worker.serve(concurrency=8, stop=stop, bindings=bindings))
+            for worker in (runner, other)
+        ]
         await asyncio.sleep(1.0)
-        assert seen == [1]  # one at a time, though the worker could take eight
+        assert seen == [1]  # one at a time, though each worker could take eight
         gate.set()
         for _ in range(100):
             done = await runner.list(scope="capped", status="completed")
@@ -128,9 +147,23 @@ async def test_a_scopes_concurrency_limit_holds(tmp_path: Path, clock: FakeClock
                 break
             await asyncio.sleep(0.05)
         stop.set()
-        await serving
+        await asyncio.gather(*serving)
     assert max(seen) == 1
     assert len(seen) == 3
+
+
+def test_scheduling_settings_are_checked() -> None:
+    for document, said in (
+        ({"scheduling": {"weight": 0}}, "scheduling.weight is a number over 0"),
+        ({"scheduling": {"weight": True}}, "scheduling.weight is a number over 0"),
+        ({"scheduling": {"concurrency": 1.5}}, "scheduling.concurrency is a whole number"),
+        ({"scheduling": {"priority": 1}}, "scheduling holds weight and concurrency"),
+    ):
+        with pytest.raises(InvalidInput, match=said):
+            parse_config(document, "acme")
+    config = parse_config({"scheduling": {"weight": 2, "concurrency": 5}}, "acme")
+    assert (config.weight, config.concurrency) == (2.0, 5)
+    assert config.document()["scheduling"] == {"weight": 2.0, "concurrency": 5}
 
 
 async def test_a_claim_looks_only_at_runs_that_may_be_due(tmp_path: Path) -> None:

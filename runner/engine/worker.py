@@ -205,6 +205,8 @@ class Worker:
                 partial(_beat, worker_id=self.driver.worker_id, now=now), durable=False
             )
         self._next_beat = now + WORKER_BEAT_MS
+        # Scopes' weights and concurrency limits as the journal now says, on every worker alike.
+        await self.driver.limits.refresh(self.store, self.driver.configs)
         if METRICS.available:
             states = collections.Counter(w.state(now) for w in await self.store.list_workers())
             for state in ("live", "gone", "stopped"):
@@ -269,7 +271,7 @@ class Worker:
             if await self._can_unblock(run_id, missing, version)
         ]  # fmt: skip
         claimable = [run_id for run_id in claimable if not self.retries.waiting(run_id)]
-        limits = self.driver.config.scope_concurrency
+        limits = self.driver.limits.concurrency
         driving = await self.store.driving_by_scope(now) if limits else {}
         for run_id in claimable:
             if run_id in tasks or len(tasks) >= self.concurrency:
@@ -287,8 +289,9 @@ class Worker:
     async def _fair_order(self, now: int, wanted: int) -> list[str]:
         """Due runs in the order to drive them, fair across scopes (weighted fair queueing):
         each scope has a virtual time — the drives this worker gave it, divided by its weight
-        (`RunnerConfig.scope_weights`, 1 when not named) — and its next runs come at that time
-        plus their turn in the scope over the weight; oldest first within a scope. A few turns
+        (`ScopeLimits`: its configuration's, or `RunnerConfig.scope_weights`, else 1) — and
+        its next runs come at that time plus their turn in the scope over the weight; oldest
+        first within a scope. A few turns
         more than needed are read, so a scope at its concurrency limit leaves room to others."""
         turns = await self.store.claimable_turns(now, wanted * 4)
         virtual = self._virtual
@@ -300,7 +303,7 @@ class Worker:
         return [run_id for run_id, _, _ in turns]
 
     def _weight(self, scope: str) -> float:
-        return max(self.driver.config.scope_weights.get(scope, 1.0), 1e-6)
+        return self.driver.limits.weight(scope)
 
     async def _can_unblock(self, run_id: str, missing: str, version: int | None) -> bool:
         """Whether this worker has what a blocked run is missing: a tool, or a secret (of its

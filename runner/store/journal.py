@@ -394,6 +394,11 @@ class JournalStore(JournalCore):
         """A version of the scope's configuration (`JournalTransaction.scope_config`)."""
         return await self.read(partial(_scope_config, scope=scope, version=version))
 
+    async def latest_scope_configs(self) -> dict[str, int]:
+        """Each configured scope's latest configuration version."""
+        rows = await self._all("SELECT scope, max(version) FROM scope_configs GROUP BY scope")
+        return {str(row[0]): int(row[1]) for row in rows}
+
     async def scope_config_history(self, scope: str) -> list[tuple[int, str, int]]:
         """Every version of the scope's configuration, the newest first."""
         rows = await self._all(

@@ -10,7 +10,8 @@ needs it (`ScopeConfig.environment`).
 A document is JSON or TOML, one scope's settings, with the keys of one scope of the operator's
 env file: `{"vars": {...}, "secrets": {"API_KEY": "ACME_API_KEY"}, "kv": ["CACHE"],
 "egress": {"allow": ["api.example.com"]}, "budgets": {"steps_per_day": 10000},
-"capabilities": {"tools": ["crm.*"]}}`. Every problem is named, one per line.
+"capabilities": {"tools": ["crm.*"]}, "scheduling": {"weight": 3, "concurrency": 20}}`. Every
+problem is named, one per line.
 """
 
 from __future__ import annotations
@@ -38,7 +39,10 @@ __all__ = [
 
 MAX_CONFIG_BYTES = 256 * 1024
 _OBJECT_KEYS = ("kv", "queues", "r2", "durable_objects")
-_KEYS = frozenset({"vars", "secrets", "egress", "budgets", "capabilities", *_OBJECT_KEYS})
+_KEYS = frozenset(
+    {"vars", "secrets", "egress", "budgets", "capabilities", "scheduling", *_OBJECT_KEYS}
+)
+_MAX_WEIGHT, _MAX_CONCURRENCY = 1000.0, 1_000_000
 _HOST_VARIABLE = (
     "a host environment variable's name (letters, digits, _), or @journal for a value sealed in"
     " the journal (qjsflow secrets set)"
@@ -58,6 +62,10 @@ class ScopeConfig:
     durable_objects: tuple[str, ...] = ()
     budgets: Budgets | None = None
     capabilities: Capabilities | None = None  # the most its snapshots may declare
+    # Fair scheduling (docs/TENANCY.md): the scope's share of every worker's drives, and how
+    # many of its runs all workers drive at once. Unset: the worker's RunnerConfig says.
+    weight: float | None = None
+    concurrency: int | None = None
 
     def environment(
         self, source: SecretSource, sealed: Mapping[str, str] | None = None
@@ -104,6 +112,9 @@ class ScopeConfig:
             }  # fmt: skip
         if self.capabilities is not None:
             shown["capabilities"] = loads(self.capabilities.to_json())
+        scheduling = {"weight": self.weight, "concurrency": self.concurrency}
+        if any(value is not None for value in scheduling.values()):
+            shown["scheduling"] = {k: v for k, v in scheduling.items() if v is not None}
         return shown
 
     def text(self) -> str:
@@ -194,6 +205,7 @@ def parse_config(document: object, scope: str) -> ScopeConfig:
         objects[key] = tuple(value)
     egress = _egress(document.get("egress", {}), where, problems)
     budgets = _budgets(document.get("budgets"), where, problems)
+    weight, concurrency = _scheduling(document.get("scheduling", {}), where, problems)
     capabilities = None
     if "capabilities" in document:
         try:
@@ -204,7 +216,8 @@ def parse_config(document: object, scope: str) -> ScopeConfig:
         raise InvalidInput("\n".join(problems))
     try:
         config = ScopeConfig(vars_, {str(k): str(v) for k, v in secrets.items()}, egress,
-                             budgets=budgets, capabilities=capabilities, **objects)  # fmt: skip
+                             budgets=budgets, capabilities=capabilities, weight=weight,
+                             concurrency=concurrency, **objects)  # fmt: skip
         config.declared()  # the binding names: valid, and none declared twice
     except InvalidInput as error:
         raise InvalidInput(f"{where}: {error}") from None
@@ -257,6 +270,27 @@ def _budgets(value: object, where: str, problems: list[str]) -> Budgets | None:
     except (InvalidInput, TypeError) as error:
         problems.append(f"{where}: {error}")
         return None
+
+
+def _scheduling(value: object, where: str, problems: list[str]) -> tuple[float | None, int | None]:
+    if not isinstance(value, dict) or set(value) - {"weight", "concurrency"}:
+        problems.append(f"{where}: scheduling holds weight and concurrency")
+        return None, None
+    weight, concurrency = value.get("weight"), value.get("concurrency")
+    if weight is not None and (
+        isinstance(weight, bool) or not isinstance(weight, int | float)
+        or not math.isfinite(weight) or not 0 < weight <= _MAX_WEIGHT
+    ):  # fmt: skip
+        problems.append(f"{where}: scheduling.weight is a number over 0, at most {_MAX_WEIGHT:g}")
+        weight = None
+    if concurrency is not None and (
+        isinstance(concurrency, bool) or not isinstance(concurrency, int)
+        or not 1 <= concurrency <= _MAX_CONCURRENCY
+    ):  # fmt: skip
+        problems.append(f"{where}: scheduling.concurrency is a whole number from 1 to "
+                        f"{_MAX_CONCURRENCY}")  # fmt: skip
+        concurrency = None
+    return (None if weight is None else float(weight)), concurrency
 
 
 def config_diff(before: str | None, after: str, *, names: tuple[str, str]) -> str:

@@ -55,6 +55,7 @@ from qjsflow.runner.telemetry.metrics import METRICS
 from qjsflow.runner.tenancy.budgets import MINUTE_MS, Budgets, Charges, forget_before
 from qjsflow.runner.tenancy.environment import ScopeEnvironment
 from qjsflow.runner.tenancy.scope_config import ConfigCache, ScopeConfig
+from qjsflow.runner.tenancy.scope_limits import ScopeLimits
 from qjsflow.runner.tenancy.scopes import split_run_key
 from qjsflow.runner.tenancy.sealed_secrets import Sealed, SecretKeys, open_sealed
 from qjsflow.runner.tenancy.secret_sources import SecretSource
@@ -83,6 +84,8 @@ class RunDriver:
     ) -> None:
         self.scopes = scopes
         self.configs = configs or ConfigCache()  # scopes' configuration versions runs recorded
+        # Each scope's weight and concurrency limit: a worker refreshes them from the journal.
+        self.limits = ScopeLimits(config.scope_weights, config.scope_concurrency)
         self.secret_source = SecretSource()  # where this process finds secrets' values
         self.secret_keys = SecretKeys()  # and the scope keys it opens sealed ones with
         self.store = store
@@ -217,7 +220,7 @@ class RunDriver:
         scope = split_run_key(run_id)[0]
         config = self.config
         return set_budgets(config.scope_budgets, scope) is None and (
-            scope not in config.scope_concurrency
+            scope not in self.limits.concurrency
         )
 
     def _budgeted(self, run: RunRecord) -> bool:
