@@ -24,6 +24,14 @@ const files = request.files;
 const refused = request.refused;
 const links = request.links;
 const VIRTUAL = "qjsflow-virtual";
+// Imports that cannot be resolved here (a module only a Worker's own build provides, such as
+// "virtual:react-router/server-build"; a Cloudflare module qjsflow has no equivalent of; a
+// package not installed) load as a stub that throws on use, naming the module, and the publish
+// says so. A package not installed that the bundle still refers to is refused (an `npm install`
+// forgotten), as is everything that would reach outside the tree.
+const MISSING = "qjsflow-missing";
+const missing = new Map(); // specifier -> { importer, why }
+const refuseMissing = new Set(); // specifiers refused on a second build (see bundle())
 const BUILTINS = new Set(builtinModules);
 const LOADERS = {
   ".ts": "ts", ".mts": "ts", ".cts": "ts", ".js": "js", ".mjs": "js", ".cjs": "js",
@@ -110,14 +118,19 @@ const guard = {
           const who = owner === null ? "imports" : `imports (through the package "${owner}")`;
           return refuse(`${who} the Node built-in "${builtin}", which workflows do not have`);
         }
-        if (args.path.startsWith("cloudflare:")) {
-          return refuse(`imports "${args.path}": the supported modules are "qjsflow", ` +
-            `"cloudflare:workers" and "cloudflare:workflows"`);
+        if (/^[a-z][a-z0-9+.-]*:/i.test(args.path)) {
+          const why = args.path.startsWith("cloudflare:")
+            ? `qjsflow has no "${args.path}" (it has "cloudflare:workers" and "cloudflare:workflows")`
+            : "a module only the project's own build provides";
+          return leftOut(args.path, importer, why, true);
         }
         const installed = installedInTree(name, args.resolveDir);
         if (installed === false) {
-          return refuse(`imports the package "${name}", which is not installed: install it ` +
-            `into node_modules inside the tree`);
+          if (refuseMissing.has(args.path)) {
+            return refuse(`imports the package "${name}", which is not installed: install it ` +
+              `into node_modules inside the tree`);
+          }
+          return leftOut(args.path, importer, `the package "${name}" is not installed`, false);
         }
         if (installed !== true) return refuse(`imports the package "${name}": ${installed}`);
       }
@@ -133,12 +146,40 @@ const guard = {
       return { path: found.path, sideEffects: found.sideEffects };
     });
     build.onLoad({ filter: /.*/, namespace: "file" }, (args) => load(args.path));
+    build.onLoad({ filter: /.*/, namespace: MISSING }, (args) => ({
+      contents: stub(args.path, missing.get(args.path).why),
+      loader: "js",
+    }));
     build.onLoad({ filter: /.*/, namespace: VIRTUAL }, (args) => ({
       contents: shims[args.path],
       loader: "js",
     }));
   },
 };
+
+function leftOut(specifier, importer, why, scheme) {
+  if (!missing.has(specifier)) missing.set(specifier, { importer, why, scheme });
+  return { path: specifier, namespace: MISSING, sideEffects: false };
+}
+
+// A CommonJS module whose every use throws, naming the module: esbuild reads a named import
+// of a CommonJS module through its prototype (the namespace object it makes inherits from
+// the module's prototype when `__esModule` is set), so `import { x } from "m"` loads quietly
+// and `x(...)` throws.
+function stub(specifier, why) {
+  const message = JSON.stringify(`the module "${specifier}" is not in this snapshot (${why}): ` +
+    "the code that uses it cannot run in a workflow");
+  return `var fail = function () { throw new Error(${message}); };
+var handler = {
+  get: function (_, key) { if (key === "__esModule") return true; if (typeof key === "symbol") return undefined; return fail(); },
+  has: function () { return false; }, ownKeys: function () { return []; },
+  apply: fail, construct: fail, set: fail,
+};
+var blocked = new Proxy(function () {}.bind(null), handler);
+handler.getPrototypeOf = function () { return blocked; };
+module.exports = new Proxy(function () {}.bind(null), handler);
+`;
+}
 
 // Read one reached file: listed by the scan, inside the tree, a regular file opened without
 // following a link; its digest lets the publisher check that it reads the same bytes.
@@ -207,7 +248,19 @@ function describe(message) {
   };
 }
 
+// A bundle, and what it left out: a package not installed that the bundle still refers to is
+// refused by building again with it refused (esbuild then names where it is imported).
 async function bundle(entry) {
+  let output = await bundleOnce(entry);
+  const reached = output.stubbed.filter(({ specifier, scheme }) => !scheme && !refuseMissing.has(specifier));
+  if (reached.length > 0) {
+    for (const { specifier } of reached) refuseMissing.add(specifier);
+    output = await bundleOnce(entry);
+  }
+  return output;
+}
+
+async function bundleOnce(entry) {
   const result = await esbuild.build({
     entryPoints: [resolve(root, entry)],
     absWorkingDir: root,
@@ -236,14 +289,24 @@ async function bundle(entry) {
     sourcemap: "external",
     sourcesContent: false,
     outfile: resolve(root, "__qjsflow_bundle.js"),
+    metafile: true,
   });
   const code = result.outputFiles.find((file) => file.path.endsWith(".js")).text;
   const map = result.outputFiles.find((file) => file.path.endsWith(".js.map")).text;
-  return { entry, code, map };
+  // Which stubs the bundle kept: code it keeps refers to them.
+  const kept = new Set();
+  for (const output of Object.values(result.metafile.outputs)) {
+    for (const [input, use] of Object.entries(output.inputs)) {
+      if (input.startsWith(`${MISSING}:`) && use.bytesInOutput > 0) kept.add(input.slice(MISSING.length + 1));
+    }
+  }
+  const stubbed = [...kept].map((specifier) => ({ specifier, ...missing.get(specifier) }));
+  return { entry, code, map, stubbed };
 }
 
 const outputs = [];
 const errors = [];
+const keptStubs = new Set();
 // The bundles are bounded as they are made, not after all of them are in memory.
 let outputBytes = 0;
 for (const entry of request.entries) {
@@ -255,11 +318,19 @@ for (const entry of request.entries) {
                     file: null, line: null, column: null });
       break;
     }
-    outputs.push(output);
+    outputs.push({ entry: output.entry, code: output.code, map: output.map });
+    for (const { specifier } of output.stubbed) keptStubs.add(specifier);
   } catch (failure) {
     const messages = failure && Array.isArray(failure.errors) ? failure.errors : null;
     if (!messages) throw failure;
     errors.push(...messages.map(describe));
   }
 }
-process.stdout.write(JSON.stringify(errors.length ? { errors } : { outputs, inputs }));
+// Said at publish: every import left out, and whether the bundle still refers to it.
+const warnings = [...missing.entries()].filter(([specifier]) => !refuseMissing.has(specifier))
+  .map(([specifier, { importer, why }]) => {
+    const kept = keptStubs.has(specifier);
+    return `${importer || "the entry"}: imports "${specifier}", left out of the snapshot (${why})` +
+      (kept ? "; the bundle keeps code that uses it, which throws if it runs" : "; no workflow reaches it");
+  });
+process.stdout.write(JSON.stringify(errors.length ? { errors } : { outputs, inputs, warnings }));

@@ -2,8 +2,9 @@
 Capability manifests).
 
 Declared in `qjsflow.json` at the tree's root (`{"capabilities": {...}}`), or, without one, in
-the Cloudflare-style `wrangler.json` / `wrangler.jsonc`: the `capabilities` of each entry of its
-`workflows` section, together. The file is part of the snapshot (its bytes are in the id):
+the Cloudflare project's wrangler file (`wrangler.jsonc`, `.json` or `.toml`): the
+`capabilities` of each entry of its `workflows` section, together. The file is part of the
+snapshot (its bytes are in the id):
 
     {"capabilities": {"tools": ["crm.sync", "mail.*"], "bindings": ["CACHE", "API_TOKEN"],
                       "fetch": ["api.example.com", "*.example.org"], "sql": "read"}}
@@ -24,6 +25,7 @@ from urllib.parse import urlsplit
 
 from qjsflow.bridge import CodecError, dumps_text, loads
 from qjsflow.bundles.errors import SourceTreeError
+from qjsflow.bundles.wrangler import WRANGLER_FILES, read_document
 
 __all__ = [
     "MANIFEST_FILES",
@@ -34,7 +36,7 @@ __all__ = [
     "exceeding",
 ]
 
-MANIFEST_FILES = ("qjsflow.json", "wrangler.json", "wrangler.jsonc")
+MANIFEST_FILES = ("qjsflow.json", *WRANGLER_FILES)
 SQL_MODES = ("none", "read", "write")
 _KEYS = frozenset({"tools", "bindings", "fetch", "sql"})
 _ENTRY = re.compile(r"^[\x21-\x7e]{1,256}$")  # printable ASCII, no spaces
@@ -154,11 +156,13 @@ def capabilities_of(files: Mapping[str, bytes]) -> Capabilities | None:
 
 
 def _parse(path: str, content: bytes) -> Capabilities | None:
-    try:
-        text = content.decode("utf-8")
-        document = loads(_without_comments(text) if path.endswith(".jsonc") else text)
-    except (UnicodeDecodeError, CodecError) as error:
-        raise SourceTreeError(path, f"is not valid JSON: {error}") from None
+    if path != "qjsflow.json":
+        document = read_document(path, content)
+    else:
+        try:
+            document = loads(content.decode("utf-8"))
+        except (UnicodeDecodeError, CodecError) as error:
+            raise SourceTreeError(path, f"is not valid JSON: {error}") from None
     try:
         if path == "qjsflow.json":
             if not isinstance(document, dict) or "capabilities" not in document:
@@ -185,33 +189,3 @@ def _from_wrangler(document: Any, path: str) -> Capabilities | None:
         fetch=tuple(dict.fromkeys(f for c in declared for f in c.fetch)),
         sql=SQL_MODES[max(modes)],
     )
-
-
-def _without_comments(text: str) -> str:
-    """JSONC to JSON: `//` and `/* */` comments outside strings dropped."""
-    out: list[str] = []
-    i, n, in_string = 0, len(text), False
-    while i < n:
-        char = text[i]
-        if in_string:
-            out.append(char)
-            if char == "\\" and i + 1 < n:
-                out.append(text[i + 1])
-                i += 1
-            elif char == '"':
-                in_string = False
-        elif char == '"':
-            in_string = True
-            out.append(char)
-        elif text.startswith("//", i):
-            end = text.find("\n", i)
-            i = n if end < 0 else end
-            continue
-        elif text.startswith("/*", i):
-            end = text.find("*/", i + 2)
-            i = n if end < 0 else end + 2
-            continue
-        else:
-            out.append(char)
-        i += 1
-    return "".join(out)

@@ -32,6 +32,12 @@ from qjsflow.bundles.tree import (
     stage_tree,
     tree_from_mapping,
 )
+from qjsflow.bundles.wrangler import (
+    WRANGLER_FILES,
+    DeclaredWorkflow,
+    WranglerProject,
+    parse_wrangler,
+)
 
 __all__ = [
     "ENTRY_SUFFIXES",
@@ -70,10 +76,17 @@ class Snapshot:
     entries: tuple[str, ...]
     bundles: tuple[WorkflowBundle, ...]
     capabilities: Capabilities | None = None  # declared by its manifest (bundles/manifest.py)
+    # The workflows an entry holds, when they are named rather than found: by a wrangler file's
+    # `workflows[]`, or `FILE:CLASS` entries. Entry -> its declared workflows.
+    declared: Mapping[str, tuple[DeclaredWorkflow, ...]] = dataclasses.field(default_factory=dict)
+    warnings: tuple[str, ...] = ()  # said at publish, stored nowhere
 
 
 def select_entries(listing: TreeListing, entries: Sequence[str] | None = None) -> tuple[str, ...]:
-    """The entry paths: the explicit list (validated) or every script under `workflows/`."""
+    """The entry paths: the explicit list (validated; `FILE:CLASS` names the file) or every
+    script under `workflows/`."""
+    if entries is not None:
+        entries = [entry_and_class(entry)[0] for entry in entries]
     if entries is None:
         chosen = sorted(
             path
@@ -94,6 +107,24 @@ def select_entries(listing: TreeListing, entries: Sequence[str] | None = None) -
     return tuple(chosen)
 
 
+def entry_and_class(entry: str) -> tuple[str, str | None]:
+    """`FILE[:CLASS]` as (file, class or None)."""
+    path, colon, class_name = entry.partition(":")
+    if colon and not class_name:
+        raise SourceTreeError(entry, "names no class after the colon (FILE:CLASS)")
+    return path, (class_name or None)
+
+
+def declared_by_entries(entries: Sequence[str]) -> dict[str, tuple[DeclaredWorkflow, ...]]:
+    """The workflows `FILE:CLASS` entries name (a class's workflow takes the class's name)."""
+    declared: dict[str, tuple[DeclaredWorkflow, ...]] = {}
+    for entry in entries:
+        path, class_name = entry_and_class(entry)
+        if class_name is not None:
+            declared[path] = (*declared.get(path, ()), DeclaredWorkflow(class_name, class_name))
+    return declared
+
+
 def name_workflows(
     snapshot: Snapshot, exports: Mapping[str, Sequence[Mapping[str, Any]]]
 ) -> Snapshot:
@@ -104,7 +135,11 @@ def name_workflows(
     named: list[WorkflowBundle] = []
     owners: dict[str, str] = {}
     for bundle in snapshot.bundles:
-        found = _workflows_of(bundle.entry_path, exports[bundle.entry_path])
+        declared = snapshot.declared.get(bundle.entry_path)
+        found = (
+            _workflows_of(bundle.entry_path, exports[bundle.entry_path]) if declared is None
+            else _declared_workflows(bundle.entry_path, exports[bundle.entry_path], declared)
+        )  # fmt: skip
         if not found:
             raise SourceTreeError(
                 bundle.entry_path,
@@ -126,6 +161,29 @@ def name_workflows(
             owners[name] = bundle.entry_path
             named.append(dataclasses.replace(bundle, workflow=name, export=export))
     return dataclasses.replace(snapshot, bundles=tuple(named))
+
+
+def _declared_workflows(
+    entry_path: str, exports: Sequence[Mapping[str, Any]], declared: Sequence[DeclaredWorkflow]
+) -> list[tuple[str, str]]:
+    """(workflow name, export) for the classes named for an entry: each must be exported, as a
+    class that extends `WorkflowEntrypoint` (or has a `run` method)."""
+    classes = {
+        (described["className"] if described["export"] == "default" else described["export"]):
+        described["export"]
+        for described in exports if described["kind"] in ("workflow-class", "run-class")
+    }  # fmt: skip
+    found: list[tuple[str, str]] = []
+    for workflow in declared:
+        export = classes.get(workflow.class_name)
+        if export is None:
+            raise SourceTreeError(
+                entry_path,
+                f"does not export the workflow class {workflow.class_name!r} (the workflow "
+                f"{workflow.name!r} names it): export a class that extends WorkflowEntrypoint",
+            )
+        found.append((workflow.name, export))
+    return found
 
 
 def _workflows_of(entry_path: str, exports: Sequence[Mapping[str, Any]]) -> list[tuple[str, str]]:
@@ -152,15 +210,20 @@ def workflow_name(entry_path: str) -> str:
     return base[: base.rindex(".")]
 
 
-def snapshot_id_of(tree: SourceTree, entries: Sequence[str]) -> str:
-    canonical = dumps(
-        [
-            SNAPSHOT_FORMAT,
-            [[file.path, hashlib.sha256(file.content).hexdigest()] for file in tree.files],
-            sorted(entries),
-        ]
-    )
-    return hashlib.sha256(canonical).hexdigest()
+def snapshot_id_of(
+    tree: SourceTree,
+    entries: Sequence[str],
+    declared: Mapping[str, Sequence[DeclaredWorkflow]] | None = None,
+) -> str:
+    document: list[Any] = [
+        SNAPSHOT_FORMAT,
+        [[file.path, hashlib.sha256(file.content).hexdigest()] for file in tree.files],
+        sorted(entries),
+    ]
+    if declared:  # which classes are which workflows is part of what was published
+        document.append(sorted([entry, w.name, w.class_name] for entry, ws in declared.items()
+                               for w in ws))  # fmt: skip
+    return hashlib.sha256(dumps(document)).hexdigest()
 
 
 async def build_snapshot(
@@ -196,6 +259,17 @@ async def _build(
     exclude: Sequence[str | os.PathLike[str]],
 ) -> Snapshot:
     listing = await asyncio.to_thread(scan_tree, root, tree_limits, exclude)
+    declared: dict[str, tuple[DeclaredWorkflow, ...]] = {}
+    warnings: list[str] = []
+    project = await _project(listing, tree_limits) if entries is None else None
+    if project is not None:  # a Cloudflare project: `main` holds the classes it names
+        entries, declared = [project.main], {project.main: project.workflows}
+        warnings += [
+            f"{project.path}: the workflow {name!r} is defined by another Worker (script_name): "
+            "not in this snapshot" for name in project.elsewhere
+        ]  # fmt: skip
+    elif entries is not None:
+        declared = declared_by_entries(entries)
     chosen = select_entries(listing, entries)
     answer = await run_driver(
         {
@@ -223,7 +297,28 @@ async def _build(
         )
         for path in chosen
     )
-    return Snapshot(snapshot_id_of(tree, chosen), tree, chosen, bundles, capabilities)
+    return Snapshot(
+        snapshot_id_of(tree, chosen, declared), tree, chosen, bundles, capabilities,
+        declared=declared, warnings=(*warnings, *answer.get("warnings", ())),
+    )  # fmt: skip
+
+
+async def _project(listing: TreeListing, limits: TreeLimits) -> WranglerProject | None:
+    """The tree's wrangler project, if it has a wrangler file at its root."""
+    path = next((name for name in WRANGLER_FILES if name in listing.files), None)
+    if path is None:
+        return None
+    tree = await asyncio.to_thread(read_reached, listing, [path], limits)
+    project = parse_wrangler(path, tree.files[0].content)
+    if project is None:
+        return None
+    if not project.workflows:
+        raise SourceTreeError(path, "declares no workflow of its own (workflows[] with a "
+                              "class_name and no script_name)")  # fmt: skip
+    if project.main not in listing.files:
+        raise SourceTreeError(path, f'names "main" {project.main!r}, which '
+                              f"{listing.why_not(project.main)}")  # fmt: skip
+    return project
 
 
 def _shim_sources() -> dict[str, str]:

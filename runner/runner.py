@@ -103,6 +103,7 @@ class PublishResult:
     workflows: tuple[PublishedWorkflow, ...]
     created: bool  # False when the same snapshot was already published in this scope
     capabilities: Capabilities | None = None  # what its manifest declares; None: nothing
+    warnings: tuple[str, ...] = ()  # imports left out of it (bundles/driver.mjs), and why
 
 
 _MIGRATE_AT_MOST = 100_000  # runs one `migrate` command checks
@@ -175,7 +176,7 @@ class Runner(ScopeConfigs, RunReads):
         check_publish(scope, snapshot.capabilities, self.config.scope_policies.get(scope))
         existing = await self._store.find_snapshot(scope, snapshot.snapshot_id)
         if existing is not None:
-            return _published(existing, created=False)
+            return _published(existing, created=False, warnings=snapshot.warnings)
         now_ms = self.driver.now_ms()
         exports = {
             bundle.entry_path: await describe_exports(
@@ -187,7 +188,7 @@ class Runner(ScopeConfigs, RunReads):
         created = await self._store.insert_snapshot(scope, snapshot, self.config.clock())
         record = await self._store.find_snapshot(scope, snapshot.snapshot_id)
         assert record is not None, "a snapshot just stored must be found"
-        return _published(record, created=created)
+        return _published(record, created=created, warnings=snapshot.warnings)
 
     # -- runs --------------------------------------------------------------------------------
 
@@ -585,7 +586,8 @@ class Runner(ScopeConfigs, RunReads):
         return run_id
 
 
-def _published(record: SnapshotRecord, *, created: bool) -> PublishResult:
-    return PublishResult(
-        record.scope, record.snapshot_id, record.workflows, created, record.capabilities
-    )
+def _published(
+    record: SnapshotRecord, *, created: bool, warnings: tuple[str, ...]
+) -> PublishResult:
+    return PublishResult(record.scope, record.snapshot_id, record.workflows, created,
+                         record.capabilities, warnings)  # fmt: skip

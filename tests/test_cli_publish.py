@@ -35,6 +35,7 @@ def test_publish_json_is_one_document(tmp_path: Path) -> None:
     }
     again = _qjsflow("--db", db, "--json", "publish", str(FIXTURES), "--scope", "acme")
     assert orjson.loads(again.stdout) == {**document, "created": False}
+    assert document["warnings"] == []
 
 
 def test_refused_tree_exits_2_with_a_line_per_error_and_hints(tmp_path: Path) -> None:
@@ -110,3 +111,24 @@ def test_snapshots_are_listed_and_start_takes_a_prefix_or_latest(tmp_path: Path)
                          "--snapshot", "latest")  # fmt: skip
     assert elsewhere.returncode == 2
     assert "no snapshot 'latest' in scope 'beta'" in elsewhere.stderr
+
+
+def test_a_cloudflare_project_from_its_root_and_entries_by_class(tmp_path: Path) -> None:
+    from tests.test_cloudflare_projects import _project  # noqa: PLC0415  (its tree)
+
+    root = _project(tmp_path / "p")
+    db = str(tmp_path / "j.db")
+    done = _qjsflow("--db", db, "--json", "publish", str(root), "--scope", "cf")
+    assert done.returncode == 0, done.stderr
+    document = orjson.loads(done.stdout)
+    assert [w["workflow"] for w in document["workflows"]] == ["reporter", "workflows-starter"]
+    assert any("virtual:react-router/server-build" in w for w in document["warnings"])
+    assert 'qjsflow: warning: src/index.ts: imports "virtual:react-router' in done.stderr
+    (root / "wrangler.jsonc").unlink()
+    chosen = _qjsflow("--db", db, "--json", "publish", str(root), "--scope", "cf",
+                      "--entry", "src/index.ts:MyWorkflow")  # fmt: skip
+    assert chosen.returncode == 0, chosen.stderr
+    assert [w["workflow"] for w in orjson.loads(chosen.stdout)["workflows"]] == ["MyWorkflow"]
+    wrong = _qjsflow("--db", db, "publish", str(root), "--scope", "cf", "--entry", "src/x.ts:")
+    assert wrong.returncode == 2
+    assert "names no class after the colon" in wrong.stderr

@@ -269,14 +269,17 @@ def _run(args: argparse.Namespace) -> str | tuple[str, int]:
 
         return cli_host.run_command(args)
     if command == "publish":
-        publish: _Command = lambda a, r: r.publish(a.scope, a.dir)  # noqa: E731
+        publish: _Command = lambda a, r: r.publish(a.scope, a.dir, a.entry)  # noqa: E731
         result: PublishResult = asyncio.run(_with_runner(args, publish, create=True))
+        for warning in result.warnings:
+            print(printable(f"qjsflow: warning: {warning}"), file=sys.stderr)
         if not args.json:
             return render_publish(result)
         workflows = list(result.workflows)
-        return render_json(
-            {"snapshot_id": result.snapshot_id, "workflows": workflows, "created": result.created}
-        )
+        return render_json({
+            "snapshot_id": result.snapshot_id, "workflows": workflows, "created": result.created,
+            "warnings": list(result.warnings),
+        })  # fmt: skip
     if command in (*CONTROL_VERBS, "prune", "migrate") or (command == "logs" and args.follow):
         return _operate(args, colour)
     if command == "worker":

@@ -108,7 +108,16 @@ def build_parser() -> argparse.ArgumentParser:
         return commands.add_parser(name, parents=common, **kwargs)
 
     publish = add("publish", help="publish a source folder as a snapshot")
-    publish.add_argument("dir", help="the folder holding workflows/ and the code it imports")
+    publish.add_argument(
+        "dir",
+        help="the project's folder: a Cloudflare project's root (its "
+        "wrangler file names the workflows), or a folder holding workflows/",
+    )
+    publish.add_argument(
+        "--entry", action="append", metavar="FILE[:CLASS]",
+        help="an entry module in the folder, and which of its classes is a workflow (all it "
+        "exports without :CLASS); repeatable; instead of the wrangler file or workflows/",
+    )  # fmt: skip
     publish.add_argument("--scope", help="the tenant the snapshot belongs to (QJSFLOW_SCOPE)")
     start = add("start", help="start a run pinned to a snapshot")
     start.add_argument("workflow", help="the workflow's name in the snapshot")

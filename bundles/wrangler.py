@@ -1,0 +1,125 @@
+"""A Cloudflare project's wrangler configuration (`wrangler.jsonc`, `wrangler.json` or
+`wrangler.toml`, in that order, as wrangler itself prefers them), read as publishing needs it:
+`main`, `workflows[]` (`name`, `binding`, `class_name`, `script_name`), `vars`,
+`compatibility_flags` and `compatibility_date`. Every other key is wrangler's business and
+is left alone. JSONC (comments, trailing commas) is read by the `json5` library.
+
+A project with a wrangler file is published from its root, whatever its layout: the entry is
+`main`, and its workflows are the classes `workflows[]` names (README, Coming from Cloudflare
+Workflows).
+"""
+
+from __future__ import annotations
+
+import posixpath
+import re
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import json5
+
+from qjsflow.bundles.errors import SourceTreeError
+
+__all__ = [
+    "WRANGLER_FILES",
+    "DeclaredWorkflow",
+    "WranglerProject",
+    "parse_wrangler",
+    "read_document",
+]
+
+WRANGLER_FILES = ("wrangler.jsonc", "wrangler.json", "wrangler.toml")
+_MAX_BYTES = 256 * 1024
+_CLASS = re.compile(r"^[A-Za-z_$][A-Za-z0-9_$]{0,127}$")
+_FLAG = re.compile(r"^[a-z0-9_]{1,64}$")
+
+
+@dataclass(frozen=True, slots=True)
+class DeclaredWorkflow:
+    """One workflow a project publishes: its name, and the class of `main` that is it."""
+
+    name: str
+    class_name: str
+    binding: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class WranglerProject:
+    path: str  # the wrangler file, in the tree
+    main: str  # the entry, a tree path
+    workflows: tuple[DeclaredWorkflow, ...]
+    # Workflows bound here but defined by another Worker (`script_name`): not in this snapshot.
+    elsewhere: tuple[str, ...] = ()
+    vars: Mapping[str, Any] | None = None
+    compatibility_flags: tuple[str, ...] = ()
+    compatibility_date: str | None = None
+
+
+def read_document(path: str, content: bytes) -> Any:
+    """The wrangler file's document (TOML, or JSON with comments and trailing commas)."""
+    if len(content) > _MAX_BYTES:
+        raise SourceTreeError(path, f"is over {_MAX_BYTES // 1024} KiB")
+    try:
+        text = content.decode("utf-8")
+        if path.endswith(".toml"):
+            return tomllib.loads(text)
+        return json5.loads(text)
+    except UnicodeDecodeError:
+        raise SourceTreeError(path, "is not UTF-8 text") from None
+    except tomllib.TOMLDecodeError as error:
+        raise SourceTreeError(path, f"is not valid TOML: {error}") from None
+    except (ValueError, RecursionError) as error:
+        raise SourceTreeError(path, f"is not valid JSON: {str(error)[:200]}") from None
+
+
+def parse_wrangler(path: str, content: bytes) -> WranglerProject | None:
+    """The project a wrangler file describes (None when it names no `main`: the tree keeps
+    the `workflows/` layout); `SourceTreeError` naming the first problem."""
+    document = read_document(path, content)
+    if not isinstance(document, dict):
+        raise SourceTreeError(path, "holds no object of settings")
+    main = document.get("main")
+    if main is None:
+        return None
+    if not isinstance(main, str) or not main.strip():
+        raise SourceTreeError(path, 'has a "main" that is not a path')
+    entry = posixpath.normpath(main.strip())
+    if entry.startswith(("../", "/")) or entry == "..":
+        raise SourceTreeError(path, f'names "main" {main[:120]!r}, outside the project')
+    workflows, elsewhere = _workflows(path, document.get("workflows", []))
+    flags = document.get("compatibility_flags", [])
+    if not isinstance(flags, list) or not all(isinstance(f, str) and _FLAG.match(f) for f in flags):
+        raise SourceTreeError(path, "has compatibility_flags that are not a list of flag names")
+    date = document.get("compatibility_date")
+    vars_ = document.get("vars")
+    return WranglerProject(
+        path=path, main=entry, workflows=workflows, elsewhere=elsewhere,
+        vars=vars_ if isinstance(vars_, dict) else None, compatibility_flags=tuple(flags),
+        compatibility_date=date if isinstance(date, str) else None,
+    )  # fmt: skip
+
+
+def _workflows(path: str, value: object) -> tuple[tuple[DeclaredWorkflow, ...], tuple[str, ...]]:
+    if not isinstance(value, list):
+        raise SourceTreeError(path, "has workflows that are not a list")
+    found: list[DeclaredWorkflow] = []
+    elsewhere: list[str] = []
+    for n, item in enumerate(value):
+        where = f"workflows[{n}]"
+        if not isinstance(item, dict):
+            raise SourceTreeError(path, f"has {where} that is not an object")
+        name, class_name = item.get("name"), item.get("class_name")
+        binding = item.get("binding")
+        if not isinstance(class_name, str) or not _CLASS.match(class_name):
+            raise SourceTreeError(path, f"has {where} with no class_name (a class's name)")
+        if not isinstance(name, str) or not name:
+            raise SourceTreeError(path, f"has {where} with no name")
+        if isinstance(item.get("script_name"), str):
+            elsewhere.append(name)  # defined by another Worker: bound here, published there
+            continue
+        found.append(
+            DeclaredWorkflow(name, class_name, binding if isinstance(binding, str) else None)
+        )
+    return tuple(found), tuple(elsewhere)

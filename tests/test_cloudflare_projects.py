@@ -1,0 +1,189 @@
+"""Cloudflare projects publish from their root, as they are: a wrangler file (JSONC with
+comments and trailing commas, JSON or TOML) names `main` and the workflow classes in it,
+whatever the layout; helpers, JSON imports and a Worker's own imports that only its build
+knows (left out, with a warning) do not stop the publish."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from qjsflow.bundles import SourceTreeError
+from qjsflow.runner import Runner, StartRunInput
+
+WRANGLER_JSONC = """/**
+ * Wrangler's own comment block, as `npm create cloudflare` writes it.
+ */
+{
+  "$schema": "node_modules/wrangler/config-schema.json",
+  "name": "workflows-starter",
+  "main": "src/index.ts",
+  "compatibility_date": "2026-06-01",
+  "observability": { "enabled": true, },  // trailing commas, as the templates have them
+  "workflows": [
+    { "name": "workflows-starter", "binding": "MY_WORKFLOW", "class_name": "MyWorkflow" },
+    { "name": "reporter", "binding": "REPORTER", "class_name": "Reporter", },
+    { "name": "billing", "binding": "BILLING", "class_name": "Billing", "script_name": "bills" },
+  ],
+  "vars": { "GREETING": "hi" },
+}
+"""
+
+WRANGLER_TOML = """
+name = "workflows-starter"
+main = "src/index.ts"
+compatibility_date = "2026-06-01"
+
+[[workflows]]
+name = "workflows-starter"
+binding = "MY_WORKFLOW"
+class_name = "MyWorkflow"
+"""
+
+INDEX = """
+import { WorkflowEntrypoint, WorkflowStep, WorkflowEvent } from "cloudflare:workers";
+import { createRequestHandler } from "react-router";
+import { progress } from "./workflows/progress";
+import config from "./config.json";
+
+// Only the Worker's fetch uses what its own build provides.
+const handler = createRequestHandler(() => import("virtual:react-router/server-build"));
+
+type Env = { GREETING: string };
+
+export class MyWorkflow extends WorkflowEntrypoint<Env, { n: number }> {
+  async run(event: WorkflowEvent<{ n: number }>, step: WorkflowStep) {
+    const a = await step.do("first", async () => progress(event.payload.n));
+    return { a, label: config.label };
+  }
+}
+
+export class Reporter extends WorkflowEntrypoint<Env, unknown> {
+  async run(event: WorkflowEvent<unknown>, step: WorkflowStep) {
+    return await step.do("report", async () => "reported");
+  }
+}
+
+export default {
+  async fetch(request: Request): Promise<Response> {
+    return handler(request);
+  },
+};
+"""
+
+
+def _project(root: Path, wrangler: tuple[str, str] = ("wrangler.jsonc", WRANGLER_JSONC)) -> Path:
+    (root / "src" / "workflows").mkdir(parents=True)
+    (root / "src" / "lib").mkdir()
+    (root / wrangler[0]).write_text(wrangler[1])
+    (root / "src" / "index.ts").write_text(INDEX)
+    (root / "src" / "workflows" / "progress.ts").write_text(
+        'import { twice } from "../lib/math";\nexport const progress = (n: number) => twice(n) + 1;\n'
+    )
+    (root / "src" / "lib" / "math.ts").write_text("export const twice = (n: number) => n * 2;\n")
+    (root / "src" / "config.json").write_text('{"label": "starter"}')
+    package = root / "node_modules" / "react-router"
+    package.mkdir(parents=True)
+    (package / "package.json").write_text(
+        json.dumps({"name": "react-router", "main": "index.js", "sideEffects": False})
+    )
+    (package / "index.js").write_text(
+        "export function createRequestHandler(load) { return async () => (await load()).x; }\n"
+    )
+    return root
+
+
+async def _completed(runner: Runner, scope: str, workflow: str, payload: object) -> object:
+    run = await runner.start(StartRunInput(scope, workflow, "latest", payload))
+    assert run.status == "completed", run.error
+    return run.output
+
+
+async def test_a_wrangler_jsonc_project_publishes_from_its_root(
+    runner: Runner, tmp_path: Path
+) -> None:
+    published = await runner.publish("cf", _project(tmp_path / "p"))
+    assert [(w.workflow, w.entry_path, w.export) for w in published.workflows] == [
+        ("reporter", "src/index.ts", "Reporter"),
+        ("workflows-starter", "src/index.ts", "MyWorkflow"),
+    ]
+    assert await _completed(runner, "cf", "workflows-starter", {"n": 4}) == {
+        "a": 9, "label": "starter",
+    }  # fmt: skip
+    assert await _completed(runner, "cf", "reporter", None) == "reported"
+    warnings = "\n".join(published.warnings)
+    assert "the workflow 'billing' is defined by another Worker (script_name)" in warnings
+    assert (
+        'src/index.ts: imports "virtual:react-router/server-build", left out of the snapshot'
+        in warnings
+    )
+
+
+async def test_a_wrangler_toml_project_and_its_id(runner: Runner, tmp_path: Path) -> None:
+    toml = await runner.publish("cf", _project(tmp_path / "t", ("wrangler.toml", WRANGLER_TOML)))
+    assert [w.workflow for w in toml.workflows] == ["workflows-starter"]
+    jsonc = await runner.publish("cf", _project(tmp_path / "j"))
+    assert jsonc.snapshot_id != toml.snapshot_id  # the wrangler file is part of the snapshot
+
+
+async def test_entries_name_a_file_and_its_class(runner: Runner, tmp_path: Path) -> None:
+    root = _project(tmp_path / "p")
+    (root / "wrangler.jsonc").unlink()
+    one = await runner.publish("cf", root, ["src/index.ts:Reporter"])
+    assert [(w.workflow, w.export) for w in one.workflows] == [("Reporter", "Reporter")]
+    both = await runner.publish("cf", root, ["src/index.ts"])
+    assert sorted(w.workflow for w in both.workflows) == ["MyWorkflow", "Reporter"]
+    assert one.snapshot_id != both.snapshot_id  # which classes are workflows is in the id
+    with pytest.raises(SourceTreeError, match="does not export the workflow class 'Nope'"):
+        await runner.publish("cf", root, ["src/index.ts:Nope"])
+
+
+@pytest.mark.parametrize(
+    ("wrangler", "said"),
+    [
+        ('{"main": 7, "workflows": []}', '"main" that is not a path'),
+        ('{"workflows": []}', "workflows/: holds no .ts or .js file"),  # no main: that layout
+        ('{"main": "../outside.ts", "workflows": []}', "outside the project"),
+        ('{"main": "src/index.ts", "workflows": []}', "declares no workflow of its own"),
+        ('{"main": "src/gone.ts", "workflows": [{"name": "a", "class_name": "A"}]}',
+         "\"main\" 'src/gone.ts', which is not in the published tree"),
+        ('{"main": "src/index.ts", "workflows": [{"name": "a"}]}', "no class_name"),
+        ('{"main": "src/index.ts", "workflows": [{"name": "a", "class_name": "Gone"}]}',
+         "does not export the workflow class 'Gone'"),
+        ("{main: [", "is not valid JSON"),
+        ("[" * 5000, "is not valid JSON"),
+    ],
+)  # fmt: skip
+async def test_a_broken_wrangler_file_is_refused_naming_it(
+    runner: Runner, tmp_path: Path, wrangler: str, said: str
+) -> None:
+    root = _project(tmp_path / "p", ("wrangler.jsonc", wrangler))
+    with pytest.raises(SourceTreeError, match=said):
+        await runner.publish("cf", root)
+
+
+async def test_an_import_left_out_throws_only_where_it_is_used(
+    runner: Runner, tmp_path: Path
+) -> None:
+    """A Cloudflare module qjsflow has no equivalent of loads quietly; a workflow that uses it
+    fails naming it. A package not installed that the bundle uses is still refused."""
+    root = tmp_path / "uses"
+    (root / "workflows").mkdir(parents=True)
+    (root / "workflows" / "mail.ts").write_text(
+        'import { EmailMessage } from "cloudflare:email";\n'
+        "export default async (event: { payload: boolean }) =>\n"
+        '  event.payload ? new EmailMessage("a", "b", "c") : "no mail";\n'
+    )
+    published = await runner.publish("cf", root)
+    assert any('imports "cloudflare:email"' in w for w in published.warnings)
+    assert await _completed(runner, "cf", "mail", False) == "no mail"
+    run = await runner.start(StartRunInput("cf", "mail", "latest", True))
+    assert run.status == "failed"
+    assert 'the module "cloudflare:email" is not in this snapshot' in (run.error or "")
+    (root / "workflows" / "mail.ts").write_text(
+        'import { z } from "zod";\nexport default async () => z.string();\n'
+    )
+    with pytest.raises(Exception, match='imports the package "zod", which is not installed'):
+        await runner.publish("cf", root)
