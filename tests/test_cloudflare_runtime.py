@@ -4,6 +4,7 @@ process that binds it drives it."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import subprocess
 import sys
@@ -21,7 +22,7 @@ from qjsflow.runner import Bindings, Runner, RunnerConfig, StartRunInput
 from qjsflow.runner.tenancy.egress import EgressPolicy
 from qjsflow.runner.tenancy.environment import ScopeEnvironment, load_environments
 from qjsflow.sandbox import pool as pool_module
-from tests.conftest import PROJECT_ROOT, past_short_sleeps, start_source
+from tests.conftest import PROJECT_ROOT, FakeClock, past_short_sleeps, start_source
 from tests.journal_reads import query
 from tests.secrets_scan import assert_no_secret_anywhere
 
@@ -130,8 +131,7 @@ export class Greeter extends WorkflowEntrypoint {
     const called = await step.tool("call", "api.call", {
       headers: { authorization: this.env.API_KEY }, greeting: this.env.GREETING,
     });
-    let typo = "none";
-    try { this.env.GREETNG; } catch (e) { typo = e.message; }
+    const typo = [this.env.GREETNG === undefined, "GREETNG" in this.env, Object.keys(this.env)];
     let json = "none";
     try { JSON.stringify({ key: this.env.API_KEY }); } catch (e) { json = e.message; }
     return { called, same: shared === this.env, limit: this.env.LIMIT, typo, json };
@@ -164,7 +164,7 @@ async def test_env_holds_vars_and_secret_handles_that_only_tools_see(tmp_path: P
         assert run.status == "completed", run.error
         assert run.output == {
             "called": "called", "same": True, "limit": 3,
-            "typo": "env.GREETNG is not a binding; the bindings are GREETING, LIMIT, API_KEY, db",
+            "typo": [True, False, ["GREETING", "LIMIT", "API_KEY", "db"]],  # as on Cloudflare
             "json": "the secret API_KEY cannot be turned into JSON",
         }  # fmt: skip
         assert received == [{"headers": {"authorization": SECRET_VALUE}, "greeting": "hi"}]
@@ -180,7 +180,6 @@ async def test_env_holds_vars_and_secret_handles_that_only_tools_see(tmp_path: P
 @pytest.mark.parametrize(
     ("body", "where"),
     [
-        ('await step.do("leak", async () => this.env.API_KEY);', 'the result of step "leak" (#1)'),
         ("return { key: this.env.API_KEY };", "the workflow's result"),
         ('await db.sql("SELECT ?", [this.env.API_KEY]);', "the params of db.sql"),
     ],
@@ -580,3 +579,80 @@ def test_an_env_file_declares_every_kind_of_binding(tmp_path: Path) -> None:
     env_file.write_text('{"acme": {"egress": {"allow": "api.example.com"}}}')
     with pytest.raises(InvalidInput, match=r"egress\.allow is a list of names"):
         load_environments(env_file, {})
+
+
+HANDLE_KEPT = """
+import { WorkflowEntrypoint } from "cloudflare:workers";
+export class Keeps extends WorkflowEntrypoint {
+  async run(event, step) {
+    const kept = await step.do("pick", async () => ({ key: this.env.API_KEY, n: 1 }));
+    await step.sleep("nap", "1 second");
+    const sent = await step.tool("send", "api.call", { authorization: kept.key });
+    return { sent, shown: String(kept.key), same: kept.key === this.env.API_KEY };
+  }
+}
+"""
+
+
+async def test_a_step_result_keeps_a_secret_handle_not_its_value(
+    tmp_path: Path, clock: FakeClock
+) -> None:
+    """Recorded as the handle (its name); the replay after the sleep gets a handle back, which
+    a tool call still receives as the value."""
+    received: list[Any] = []
+
+    async def call(args: Any) -> str:
+        received.append(args)
+        return "sent"
+
+    config = dataclasses.replace(_environment(), clock=clock)
+    tools = Bindings(tools={"api.call": call})
+    async with Runner.open(tmp_path / "j.db", config) as runner:
+        published = await runner.publish("acme", {"workflows/keeps.ts": HANDLE_KEPT})
+        run = await runner.start(StartRunInput("acme", "Keeps", published.snapshot_id), tools)
+        assert run.status == "sleeping", run.error
+        step = (await runner.list_steps(run.run_id, scope="acme"))[0]
+        assert step.output == {"key": SecretRef("API_KEY"), "n": 1}
+        clock.advance(2)
+        await runner.serve(until_idle=True, bindings=tools)
+        done = await runner.get(run.run_id, scope="acme")
+        assert (done.status, done.output) == (
+            "completed", {"sent": "sent", "shown": "[secret API_KEY]", "same": False},
+        )  # fmt: skip
+    assert received == [{"authorization": SECRET_VALUE}]
+    assert_no_secret_anywhere([SECRET_VALUE], tmp_path / "j.db", [("acme", run.run_id)],
+                              tmp_path / "j.db.scopes")  # fmt: skip
+
+
+TOOL_BACKED = """
+import { WorkflowEntrypoint } from "cloudflare:workers";
+export class Asks extends WorkflowEntrypoint {
+  async run(event, step) {
+    const answer = await this.env.AI.run("@cf/meta/llama", { prompt: event.payload });
+    await step.sleep("nap", "1 second");
+    const again = await step.do("ask again", async () => this.env.AI.run("@cf/x", {}));
+    return { answer, again };
+  }
+}
+"""
+
+
+async def test_a_binding_object_backed_by_the_operators_tools(tmp_path: Path) -> None:
+    """`tool_bindings` in the scope's configuration: `env.AI.run(model, input)` is a journaled
+    call to the tool `AI.run`; unbound, the run waits blocked; replays do not call again."""
+    asked: list[Any] = []
+
+    async def ai_run(args: Any) -> str:
+        asked.append(args)
+        return f"answer {len(asked)}"
+
+    async with Runner.open(tmp_path / "j.db") as runner:
+        await runner.apply_scope_config("acme", '{"tool_bindings": ["AI"]}')
+        published = await runner.publish("acme", {"workflows/asks.ts": TOOL_BACKED})
+        run = await runner.start(StartRunInput("acme", "Asks", published.snapshot_id, "hi"))
+        assert (run.status, run.waiting_for) == ("blocked", "AI.run")
+        # A worker that binds it drives the run on, past its sleep (within its idle window).
+        await runner.serve(until_idle=True, bindings=Bindings(tools={"AI.run": ai_run}))
+        done = await runner.get(run.run_id, scope="acme")
+    assert (done.status, done.output) == ("completed", {"answer": "answer 1", "again": "answer 2"})
+    assert asked == [["@cf/meta/llama", {"prompt": "hi"}], ["@cf/x", {}]]

@@ -120,8 +120,7 @@ def _names(environment: ScopeEnvironment | None) -> set[str]:
     """The names a scope's settings put in a run's env."""
     if environment is None:
         return set()
-    objects = (*environment.kv, *environment.queues, *environment.r2,
-               *environment.durable_objects)  # fmt: skip
+    objects = (name for _, name in environment.objects())
     return {*environment.vars, *environment.secrets, *objects}
 
 

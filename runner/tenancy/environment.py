@@ -25,6 +25,7 @@ from qjsflow.runner.tenancy.egress import EgressPolicy
 from qjsflow.runner.tenancy.scopes import validate_scope
 
 __all__ = [
+    "OBJECT_KINDS",
     "MissingSecret",
     "ScopeEnvironment",
     "ScopeSettings",
@@ -52,6 +53,14 @@ class ScopeEnvironment:
     # the tool `qjsflow.durable_object`, which only an operator can bind (until one does, a
     # run that calls it is blocked).
     durable_objects: tuple[str, ...] = ()
+    # Binding objects backed by the operator's tools, for what Cloudflare provides and qjsflow
+    # does not (Workers AI, Vectorize, D1, service bindings): `env.AI.run(model, input)` is a
+    # journaled call to the tool `AI.run` with the arguments' list. Unbound, the run is blocked.
+    tool_bindings: tuple[str, ...] = ()
+
+    def objects(self) -> list[tuple[str, str]]:
+        """(binding kind, name) of every binding object: how the sandbox builds each."""
+        return [(kind, name) for key, kind in OBJECT_KINDS.items() for name in getattr(self, key)]
 
     def __post_init__(self) -> None:
         for name in self._names():
@@ -66,8 +75,7 @@ class ScopeEnvironment:
             raise InvalidInput(f"{twice[0]!r} is declared as two bindings")
 
     def _names(self) -> list[str]:
-        objects = (*self.kv, *self.queues, *self.r2, *self.durable_objects)
-        return [*self.vars, *self.secrets, *objects]
+        return [*self.vars, *self.secrets, *(name for _, name in self.objects())]
 
 
 class MissingSecret(InvalidInput):
@@ -147,7 +155,11 @@ def load_scope_settings(
     return ScopeSettings(environments, budgets, policies)
 
 
-_OBJECT_KEYS = ("kv", "queues", "r2", "durable_objects")
+# The binding-object settings of a scope (its env file's and configuration's keys), and the
+# kind of object each gives in `env` (sandbox/prelude/55-fetch.js, bindingObject).
+OBJECT_KINDS = {"kv": "kv", "queues": "queue", "r2": "r2", "durable_objects": "durable_object",
+                "tool_bindings": "tool"}  # fmt: skip
+_OBJECT_KEYS = tuple(OBJECT_KINDS)
 _FILE_KEYS = frozenset({"vars", "secrets", "egress", "budgets", "capabilities", *_OBJECT_KEYS})
 
 
@@ -181,13 +193,7 @@ def env_of(
     if environment is not None:
         env.update(environment.vars)
         env.update({name: SecretRef(name) for name in environment.secrets})
-        for kind, names in (
-            ("kv", environment.kv),
-            ("queue", environment.queues),
-            ("r2", environment.r2),
-            ("durable_object", environment.durable_objects),
-        ):
-            env.update({name: BindingRef(kind, name) for name in names})
+        env.update({name: BindingRef(kind, name) for kind, name in environment.objects()})
     env = {name: value for name, value in env.items() if allowed(name)}
     env.update(given or {})
     return env

@@ -29,7 +29,7 @@ from qjsflow.bundles.manifest import Capabilities, capabilities_from_json
 from qjsflow.runner.store import JournalStore
 from qjsflow.runner.tenancy.budgets import Budgets
 from qjsflow.runner.tenancy.egress import EgressPolicy
-from qjsflow.runner.tenancy.environment import ScopeEnvironment
+from qjsflow.runner.tenancy.environment import OBJECT_KINDS, ScopeEnvironment
 from qjsflow.runner.tenancy.sealed_secrets import JOURNAL_SOURCE
 from qjsflow.runner.tenancy.secret_sources import SecretSource
 
@@ -38,7 +38,7 @@ __all__ = [
 ]  # fmt: skip
 
 MAX_CONFIG_BYTES = 256 * 1024
-_OBJECT_KEYS = ("kv", "queues", "r2", "durable_objects")
+_OBJECT_KEYS = tuple(OBJECT_KINDS)
 _KEYS = frozenset(
     {"vars", "secrets", "egress", "budgets", "capabilities", "scheduling", *_OBJECT_KEYS}
 )
@@ -60,6 +60,7 @@ class ScopeConfig:
     queues: tuple[str, ...] = ()
     r2: tuple[str, ...] = ()
     durable_objects: tuple[str, ...] = ()
+    tool_bindings: tuple[str, ...] = ()  # binding objects backed by the operator's tools
     budgets: Budgets | None = None
     capabilities: Capabilities | None = None  # the most its snapshots may declare
     # Fair scheduling (docs/TENANCY.md): the scope's share of every worker's drives, and how
@@ -93,7 +94,7 @@ class ScopeConfig:
     def _with_secrets(self, secrets: Mapping[str, str]) -> ScopeEnvironment:
         return ScopeEnvironment(
             vars=self.vars, secrets=secrets, egress=self.egress, kv=self.kv, queues=self.queues,
-            r2=self.r2, durable_objects=self.durable_objects,
+            r2=self.r2, durable_objects=self.durable_objects, tool_bindings=self.tool_bindings,
         )  # fmt: skip
 
     def document(self) -> dict[str, Any]:

@@ -62,7 +62,9 @@ function encodeIn(state, v, depth) {
   if (v === null) return null;
   const secret = secretNames.get(v);
   if (secret !== undefined) {
-    if (state.secrets !== "pass to the host") {
+    // To a tool, the host puts the value in; in a step's result, the handle is what is
+    // recorded (its name, never the value) and a replay gets the same handle back.
+    if (state.secrets !== "pass to the host" && state.secrets !== "keep the handle") {
       refuseIn(state, `holds the secret ${secret}, which can only be passed to a tool`);
     }
     return { $t: "secret", v: secret };

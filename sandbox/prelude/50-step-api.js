@@ -79,7 +79,7 @@ function attemptWhere(run) {
 function attemptReturned(run, value) {
   let text;
   try {
-    text = encode(value, () => `the result of ${attemptWhere(run)}`);
+    text = encode(value, () => `the result of ${attemptWhere(run)}`, "keep the handle");
   } catch (error) {
     fail(error instanceof LimitError ? error.message : describe(error).message, false);
     return;

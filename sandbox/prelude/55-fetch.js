@@ -236,6 +236,15 @@ function bindingObject(kind, name) {
       getByName: (objectName) => stub("" + objectName),
     });
   }
+  if (kind === "tool") {
+    // Every method is a call to the operator's tool `NAME.method`, given the arguments' list.
+    return new RealProxy(freeze({}), {
+      get(_, method) {
+        if (typeof method !== "string" || method === "then" || method === "toJSON") return undefined;
+        return (...args) => stepTool(`${name}.${method}`, `${name}.${method}`, args);
+      },
+    });
+  }
   throw new DriveError(`unknown binding kind ${kind}`);
 }
 const R2_ADDRESS = "qjsflow.r2";

@@ -97,21 +97,10 @@ function boot(request) {
 }
 
 // The run's env: the bindings the host declared (vars, secret handles) and db, frozen. A name
-// that is not a binding is an error naming the ones that are (a typo otherwise reads as
-// undefined and fails far from its cause).
-const ENV_PROBES = new RealSet(["then", "toJSON", "constructor", "asymmetricMatch", "$$typeof", "nodeType"]);
+// that is not set reads `undefined`, as on Cloudflare (code tests `env.X ?? fallback`).
 function guardedEnv(declared) {
   defineProperty(declared, "db", { value: db, enumerable: true });
-  freeze(declared);
-  return new RealProxy(declared, {
-    get(target, key) {
-      if (typeof key === "string" && !hasOwn(target, key) && !ENV_PROBES.has(key)) {
-        const names = objectKeys(target);
-        throw new RealTypeError(`env.${key} is not a binding; the bindings are ${names.length ? names.join(", ") : "none"}`);
-      }
-      return target[key];
-    },
-  });
+  return freeze(declared);
 }
 const CTX = freeze({ waitUntil() {} }); // this.ctx of a WorkflowEntrypoint: nothing to wait for
 
