@@ -11,8 +11,10 @@ declare module "qjsflow" {
     retries?: {
       /** Retries after the first attempt (default 5). */
       limit?: number;
-      /** Delay before the first retry (default 10 seconds). */
-      delay?: WorkflowDuration;
+      /** Delay before the first retry (default 10 seconds), or a function of the failed
+       * attempt that gives the delay before the next one (called once per failure; a throw or
+       * a value that is no duration ends the retries). */
+      delay?: WorkflowDuration | ((failed: { ctx: WorkflowStepContext; error: unknown }) => WorkflowDuration);
       /** How the delay grows (default "exponential"). */
       backoff?: WorkflowBackoff;
     };

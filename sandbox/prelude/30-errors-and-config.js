@@ -155,9 +155,12 @@ function checkedStepConfig(config, what) {
   if (backoff !== "constant" && backoff !== "linear" && backoff !== "exponential") {
     throw new RealTypeError(`${what}.retries.backoff must be "constant", "linear" or "exponential"`);
   }
+  // A delay may be a function of the failed attempt ({ ctx, error }) => duration, called by
+  // the attempt's failure (attemptThrew); the host then takes the delay the failure carries.
+  const delay = merged.retries.delay;
   const policy = {
     limit,
-    delayMs: durationMs(merged.retries.delay, what + ".retries.delay"),
+    delayMs: typeof delay === "function" ? 0 : durationMs(delay, what + ".retries.delay"),
     backoff,
     timeoutMs: durationMs(merged.timeout, what + ".timeout"),
   };

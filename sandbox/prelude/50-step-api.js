@@ -92,7 +92,38 @@ function attemptThrew(run, thrown) {
     fail(`${attemptWhere(run)}: ${limit}`, false);
     return;
   }
-  record(run, { error: stepFailure(thrown, attemptWhere(run)) });
+  const failure = stepFailure(thrown, attemptWhere(run));
+  const delay = run.spec.config.retries.delay;
+  if (typeof delay === "function" && failure.retryable && failure.retryAfterMs === undefined &&
+      run.attempt <= run.spec.config.retries.limit && !chooseDelay(run, delay, thrown, failure)) {
+    return;
+  }
+  record(run, { error: failure });
+}
+// A dynamic retry delay: run once, as this attempt fails (its answer is recorded with the
+// failure, so a replay never runs it again); one that throws, or gives no duration, ends the
+// step's retries, saying why. False when the function met the drive's own limits (the drive
+// fails, as for the step's body).
+function chooseDelay(run, delay, thrown, failure) {
+  const where = attemptWhere(run);
+  try {
+    const ctx = freeze({ step: freeze({ name: run.spec.name, count: run.count }), attempt: run.attempt, config: run.spec.config });
+    const chosen = delay({ ctx, error: thrown });
+    if (chosen !== null && typeof chosen === "object" && typeof chosen.then === "function") {
+      throw new RealTypeError("it returned a promise: return a duration");
+    }
+    failure.retryAfterMs = durationMs(chosen, `${where} retries.delay`);
+  } catch (error) {
+    const limit = error instanceof LimitError ? error.message : limitMessage(error);
+    if (limit !== null) {
+      fail(`${where}: ${limit}`, false);
+      return false;
+    }
+    failure.retryable = false;
+    failure.message = errorText(`${failure.message} (no more retries: the retry delay function failed: ` +
+      `${describe(error).message})`, RULES.error_message_chars);
+  }
+  return true;
 }
 // The attempt's result, sent in the caller's scope.
 function record(run, fields) {

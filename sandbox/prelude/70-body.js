@@ -123,6 +123,8 @@ function load(code) {
   EVAL(call(strRepeat, "\n", RULES.bundle_first_line - 1) + code);
 }
 
+const warnLine = logger("warn");
+
 // The first step call still pending, as the author wrote it; null when none is.
 function openCallText() {
   const open = []; // forEach on the frozen Set.prototype, not an iterator authors can reach
@@ -153,11 +155,16 @@ function start() {
     body = P.reject(thrown);
   }
   call(promiseThen, P.resolve(body), (value) => {
+    // A step call never awaited: Cloudflare leaves what happens to it undefined and completes
+    // the run, so the run completes here too, with a warning in its console lines; the call's
+    // result is not recorded (README, Coming from Cloudflare Workflows).
     const forgotten = openCallText();
     if (forgotten !== null) {
-      fail(`${forgotten} was never awaited: the workflow finished while it was still pending ` +
-        "(await every step call, or Promise.all them)", false);
-      return;
+      const was = currentScope;
+      currentScope = ROOT_SCOPE;
+      warnLine(`${forgotten} was never awaited: the workflow finished while it was still ` +
+        "pending, and its result is not recorded (await every step call, or Promise.all them)");
+      currentScope = was;
     }
     try {
       const output = encode(value, "the workflow's result");
