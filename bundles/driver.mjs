@@ -10,16 +10,32 @@
 // each load must be a regular file the scan listed, opened without following a link. Relative
 // imports may not leave the tree; a bare import resolves only in a node_modules folder inside
 // the tree (esbuild's resolver, so `exports` maps work as in Node), never in one above it.
-import { closeSync, constants, fstatSync, openSync, readSync, realpathSync } from "node:fs";
+import { closeSync, constants, existsSync, fstatSync, openSync, readSync, realpathSync } from "node:fs";
 import { readFileSync } from "node:fs";
 import { createHash } from "node:crypto";
 import { builtinModules, createRequire } from "node:module";
 import { dirname, isAbsolute, relative, resolve, sep } from "node:path";
+import { fileURLToPath } from "node:url";
 
 const request = JSON.parse(readFileSync(0, "utf8"));
 const esbuild = createRequire(import.meta.url)(request.esbuild);
 const root = realpathSync(request.root);
 const shims = request.shims;
+// With Cloudflare's nodejs_compat flag: the node_modules folder of the pinned polyfills
+// (bundles/toolchain.py, NODE_COMPAT_PACKAGES); null without the flag.
+const compat = request.nodeCompat ? realpathSync(request.nodeCompat) : null;
+const COMPAT = "qjsflow-compat";
+const NODE_GLOBALS = resolve(dirname(fileURLToPath(import.meta.url)), "shims", "node-globals.mjs");
+const NODE_DENIED = "qjsflow-node-denied";
+// What the sandbox must not give, whatever the flag: a file system, sockets, processes,
+// threads. These modules load, and each call of theirs throws naming it. (The rest come from
+// unenv, whose modules with no meaning here — tty, vm, v8 — are its own inert stand-ins.)
+const DENIED = new Set([
+  "fs", "fs/promises", "net", "tls", "dgram", "http", "https", "http2", "child_process", "cluster",
+  "worker_threads", "dns", "dns/promises",
+]);
+// Where npm's packages stand in for unenv's (module -> file under the polyfills' node_modules).
+const NPM_INSTEAD = { events: "events/events.js", buffer: "buffer/index.js" };
 const files = request.files;
 const refused = request.refused;
 const links = request.links;
@@ -97,6 +113,10 @@ const guard = {
   setup(build) {
     build.onResolve({ filter: /.*/ }, async (args) => {
       if (args.pluginData === "inner") return undefined; // our own build.resolve below
+      if (args.namespace === COMPAT) return compatImport(build, args);
+      if (args.kind === "entry-point" && compat !== null && args.path === NODE_GLOBALS) {
+        return { path: NODE_GLOBALS, namespace: COMPAT };
+      }
       if (args.kind === "entry-point") {
         return inside(resolve(root, args.path)) ? undefined : refuse("entry outside the snapshot");
       }
@@ -114,9 +134,11 @@ const guard = {
         const name = packageName(args.path);
         const builtin = args.path.startsWith("node:") ? args.path.slice(5) : name;
         if (args.path.startsWith("node:") || BUILTINS.has(builtin)) {
+          if (compat !== null) return nodeModule(args.path);
           const owner = owningPackage(importer);
           const who = owner === null ? "imports" : `imports (through the package "${owner}")`;
-          return refuse(`${who} the Node built-in "${builtin}", which workflows do not have`);
+          return refuse(`${who} the Node built-in "${builtin}", which workflows have only with ` +
+            `the nodejs_compat flag (compatibility_flags in the wrangler file)`);
         }
         if (/^[a-z][a-z0-9+.-]*:/i.test(args.path)) {
           const why = args.path.startsWith("cloudflare:")
@@ -146,6 +168,12 @@ const guard = {
       return { path: found.path, sideEffects: found.sideEffects };
     });
     build.onLoad({ filter: /.*/, namespace: "file" }, (args) => load(args.path));
+    build.onLoad({ filter: /.*/, namespace: COMPAT }, (args) => ({
+      contents: readFileSync(args.path), loader: "js", resolveDir: dirname(args.path),
+    }));
+    build.onLoad({ filter: /.*/, namespace: NODE_DENIED }, (args) => ({
+      contents: deniedModule(args.path), loader: "js",
+    }));
     build.onLoad({ filter: /.*/, namespace: MISSING }, (args) => ({
       contents: stub(args.path, missing.get(args.path).why),
       loader: "js",
@@ -156,6 +184,53 @@ const guard = {
     }));
   },
 };
+
+// A Node built-in under nodejs_compat: npm's package, unenv's module, or (what the sandbox
+// must not give) a module whose calls throw.
+function nodeModule(specifier) {
+  const name = specifier.startsWith("node:") ? specifier.slice(5) : specifier;
+  if (DENIED.has(name)) return { path: name, namespace: NODE_DENIED, sideEffects: false };
+  if (Object.hasOwn(NPM_INSTEAD, name)) return { path: resolve(compat, NPM_INSTEAD[name]), namespace: COMPAT };
+  const file = resolve(compat, "unenv", "dist", "runtime", "node", `${name}.mjs`);
+  if (!file.startsWith(compat + sep) || !existsSync(file)) {
+    return { path: name, namespace: NODE_DENIED, sideEffects: false };
+  }
+  return { path: file, namespace: COMPAT };
+}
+
+// The packages the polyfills import by name, and the file of each they use.
+const COMPAT_PACKAGES = {
+  pathe: "pathe/dist/index.mjs", "base64-js": "base64-js/index.js", ieee754: "ieee754/index.js",
+};
+
+// An import inside the polyfills: a built-in again, a package of theirs, or a file of theirs
+// by its path (they name files with their extensions). Trusted (pinned and checked at
+// install, never the author's), and resolved here: no resolver walks folders outside the tree.
+function compatImport(build, args) {
+  if (args.path.startsWith("node:") || BUILTINS.has(packageName(args.path))) return nodeModule(args.path);
+  const file = Object.hasOwn(COMPAT_PACKAGES, args.path)
+    ? resolve(compat, COMPAT_PACKAGES[args.path])
+    : resolve(args.resolveDir, args.path);
+  if (!file.startsWith(compat + sep) || !existsSync(file)) {
+    return refuse(`the Node polyfills import ${args.path}, which is not among them`);
+  }
+  return { path: file, namespace: COMPAT };
+}
+
+// A module the sandbox must not give: it loads, and every call of it throws naming the call.
+function deniedModule(name) {
+  const message = JSON.stringify(`is not available in a workflow (node:${name}: no file system, ` +
+    "sockets, processes or threads here)");
+  return `var deny = function (what) { return function () { throw new Error("node:${name}." + what + " " + ${message}); }; };
+var handler = {
+  get: function (_, key) { if (key === "__esModule") return true; if (typeof key === "symbol") return undefined; return key === "default" ? module.exports : deny(String(key)); },
+  has: function () { return false; }, ownKeys: function () { return []; },
+};
+var methods = new Proxy(function () {}.bind(null), handler);
+handler.getPrototypeOf = function () { return methods; };
+module.exports = new Proxy(function () {}.bind(null), handler);
+`;
+}
 
 function leftOut(specifier, importer, why, scheme) {
   if (!missing.has(specifier)) missing.set(specifier, { importer, why, scheme });
@@ -290,6 +365,7 @@ async function bundleOnce(entry) {
     sourcesContent: false,
     outfile: resolve(root, "__qjsflow_bundle.js"),
     metafile: true,
+    ...(compat === null ? {} : { inject: [NODE_GLOBALS], define: { global: "globalThis" } }),
   });
   const code = result.outputFiles.find((file) => file.path.endsWith(".js")).text;
   const map = result.outputFiles.find((file) => file.path.endsWith(".js.map")).text;

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from qjsflow.bridge import dumps, loads
+from qjsflow.bridge import ToolchainError, dumps, loads
 from qjsflow.bundles.toolchain import Toolchain, find_toolchain
 
 __all__ = ["BuildLimits", "confined_command", "run_driver"]
@@ -38,11 +38,20 @@ class BuildLimits:
 async def run_driver(request: dict[str, Any], limits: BuildLimits) -> Any:
     """Run driver.mjs on `request` and return its decoded answer; bounded in time and memory."""
     toolchain = find_toolchain()
+    compat = None
+    if request.get("nodeCompat"):
+        compat = toolchain.node_compat
+        if compat is None:
+            raise ToolchainError(
+                "the nodejs_compat flag needs the Node polyfills beside esbuild: run `qjsflow "
+                "setup-tools` (it fetches them, pinned, with esbuild)"
+            )
     payload = dumps(
         {
             **request,
             "esbuild": str(toolchain.esbuild_package),
             "maxOutputBytes": limits.max_output_bytes,
+            "nodeCompat": None if compat is None else str(compat),
         }
     )
     process = await asyncio.create_subprocess_exec(
@@ -88,8 +97,11 @@ def confined_command(toolchain: Toolchain, root: str, mode: str) -> list[str]:
     if mode == "off":
         return []
     node_prefix = Path(os.path.realpath(toolchain.node)).parent.parent
+    # The Node polyfills (nodejs_compat) are read, and their folders listed, as they resolve.
+    polyfills = [] if toolchain.node_compat is None else [str(toolchain.node_compat)]
     spec = {
-        "read": [root, str(_DRIVER.parent), "/etc/ld.so.cache", "/etc/ssl", "/dev/null"],
+        "read": [root, str(_DRIVER.parent), "/etc/ld.so.cache", "/etc/ssl", "/dev/null",
+                 *polyfills],
         "exec": [str(node_prefix), "/usr/lib", "/lib", "/lib64", "/usr/lib64",
                  str(toolchain.esbuild_package.parent)],
         "mode": mode,

@@ -23,6 +23,7 @@ from qjsflow.bridge import dumps
 from qjsflow.bundles.errors import BundleError, SourceTreeError
 from qjsflow.bundles.esbuild import BuildLimits, run_driver
 from qjsflow.bundles.manifest import MANIFEST_FILES, Capabilities, capabilities_of
+from qjsflow.bundles.toolchain import NODE_COMPAT_PACKAGES
 from qjsflow.bundles.tree import (
     SourceTree,
     TreeLimits,
@@ -214,6 +215,7 @@ def snapshot_id_of(
     tree: SourceTree,
     entries: Sequence[str],
     declared: Mapping[str, Sequence[DeclaredWorkflow]] | None = None,
+    node_compat: bool = False,
 ) -> str:
     document: list[Any] = [
         SNAPSHOT_FORMAT,
@@ -223,6 +225,8 @@ def snapshot_id_of(
     if declared:  # which classes are which workflows is part of what was published
         document.append(sorted([entry, w.name, w.class_name] for entry, ws in declared.items()
                                for w in ws))  # fmt: skip
+    if node_compat:  # the polyfills' pinned versions are part of the code
+        document.append(sorted(NODE_COMPAT_PACKAGES.items()))
     return hashlib.sha256(dumps(document)).hexdigest()
 
 
@@ -261,7 +265,10 @@ async def _build(
     listing = await asyncio.to_thread(scan_tree, root, tree_limits, exclude)
     declared: dict[str, tuple[DeclaredWorkflow, ...]] = {}
     warnings: list[str] = []
-    project = await _project(listing, tree_limits) if entries is None else None
+    project, flags = await _project(listing, tree_limits)
+    node_compat = bool({"nodejs_compat", "nodejs_compat_v2"} & set(flags))
+    if entries is not None:
+        project = None
     if project is not None:  # a Cloudflare project: `main` holds the classes it names
         entries, declared = [project.main], {project.main: project.workflows}
         warnings += [
@@ -276,6 +283,7 @@ async def _build(
             "root": str(root), "entries": list(chosen), "shims": _shim_sources(),
             "files": listing.files, "refused": listing.refused, "links": listing.links,
             "maxFiles": tree_limits.max_files, "maxTotalBytes": tree_limits.max_total_bytes,
+            "nodeCompat": node_compat,
         },
         limits,
     )  # fmt: skip
@@ -298,27 +306,30 @@ async def _build(
         for path in chosen
     )
     return Snapshot(
-        snapshot_id_of(tree, chosen, declared), tree, chosen, bundles, capabilities,
+        snapshot_id_of(tree, chosen, declared, node_compat), tree, chosen, bundles, capabilities,
         declared=declared, warnings=(*warnings, *answer.get("warnings", ())),
     )  # fmt: skip
 
 
-async def _project(listing: TreeListing, limits: TreeLimits) -> WranglerProject | None:
-    """The tree's wrangler project, if it has a wrangler file at its root."""
+async def _project(
+    listing: TreeListing, limits: TreeLimits
+) -> tuple[WranglerProject | None, tuple[str, ...]]:
+    """The tree's wrangler project (None without a wrangler file at its root, or one with no
+    `main`), and the compatibility flags its wrangler file sets."""
     path = next((name for name in WRANGLER_FILES if name in listing.files), None)
     if path is None:
-        return None
+        return None, ()
     tree = await asyncio.to_thread(read_reached, listing, [path], limits)
-    project = parse_wrangler(path, tree.files[0].content)
+    project, flags = parse_wrangler(path, tree.files[0].content)
     if project is None:
-        return None
+        return None, flags
     if not project.workflows:
         raise SourceTreeError(path, "declares no workflow of its own (workflows[] with a "
                               "class_name and no script_name)")  # fmt: skip
     if project.main not in listing.files:
         raise SourceTreeError(path, f'names "main" {project.main!r}, which '
                               f"{listing.why_not(project.main)}")  # fmt: skip
-    return project
+    return project, flags
 
 
 def _shim_sources() -> dict[str, str]:

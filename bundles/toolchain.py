@@ -29,6 +29,7 @@ from qjsflow.bundles.versions import ESBUILD_VERSION, TYPESCRIPT_VERSION
 
 __all__ = [
     "ESBUILD_VERSION",
+    "NODE_COMPAT_PACKAGES",
     "Toolchain",
     "checkout_tools_dir",
     "find_toolchain",
@@ -38,6 +39,14 @@ __all__ = [
     "user_cache_dir",
 ]
 
+# What a project with Cloudflare's `nodejs_compat` flag gets for Node's built-ins, as
+# Cloudflare's own tooling does: unenv's modules, and npm's `events` and `buffer` where unenv's
+# differ from Node's in ways old packages rely on (an EventEmitter they `.call(this)`), with
+# their dependencies. Installed beside esbuild, pinned, checked like it.
+NODE_COMPAT_PACKAGES = {
+    "unenv": "2.0.0-rc.24", "pathe": "2.0.3", "events": "3.3.0", "buffer": "6.0.3",
+    "base64-js": "1.5.1", "ieee754": "1.2.1",
+}  # fmt: skip
 # npm packages the tests install into workflow trees (publishing real packages), pinned.
 TEST_PACKAGES = {"zod": "3.25.76", "hono": "4.6.8"}
 # npm's integrity digests of the pinned tarballs (`npm view <package>@<version> dist.integrity`).
@@ -49,6 +58,20 @@ _INTEGRITY = {
     "@esbuild/linux-arm64": "sha512-pW4AC0P3it8c7do9MVM4p51FzHzdM/TZrerurgRcHJ2WTa1VQ1CIq18x"
     "ncfpBJw4ojkiZZrKW2yIBWBP92j6Ug==",
 }
+_INTEGRITY.update({
+    "unenv": "sha512-i7qRCmY42zmCwnYlh9H2SvLEypEFGye5iRmEMKjcGi7zk9UquigRj"
+    "FtTLz0TYqr0ZGLZhaMHl/foy1bZR+Cwlw==",
+    "pathe": "sha512-WUjGcAqP1gQacoQe+OBJsFA7Ld4DyXuUIjZ5cc75cLHvJ7dtNsTug"
+    "phxIADwspS+AraAUePCKrSVtPLFj/F88w==",
+    "events": "sha512-mQw+2fkQbALzQ7V0MY0IqdnXNOeTtP4r0lN9z7AAawCXgqea7bDii"
+    "20AYrIBrFd/Hx0M2Ocz6S111CaFkUcb0Q==",
+    "buffer": "sha512-FTiCpNxtwiZZHEZbcbTIcZjERVICn9yq/pDFkTl95/AxzD1naBctN"
+    "7YO68riM/gLSDY7sdrMby8hofADYuuqOA==",
+    "base64-js": "sha512-AKpaYlHn8t4SVbOHCy+b5+KKgvR4vrsD8vbvrbiQJps7fKDTkjkDr"
+    "y6ji0rUJjC0kzbNePLwzxq8iypo41qeWA==",
+    "ieee754": "sha512-dcyqhDvX1C46lXZcVqCpK+FtMRQVdIMN6/Df5js2zouUsqG7I6sFx"
+    "itIC+7KYK29KdXOLHdu9zL4sFnoVQnqaA==",
+})  # fmt: skip
 _PLATFORM_PACKAGES = {"x86_64": "@esbuild/linux-x64", "aarch64": "@esbuild/linux-arm64"}
 _NODE_HINT = (
     "install Node.js 18 or later (Debian: `apt-get install nodejs npm`), or set QJSFLOW_NODE "
@@ -65,6 +88,15 @@ _ESBUILD_HINT = (
 class Toolchain:
     node: str
     esbuild_package: Path  # the esbuild npm package folder (holds lib/main.js)
+
+    @property
+    def node_compat(self) -> Path | None:
+        """The node_modules folder holding NODE_COMPAT_PACKAGES beside esbuild, if it does."""
+        modules = self.esbuild_package.parent
+        if all(_version_of(modules / name) == version
+               for name, version in NODE_COMPAT_PACKAGES.items()):  # fmt: skip
+            return modules
+        return None
 
 
 def checkout_tools_dir() -> Path:
@@ -145,20 +177,19 @@ def install_for_development() -> Path:
     """The checkout's `.jstools/`: the pinned esbuild and the TypeScript the tests use, and
     (in `test-packages/`) the npm packages the tests publish inside workflow trees."""
     target = checkout_tools_dir()
-    _install_missing(target, {"esbuild": ESBUILD_VERSION, "typescript": TYPESCRIPT_VERSION})
+    _install_missing(target, {"esbuild": ESBUILD_VERSION, "typescript": TYPESCRIPT_VERSION,
+                              **NODE_COMPAT_PACKAGES})  # fmt: skip
     _install_missing(target / "test-packages", TEST_PACKAGES)
     find_toolchain()
     return target
 
 
 def _install_missing(target: Path, wanted: dict[str, str]) -> None:
-    missing = [
-        f"{name}@{version}"
-        for name, version in wanted.items()
-        if _version_of(target / "node_modules" / name) != version
-    ]
-    if missing:
-        _npm_install(target, missing)
+    """Every package of `wanted` at its version, when one is missing (all of them at once:
+    npm removes from the folder what an install does not name)."""
+    if any(_version_of(target / "node_modules" / name) != version
+           for name, version in wanted.items()):  # fmt: skip
+        _npm_install(target, [f"{name}@{version}" for name, version in wanted.items()])
 
 
 def _integrity(tarball: Path) -> str:
@@ -170,7 +201,10 @@ def setup_tools(target: Path | None = None) -> Path:
     """Fill the per-user cache with esbuild ESBUILD_VERSION, from tarballs whose digests match
     the pinned ones: `qjsflow setup-tools`."""
     destination = target or user_cache_dir()
-    if _version_of(destination / "node_modules" / "esbuild") == ESBUILD_VERSION:
+    modules = destination / "node_modules"
+    if _version_of(modules / "esbuild") == ESBUILD_VERSION and all(
+        _version_of(modules / name) == version for name, version in NODE_COMPAT_PACKAGES.items()
+    ):
         return destination
     machine = platform.machine()
     binary = _PLATFORM_PACKAGES.get(machine)
@@ -181,16 +215,17 @@ def setup_tools(target: Path | None = None) -> Path:
         )
     with tempfile.TemporaryDirectory(prefix="qjsflow-tools-") as scratch:
         tarballs = []
-        for package in ("esbuild", binary):
+        wanted = {"esbuild": ESBUILD_VERSION, binary: ESBUILD_VERSION, **NODE_COMPAT_PACKAGES}
+        for package, version in wanted.items():
             packed = subprocess.run(
                 [_npm(), "pack", "--silent", "--pack-destination", scratch,
-                 f"{package}@{ESBUILD_VERSION}"],
+                 f"{package}@{version}"],
                 check=True, capture_output=True, text=True,
             )  # fmt: skip
             tarball = Path(scratch) / packed.stdout.strip().splitlines()[-1]
             if _integrity(tarball) != _INTEGRITY[package]:
                 raise ToolchainError(
-                    f"the {package}@{ESBUILD_VERSION} tarball from the registry does not match "
+                    f"the {package}@{version} tarball from the registry does not match "
                     "its pinned checksum: nothing was installed"
                 )
             tarballs.append(str(tarball))

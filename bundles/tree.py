@@ -43,9 +43,12 @@ _PART = re.compile(r"^[A-Za-z0-9_@+=,.~-][A-Za-z0-9 _@+=,.~-]{0,127}$")
 class TreeLimits:
     """Caps on what a published tree may hold."""
 
-    max_files: int = 500
+    # Bytes are the cap that matters (a real SDK, such as twilio's, reaches a thousand small
+    # files); the count only bounds a tree of empty files. Operators set both
+    # (`RunnerConfig.tree_limits`).
+    max_files: int = 20_000
     max_file_bytes: int = 1024 * 1024
-    max_total_bytes: int = 8 * 1024 * 1024
+    max_total_bytes: int = 32 * 1024 * 1024
     max_depth: int = 12
     # The scan lists names only (a node_modules folder holds thousands): bounded apart.
     max_scan_entries: int = 100_000

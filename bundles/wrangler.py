@@ -74,31 +74,33 @@ def read_document(path: str, content: bytes) -> Any:
         raise SourceTreeError(path, f"is not valid JSON: {str(error)[:200]}") from None
 
 
-def parse_wrangler(path: str, content: bytes) -> WranglerProject | None:
+def parse_wrangler(path: str, content: bytes) -> tuple[WranglerProject | None, tuple[str, ...]]:
     """The project a wrangler file describes (None when it names no `main`: the tree keeps
-    the `workflows/` layout); `SourceTreeError` naming the first problem."""
+    the `workflows/` layout), and its compatibility flags; `SourceTreeError` naming the first
+    problem."""
     document = read_document(path, content)
     if not isinstance(document, dict):
         raise SourceTreeError(path, "holds no object of settings")
+    flags = document.get("compatibility_flags", [])
+    if not isinstance(flags, list) or not all(isinstance(f, str) and _FLAG.match(f) for f in flags):
+        raise SourceTreeError(path, "has compatibility_flags that are not a list of flag names")
     main = document.get("main")
     if main is None:
-        return None
+        return None, tuple(flags)
     if not isinstance(main, str) or not main.strip():
         raise SourceTreeError(path, 'has a "main" that is not a path')
     entry = posixpath.normpath(main.strip())
     if entry.startswith(("../", "/")) or entry == "..":
         raise SourceTreeError(path, f'names "main" {main[:120]!r}, outside the project')
     workflows, elsewhere = _workflows(path, document.get("workflows", []))
-    flags = document.get("compatibility_flags", [])
-    if not isinstance(flags, list) or not all(isinstance(f, str) and _FLAG.match(f) for f in flags):
-        raise SourceTreeError(path, "has compatibility_flags that are not a list of flag names")
     date = document.get("compatibility_date")
     vars_ = document.get("vars")
-    return WranglerProject(
+    project = WranglerProject(
         path=path, main=entry, workflows=workflows, elsewhere=elsewhere,
         vars=vars_ if isinstance(vars_, dict) else None, compatibility_flags=tuple(flags),
         compatibility_date=date if isinstance(date, str) else None,
     )  # fmt: skip
+    return project, tuple(flags)
 
 
 def _workflows(path: str, value: object) -> tuple[tuple[DeclaredWorkflow, ...], tuple[str, ...]]:

@@ -187,3 +187,71 @@ async def test_an_import_left_out_throws_only_where_it_is_used(
     )
     with pytest.raises(Exception, match='imports the package "zod", which is not installed'):
         await runner.publish("cf", root)
+
+
+OLD_EMITTER = """
+var EventEmitter = require("events").EventEmitter;
+var util = require("util");
+function Thing() { EventEmitter.call(this); this.n = 0; }  // as packages written for Node 0.x do
+util.inherits(Thing, EventEmitter);
+Thing.prototype.bump = function () { this.n += 1; this.emit("bumped", this.n); };
+module.exports = Thing;
+"""
+
+COMPAT_INDEX = """
+import { WorkflowEntrypoint } from "cloudflare:workers";
+import Thing from "old-emitter";
+import { readFileSync } from "node:fs";
+import { format } from "node:util";
+import path from "path";
+
+export class Compat extends WorkflowEntrypoint {
+  async run(event, step) {
+    return await step.do("use node", async () => {
+      const thing = new Thing();
+      let seen = 0;
+      thing.on("bumped", (n) => { seen = n; });
+      thing.bump();
+      thing.bump();
+      let denied = "none";
+      try { readFileSync("/etc/passwd"); } catch (e) { denied = e.message; }
+      return {
+        seen, base64: Buffer.from("hi").toString("base64"), formatted: format("%s=%d", "a", 1),
+        joined: path.join("a", "b"), denied, env: typeof process.env,
+      };
+    });
+  }
+}
+export default { fetch() { return new Response("ok"); } };
+"""
+
+
+def _compat_project(root: Path, flags: list[str]) -> Path:
+    (root / "src").mkdir(parents=True)
+    (root / "src" / "index.ts").write_text(COMPAT_INDEX)
+    (root / "wrangler.jsonc").write_text(json.dumps({
+        "main": "src/index.ts", "compatibility_flags": flags,
+        "workflows": [{"name": "compat", "binding": "COMPAT", "class_name": "Compat"}],
+    }))  # fmt: skip
+    package = root / "node_modules" / "old-emitter"
+    package.mkdir(parents=True)
+    (package / "package.json").write_text('{"name": "old-emitter", "main": "index.js"}')
+    (package / "index.js").write_text(OLD_EMITTER)
+    return root
+
+
+async def test_nodejs_compat_gives_node_built_ins_from_unenv_and_npm(
+    runner: Runner, tmp_path: Path
+) -> None:
+    """With the flag: `events` (an EventEmitter old packages `.call(this)`), `util`,
+    `buffer` and `path`, `process` and `Buffer` as globals; `fs` loads and its calls throw,
+    naming them. Without it: refused, naming the flag."""
+    refused = _compat_project(tmp_path / "without", [])
+    with pytest.raises(Exception, match="which workflows have only with the nodejs_compat flag"):
+        await runner.publish("cf", refused)
+    await runner.publish("cf", _compat_project(tmp_path / "with", ["nodejs_compat"]))
+    assert await _completed(runner, "cf", "compat", None) == {
+        "seen": 2, "base64": "aGk=", "formatted": "a=1", "joined": "a/b", "env": "object",
+        "denied": "node:fs.readFileSync is not available in a workflow (node:fs: no file "
+        "system, sockets, processes or threads here)",
+    }  # fmt: skip

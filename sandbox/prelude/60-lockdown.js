@@ -127,6 +127,10 @@ function lockdown(runtime) {
     [O.prototype, ["constructor", "toString", "toLocaleString", "valueOf", "hasOwnProperty", "isPrototypeOf", "propertyIsEnumerable"]],
     [Function.prototype, ["constructor", "toString"]],
     [Array.prototype, ["constructor", "toString"]],
+    // Buffer polyfills (nodejs_compat) set their own methods of these names on a Uint8Array
+    // subclass's prototype.
+    [O.getPrototypeOf(Uint8Array.prototype), ["constructor", "toString", "toLocaleString", "fill",
+      "includes", "indexOf", "lastIndexOf", "slice"]],
   ];
   for (const errorClass of [RealError, RealTypeError, RangeError, SyntaxError, ReferenceError, EvalError, URIError, AggregateError, InternalError]) {
     append(overrides, [errorClass.prototype, ["constructor", "name", "message", "toString"]]);
