@@ -68,6 +68,7 @@ class WorkflowBundle:
     code: str  # one script for QuickJS; it defines the global `__qjsflow_module`
     export: str = "default"  # the export of the entry that is this workflow
     source_map: str = ""  # esbuild's map of `code` to tree paths (source map v3, JSON)
+    binding: str | None = None  # its name in env, as the wrangler file binds it
 
 
 @dataclass(frozen=True, slots=True)
@@ -160,7 +161,8 @@ def name_workflows(
                     f"defines the workflow {name!r}, as {owners[name]} does: rename one",
                 )
             owners[name] = bundle.entry_path
-            named.append(dataclasses.replace(bundle, workflow=name, export=export))
+            binding = next((w.binding for w in declared or () if w.name == name), None)
+            named.append(dataclasses.replace(bundle, workflow=name, export=export, binding=binding))
     return dataclasses.replace(snapshot, bundles=tuple(named))
 
 

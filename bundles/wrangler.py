@@ -34,6 +34,7 @@ WRANGLER_FILES = ("wrangler.jsonc", "wrangler.json", "wrangler.toml")
 _MAX_BYTES = 256 * 1024
 _CLASS = re.compile(r"^[A-Za-z_$][A-Za-z0-9_$]{0,127}$")
 _FLAG = re.compile(r"^[a-z0-9_]{1,64}$")
+_BINDING = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,7 +122,14 @@ def _workflows(path: str, value: object) -> tuple[tuple[DeclaredWorkflow, ...], 
         if isinstance(item.get("script_name"), str):
             elsewhere.append(name)  # defined by another Worker: bound here, published there
             continue
-        found.append(
-            DeclaredWorkflow(name, class_name, binding if isinstance(binding, str) else None)
-        )
+        found.append(DeclaredWorkflow(name, class_name, _binding(path, where, binding)))
     return tuple(found), tuple(elsewhere)
+
+
+def _binding(path: str, where: str, binding: object) -> str | None:
+    """A workflow's name in env (`env.MY_WORKFLOW`), checked as env's names are."""
+    if binding is None:
+        return None
+    if not isinstance(binding, str) or not _BINDING.match(binding) or binding == "db":
+        raise SourceTreeError(path, f"has {where} whose binding is not a name env can hold")
+    return binding

@@ -31,6 +31,7 @@ _HOMES: dict[str, tuple[str, ...]] = {
     "qjsflow.runner.config": ("Retention", "RunnerConfig"),
     "qjsflow.runner.views": ("WorkerView",),
     "qjsflow.runner.operations.scope_configs": ("ScopeConfigVersion",),
+    "qjsflow.runner.operations.workflow_bindings": ("WorkflowBinding", "WorkflowInstance"),
     "qjsflow.runner.errors": (
         "BudgetExceeded", "CapabilityRefused", "FatalToolError", "InvalidEvent", "InvalidRunId",
         "JournalUnavailable", "RunChanged", "RunClosed", "RunConflict", "RunNotFound",
@@ -86,6 +87,7 @@ if TYPE_CHECKING:
     from qjsflow.runner.operations.migrate import MigrationReport
     from qjsflow.runner.operations.retention import Pruned
     from qjsflow.runner.operations.scope_configs import ScopeConfigVersion
+    from qjsflow.runner.operations.workflow_bindings import WorkflowBinding, WorkflowInstance
     from qjsflow.runner.scopedb.policy import SqlLimits
     from qjsflow.runner.tenancy.budgets import Budgets
     from qjsflow.runner.tenancy.egress import EgressPolicy
@@ -156,6 +158,8 @@ __all__ = [
     "ToolCallView",
     "UnknownWorkflow",
     "WorkerView",
+    "WorkflowBinding",
+    "WorkflowInstance",
     "__version__",
     "current_tool_call",
 ]

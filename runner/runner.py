@@ -51,6 +51,7 @@ from qjsflow.runner.operations.scope_configs import (
     move_to_config,
     start_settings,
 )
+from qjsflow.runner.operations.workflow_bindings import serve_call
 from qjsflow.runner.reads import (
     RUN_ID,
     RunReads,
@@ -122,6 +123,7 @@ class Runner(ScopeConfigs, RunReads):
         # drive (its clock, its pool, `take_after_s`).
         self.configs = ConfigCache()  # scopes' configuration versions, parsed once
         self.driver = RunDriver(store, pool, config, self.scopes, configs=self.configs)
+        self.driver.children = partial(serve_call, self)  # workflow bindings' calls
         store.serve_runner(retry_s=config.journal_retry_s, commit_here=self.driver.alone)
 
     @classmethod
@@ -215,7 +217,8 @@ class Runner(ScopeConfigs, RunReads):
                 raise UnknownWorkflow(request.workflow, sorted(entries))
             bindings_text = from_python(
                 env_of(settings.environment, request.persisted_bindings,
-                       Reach(snapshot.capabilities, settings.policy).binding_allowed),
+                       Reach(snapshot.capabilities, settings.policy).binding_allowed,
+                       workflows=[w.binding for w in snapshot.workflows if w.binding]),
                 max_bytes=limit, what="the persisted bindings",
             )  # fmt: skip
             return RunRecord(

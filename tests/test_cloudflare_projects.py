@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from qjsflow import WorkflowBinding
 from qjsflow.bundles import SourceTreeError
 from qjsflow.runner import Runner, StartRunInput
 
@@ -255,3 +256,61 @@ async def test_nodejs_compat_gives_node_built_ins_from_unenv_and_npm(
         "denied": "node:fs.readFileSync is not available in a workflow (node:fs: no file "
         "system, sockets, processes or threads here)",
     }  # fmt: skip
+
+
+FAMILY = """
+import { WorkflowEntrypoint } from "cloudflare:workers";
+import { waitForInstance } from "qjsflow";
+
+export class Parent extends WorkflowEntrypoint {
+  async run(event, step) {
+    const child = await this.env.CHILD.create({ params: { n: event.payload } });
+    const found = await this.env.CHILD.get(child.id);
+    const ended = await waitForInstance(step, found, { firstMs: 10 });
+    const named = await this.env.CHILD.create({ id: "named-child", params: { n: 0, wait: true } });
+    await named.sendEvent({ type: "go", payload: 5 });
+    const second = await waitForInstance(step, named, { firstMs: 10 });
+    return { id: child.id, ended, second };
+  }
+}
+
+export class Child extends WorkflowEntrypoint {
+  async run(event, step) {
+    const extra = event.payload.wait ? (await step.waitForEvent("go", { type: "go" })).payload : 0;
+    return await step.do("double", async () => event.payload.n * 2 + extra);
+  }
+}
+"""
+
+
+async def test_workflow_bindings_create_children_once_and_wait_for_them(
+    runner: Runner, tmp_path: Path
+) -> None:
+    root = tmp_path / "family"
+    (root / "src").mkdir(parents=True)
+    (root / "src" / "index.ts").write_text(FAMILY)
+    (root / "wrangler.jsonc").write_text(json.dumps({"main": "src/index.ts", "workflows": [
+        {"name": "parent", "binding": "PARENT", "class_name": "Parent"},
+        {"name": "child", "binding": "CHILD", "class_name": "Child"},
+    ]}))  # fmt: skip
+    await runner.publish("cf", root)
+    parent = await runner.start(StartRunInput("cf", "parent", "latest", 21, "p1"))
+    await runner.serve(until_idle=True)  # the children, and the parent's drives after sleeps
+    done = await runner.get("p1", scope="cf")
+    assert done.status == "completed", done.error
+    child_id = done.output["id"]
+    assert done.output["ended"] == {"status": "complete", "output": 42, "error": None}
+    assert done.output["second"]["output"] == 5
+    children = await runner.list(scope="cf", workflow="child")
+    # One instance per create, though the parent's body ran again on each of its drives.
+    assert sorted(r.run_id for r in children) == sorted([child_id, "named-child"])
+    # A create made again after a crash (the same call of the same run) finds its instance.
+    from qjsflow.runner.operations.workflow_bindings import serve_call  # noqa: PLC0415
+
+    again = await serve_call(runner, f"cf/{parent.run_id}", parent.snapshot_id, {
+        "binding": "CHILD", "op": "create", "params": {"n": 21}, "call": "CHILD.create#1",
+    })  # fmt: skip
+    assert again == {"id": child_id}
+    assert len(await runner.list(scope="cf", workflow="child")) == 2
+    status = await WorkflowBinding(runner, "cf", "child").get(child_id)
+    assert await status.status() == {"status": "complete", "output": 42, "error": None}

@@ -41,3 +41,19 @@ export const db = Object.freeze({
     return runtime().db.sql(sql, params);
   },
 });
+// A parent waits for a child instance (`env.MY_WORKFLOW.create(...)`) to end, durably: each
+// look at its status is a journaled call and each pause a durable sleep, the pauses doubling
+// from `firstMs` to `maxMs`. Returns the child's last status ({ status, output, error }).
+export async function waitForInstance(step, instance, options) {
+  const given = options || {};
+  let pause = given.firstMs === undefined ? 1000 : given.firstMs;
+  const most = given.maxMs === undefined ? 3600000 : given.maxMs;
+  for (;;) {
+    const seen = await instance.status();
+    if (seen.status === "complete" || seen.status === "errored" || seen.status === "terminated") {
+      return seen;
+    }
+    await step.sleep(`wait for ${instance.id}`, pause);
+    pause = Math.min(pause * 2, most);
+  }
+}

@@ -100,6 +100,20 @@ declare module "qjsflow" {
   /** The run's env: the same object as `this.env` of a WorkflowEntrypoint. */
   export const env: WorkflowEnv;
 
+  /** A child instance's status, as Cloudflare's `InstanceStatus`. */
+  export interface InstanceStatus<T = unknown> {
+    status: "queued" | "running" | "paused" | "errored" | "terminated" | "complete" | "waiting";
+    output: T | null;
+    error: { name: string; message: string } | null;
+  }
+  /** Waits, durably, until a child instance ends: status looks and sleeps, doubling from
+   * firstMs (1 s) to maxMs (1 hour). */
+  export function waitForInstance<T = unknown>(
+    step: WorkflowStep,
+    instance: { id: string; status(): Promise<InstanceStatus<T>> },
+    options?: { firstMs?: number; maxMs?: number },
+  ): Promise<InstanceStatus<T>>;
+
   /** Fails the step (or the run) at once: no retries. */
   export class FatalError extends Error {
     constructor(message?: string, options?: { cause?: unknown });

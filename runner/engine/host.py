@@ -53,6 +53,7 @@ from qjsflow.runner.tenancy.cloudflare_bindings import (
     KV_ADDRESS,
     QUEUE_ADDRESS,
     R2_ADDRESS,
+    WORKFLOW_ADDRESS,
     kv_tool,
     queue_tool,
     r2_tool,
@@ -189,6 +190,10 @@ class DriveHost(JournalOps):
                 self.secrets.refuse_handles(args, str(where)[:80])
             except FatalToolError as error:
                 return _failing(error), args, None
+            if op.address == WORKFLOW_ADDRESS and isinstance(args, dict):
+                # The call's place in the run: an instance it creates has an id made from it,
+                # so a call made again after a crash finds the instance it created.
+                args = {**args, "call": f"{op.step}#{op.count}"}
             return tool, args, None
         try:
             return tool, reveal(to_python(op.args), self.secrets.reachable), None
@@ -236,6 +241,8 @@ class DriveHost(JournalOps):
         """fetch, and the local KV, queue and R2 bindings, unless the operator bound these."""
         if address == FETCH_ADDRESS:
             return self._fetch
+        if address == WORKFLOW_ADDRESS:
+            return self.children
         local = {KV_ADDRESS: kv_tool, QUEUE_ADDRESS: queue_tool, R2_ADDRESS: r2_tool}.get(address)
         return (
             None

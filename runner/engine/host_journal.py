@@ -37,6 +37,7 @@ from qjsflow.bridge.types import (
 )
 from qjsflow.runner.bindings import (
     Bindings,
+    ToolFn,
 )
 from qjsflow.runner.engine import steps
 from qjsflow.runner.engine.locations import Locator
@@ -97,7 +98,11 @@ class JournalOps:
         budgets: Budgets | None = None,
         used: Mapping[str, float] | None = None,
         traced: bool = True,
+        children: ToolFn | None = None,
     ) -> None:
+        # A workflow binding's calls (`env.MY_WORKFLOW.create(...)`), served by the runner for
+        # this run: None where no runner hands it in (runner/operations/workflow_bindings.py).
+        self.children = children
         # A restarted run's calls to its scope database and its console lines are new ones:
         # `generation` (how many restarts) tells them from those of the attempts before.
         self.generation = generation

@@ -63,6 +63,7 @@ class WorkflowRecord:
     workflow: str
     entry_path: str
     export: str = "default"  # the export of the entry file that is this workflow
+    binding: str | None = None  # its name in env (`env.MY_WORKFLOW`), from the wrangler file
 
 
 @dataclass(frozen=True, slots=True)
@@ -228,7 +229,15 @@ class JournalStore(JournalCore):
             ]
         )
         bundles = [
-            (b.workflow, b.entry_path, b.code, bundle_digest(b.code), b.export, b.source_map)
+            (
+                b.workflow,
+                b.entry_path,
+                b.code,
+                bundle_digest(b.code),
+                b.export,
+                b.source_map,
+                b.binding,
+            )
             for b in snapshot.bundles
         ]
         declared = None if snapshot.capabilities is None else snapshot.capabilities.to_json()
@@ -470,7 +479,7 @@ def snapshot_records(rows: Iterable[Any]) -> list[SnapshotRecord]:
     return [
         SnapshotRecord(
             scope_id, snapshot, float(group[0][2]),
-            tuple(WorkflowRecord(str(r[3]), str(r[4]), str(r[5])) for r in group),
+            tuple(WorkflowRecord(str(r[3]), str(r[4]), str(r[5]), r[7]) for r in group),
             _capabilities(group[0][6]),
         )
         for (scope_id, snapshot), group in grouped.items()

@@ -19,6 +19,7 @@ __all__ = [
     "RUN_CONTROL",
     "TRACE_CONTEXT",
     "WORKERS",
+    "WORKFLOW_BINDINGS",
     "Migration",
     "current_version",
     "migrate",
@@ -96,6 +97,11 @@ CANCELLING = "CREATE INDEX runs_cancelling ON runs (run_id) WHERE cancel_request
 # Migration 18 (PostgreSQL's 13): each scope's configuration, versioned like snapshots (vars,
 # secret names and where a worker finds their values, bindings, egress, budgets, capability
 # policy: runner/tenancy/scope_config.py), and the version each run started with.
+# Workflow bindings (`env.MY_WORKFLOW.create(...)`): the name a project's wrangler file gives
+# each of its workflows in `env`, NULL for none.
+WORKFLOW_BINDINGS = "ALTER TABLE bundles ADD COLUMN binding TEXT"
+
+
 def scope_configs(integer: str) -> str:
     return f"""CREATE TABLE scope_configs (
     scope TEXT NOT NULL,
@@ -360,6 +366,11 @@ MIGRATIONS: tuple[tuple[int, str, str], ...] = (
         scope_configs("INTEGER"),
     ),
     (19, "secret values sealed under their scope's key", scope_secrets("INTEGER")),
+    (
+        20,
+        "the env binding a project gives each workflow (wrangler's workflows[].binding)",
+        WORKFLOW_BINDINGS,
+    ),
 )
 
 

@@ -14,6 +14,7 @@ from qjsflow.runner.store.migrations import (
     RUN_CONTROL,
     TRACE_CONTEXT,
     WORKERS,
+    WORKFLOW_BINDINGS,
     Migration,
     replay_clock,
     scope_configs,
@@ -139,4 +140,5 @@ PG_MIGRATIONS: tuple[Migration, ...] = (
         "secret values sealed under their scope's key (SQLite migration 19)",
         scope_secrets("BIGINT"),
     ),
+    (15, "the env binding of each workflow (SQLite migration 20)", WORKFLOW_BINDINGS),
 )

@@ -54,8 +54,8 @@ class JournalTransaction(StepStatements):
         snapshot_id: str,
         created_at: float,
         facts: tuple[int, int, str, str | None],  # files, bytes, file list, capabilities
-        # workflow, entry, code, digest, export, source map
-        bundles: list[tuple[str, str, str, str, str, str]],
+        # workflow, entry, code, digest, export, source map, env binding
+        bundles: list[tuple[str, str, str, str, str, str, str | None]],
     ) -> bool:
         """First writer wins: False (and no bundle written) when the snapshot exists."""
         row = self._one(
@@ -69,7 +69,7 @@ class JournalTransaction(StepStatements):
         self._db.executemany(
             "INSERT INTO bundles"
             " (scope, snapshot_id, workflow, entry_path, code, code_sha256, export_name,"
-            " source_map) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            " source_map, binding) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
             [(scope, snapshot_id, *bundle) for bundle in bundles],
         )
         return True
@@ -155,7 +155,7 @@ class JournalTransaction(StepStatements):
                 args += [len(value), value] if clause.startswith("substr") else [value]
         rows: list[Any] = self._db.execute(
             "SELECT s.scope, s.snapshot_id, s.created_at, b.workflow, b.entry_path, b.export_name,"
-            " s.capabilities"
+            " s.capabilities, b.binding"
             " FROM (SELECT * FROM snapshots s"
             + (" WHERE " + " AND ".join(where) if where else "")
             + " ORDER BY created_at DESC, snapshot_id LIMIT ?) s"

@@ -21,6 +21,7 @@ __all__ = [
     "KV_ADDRESS",
     "QUEUE_ADDRESS",
     "R2_ADDRESS",
+    "WORKFLOW_ADDRESS",
     "kv_tool",
     "queue_tool",
     "r2_tool",
@@ -30,8 +31,12 @@ KV_ADDRESS = "qjsflow.kv"
 QUEUE_ADDRESS = "qjsflow.queue"
 R2_ADDRESS = "qjsflow.r2"
 DURABLE_OBJECT_ADDRESS = "qjsflow.durable_object"  # only an operator's tool answers it
+# Workflow bindings: served by the runner (runner/operations/workflow_bindings.py).
+WORKFLOW_ADDRESS = "qjsflow.workflow"
 # The tools a binding object calls, its name in `args["binding"]` (sandbox/prelude/55-fetch.js).
-BINDING_ADDRESSES = frozenset({KV_ADDRESS, QUEUE_ADDRESS, R2_ADDRESS, DURABLE_OBJECT_ADDRESS})
+BINDING_ADDRESSES = frozenset(
+    {KV_ADDRESS, QUEUE_ADDRESS, R2_ADDRESS, DURABLE_OBJECT_ADDRESS, WORKFLOW_ADDRESS}
+)
 _MAX_LIST = 1000
 
 

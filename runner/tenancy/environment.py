@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -185,11 +185,14 @@ def env_of(
     environment: ScopeEnvironment | None,
     given: Mapping[str, Any] | None,
     allowed: Callable[[str], bool] = lambda name: True,
+    *,
+    workflows: Sequence[str] = (),
 ) -> dict[str, Any]:
-    """A run's env at its start: the scope's vars, secret handles and binding objects that
-    its snapshot may reach (`allowed`: runner/tenancy/capabilities.py), then what the caller passed
-    (which wins)."""
-    env: dict[str, Any] = {}
+    """A run's env at its start: the workflow bindings its snapshot's project declares
+    (`workflows`: `env.MY_WORKFLOW`), the scope's vars, secret handles and binding objects that
+    its snapshot may reach (`allowed`: runner/tenancy/capabilities.py), then what the caller
+    passed (which wins)."""
+    env: dict[str, Any] = {name: BindingRef("workflow", name) for name in workflows}
     if environment is not None:
         env.update(environment.vars)
         env.update({name: SecretRef(name) for name in environment.secrets})

@@ -236,6 +236,38 @@ function bindingObject(kind, name) {
       getByName: (objectName) => stub("" + objectName),
     });
   }
+  if (kind === "workflow") {
+    // A workflow binding (Cloudflare's Workflow API): every method is a journaled call to the
+    // host's `qjsflow.workflow`, so a replay creates no second instance.
+    const done = () => undefined;
+    const instance = (id) => freeze({
+      id,
+      status: () => use(WORKFLOW_ADDRESS, "status", { id }),
+      pause: () => call(promiseThen, use(WORKFLOW_ADDRESS, "pause", { id }), done),
+      resume: () => call(promiseThen, use(WORKFLOW_ADDRESS, "resume", { id }), done),
+      terminate: () => call(promiseThen, use(WORKFLOW_ADDRESS, "terminate", { id }), done),
+      restart: () => call(promiseThen, use(WORKFLOW_ADDRESS, "restart", { id }), done),
+      sendEvent: (event) => call(promiseThen, use(WORKFLOW_ADDRESS, "sendEvent", {
+        id, type: event === null || typeof event !== "object" ? undefined : event.type,
+        payload: event === null || typeof event !== "object" ? undefined : event.payload,
+      }), done),
+    });
+    const options = (given) => given === undefined || given === null ? {}
+      : { id: given.id === undefined ? null : given.id, params: given.params === undefined ? null : given.params };
+    return freeze({
+      create: (given) => call(promiseThen, use(WORKFLOW_ADDRESS, "create", options(given)), (made) => instance(made.id)),
+      createBatch: (list) => {
+        const items = [];
+        for (let i = 0; i < list.length; i++) append(items, options(list[i]));
+        return call(promiseThen, use(WORKFLOW_ADDRESS, "createBatch", { items }), (made) => {
+          const out = [];
+          for (let i = 0; i < made.length; i++) append(out, instance(made[i].id));
+          return out;
+        });
+      },
+      get: (id) => call(promiseThen, use(WORKFLOW_ADDRESS, "get", { id: "" + id }), (found) => instance(found.id)),
+    });
+  }
   if (kind === "tool") {
     // Every method is a call to the operator's tool `NAME.method`, given the arguments' list.
     return new RealProxy(freeze({}), {
@@ -249,3 +281,4 @@ function bindingObject(kind, name) {
 }
 const R2_ADDRESS = "qjsflow.r2";
 const DURABLE_OBJECT_ADDRESS = "qjsflow.durable_object";
+const WORKFLOW_ADDRESS = "qjsflow.workflow";

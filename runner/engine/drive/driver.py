@@ -27,11 +27,13 @@ import logging
 import os
 import secrets
 import socket
+from collections.abc import Awaitable, Callable
 from functools import partial
+from typing import Any
 
 from qjsflow.bridge.types import DriveOutcome
 from qjsflow.bundles.manifest import Capabilities
-from qjsflow.runner.bindings import Bindings
+from qjsflow.runner.bindings import Bindings, ToolFn
 from qjsflow.runner.config import RunnerConfig
 from qjsflow.runner.engine.drive.beginning import (
     BeforeLease,
@@ -99,6 +101,9 @@ class RunDriver:
         # Drives in progress in this process, to stop one at once when its run is taken away.
         self.active: dict[str, tuple[LeaseWatch, asyncio.Task[object]]] = {}
         self.kept = KeptBeginnings()  # waiting runs' beginnings, from their last drive here
+        # Serves workflow bindings' calls (parent run, its snapshot, the call's args): the
+        # runner hands it in (runner/operations/workflow_bindings.py); the engine knows none.
+        self.children: Callable[[str, str, Any], Awaitable[Any]] | None = None
 
     def now_ms(self) -> int:
         return int(self.config.clock() * 1000)
@@ -230,6 +235,11 @@ class RunDriver:
             return False
         parsed = self.configs.cached(run.scope, run.config_version)
         return parsed is None or (parsed.budgets is not None and parsed.budgets.any)
+
+    def children_of(self, run: RunRecord) -> ToolFn | None:
+        """What serves `run`'s workflow bindings' calls, if anything here does."""
+        serve = self.children
+        return None if serve is None else partial(serve, run.run_id, run.snapshot_id)
 
     def alone(self) -> bool:
         """Whether at most one drive is in progress in this process: the event loop would

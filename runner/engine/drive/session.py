@@ -329,6 +329,7 @@ class DriveSession:
             budgets=budgets, used=used, traced=traced,
             locate=driver.locator(bundle) if bundle is not None else _nowhere,
             reach=Reach(None if bundle is None else bundle.capabilities, policy),
+            children=driver.children_of(run),
         )  # fmt: skip
         if bundle is None:
             return Failed(False, str(damaged), 0.0), host
