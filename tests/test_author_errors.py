@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -298,3 +299,58 @@ async def test_a_dynamic_retry_delay_runs_once_per_failure_and_not_on_replay(
     assert "no more retries: the retry delay function failed: no delay for you" in (
         failed.error or ""
     )
+
+
+ROLLBACKS = """
+export default async (event, step) => {
+  const undo = (what) => async ({ ctx, output, error }) => {
+    await step.tool(`undo ${what}`, "compensate", {
+      what, output: output === undefined ? null : output, error: error ? error.message : null,
+      step: ctx.step.name, attempt: ctx.attempt,
+    });
+  };
+  await step.do("reserve", async () => "R1", {
+    rollback: undo("reserve"), rollbackConfig: { retries: { limit: 1, delay: "5 seconds" } },
+  });
+  try {
+    await step.do("flaky", { retries: { limit: 0 } }, async () => { throw new Error("caught"); },
+                  { rollback: undo("flaky") });
+  } catch (e) { /* the author's code caught it: no rollback for that alone */ }
+  await step.do("charge", async () => "C1", { rollback: undo("charge") });
+  await step.do("ship", { retries: { limit: 0 } }, async () => { throw new Error("no truck"); },
+                { rollback: undo("ship") });
+};
+"""
+
+
+async def test_rollbacks_run_in_reverse_start_order_once_each_when_the_run_fails(
+    tmp_path: Path, clock: FakeClock
+) -> None:
+    """The run fails at `ship`: its rollbacks run newest first (the failed step's too, with no
+    output); the first try of `reserve`'s fails and is retried in a later drive, which replays
+    the body and the rollbacks done before: none of those runs again."""
+    calls: list[dict[str, Any]] = []
+    failed_once: list[bool] = []
+
+    async def compensate(args: Any) -> str:
+        if args["what"] == "reserve" and not failed_once:
+            failed_once.append(True)
+            raise RuntimeError("inventory service down")
+        calls.append(args)
+        return "undone"
+
+    tools = Bindings(tools={"compensate": compensate})
+    async with Runner.open(tmp_path / "j.db", RunnerConfig(clock=clock)) as runner:
+        run = await start_source(runner, ROLLBACKS, bindings=tools)
+        assert run.status == "sleeping"  # reserve's rollback waits for its retry
+        clock.advance(10)
+        await runner.serve(until_idle=True, bindings=tools)
+        done = await runner.get(run.run_id, scope=run.scope)
+        steps = {s.name: s.status for s in await runner.list_steps(run.run_id, scope=run.scope)}
+    assert (done.status, done.error) == ("failed", "Error: no truck")
+    assert [(c["what"], c["output"], c["error"]) for c in calls] == [
+        ("ship", None, "no truck"), ("charge", "C1", None), ("flaky", None, "caught"),
+        ("reserve", "R1", None),
+    ]  # fmt: skip
+    assert calls[-1]["attempt"] == 2
+    assert steps["rollback ship"] == steps["rollback reserve"] == "completed"

@@ -6,7 +6,7 @@
 // (a quarter of a pure step's): what it was given is one object (`spec`: its name,
 // function, merged config and the host's policy), each attempt another (`run`), and the
 // functions that serve them are made once.
-function stepDo(name, configOrFn, maybeFn) {
+function stepDo(name, configOrFn, maybeFn, maybeOptions) {
   try {
     checkName(name, "step.do name");
     // (No destructuring on this path: each would make an array and its iterator a step.)
@@ -17,7 +17,10 @@ function stepDo(name, configOrFn, maybeFn) {
     const checked = stepConfig(config, "step.do", name);
     const spec = { name, fn, config: checked[0], policy: policyOnWire(checked) };
     const op = { op: "step.check", step: name, kind: "do", config: spec.policy };
-    return request("do", name, op, checkAnswered, beginStep, spec);
+    const promise = request("do", name, op, checkAnswered, beginStep, spec);
+    const options = direct ? maybeFn : maybeOptions;
+    if (options !== undefined) registerRollback(name, checked[0], options, promise);
+    return promise;
   } catch (error) {
     return reject(error);
   }

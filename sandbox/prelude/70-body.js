@@ -172,11 +172,17 @@ function start() {
     } catch (error) {
       fail(error instanceof LimitError ? error.message : describe(error).message, false);
     }
-  }, (thrown) => {
-    const limit = limitMessage(thrown);
-    const { name, message, stack } = describe(thrown);
-    fail(limit !== null ? limit : `${name}: ${message}`, false, stack);
-  });
+  }, (thrown) => rollBackThenFail(thrown, failWith));
+}
+
+// The run fails as its body did (after its rollbacks; `rollbackFailed`: one of them failed
+// for good, which the run's error says too).
+function failWith(thrown, rollbackFailed) {
+  const limit = limitMessage(thrown);
+  const { name, message, stack } = describe(thrown);
+  let text = limit !== null ? limit : `${name}: ${message}`;
+  if (rollbackFailed !== undefined) text += ` (and a rollback failed: ${describe(rollbackFailed).message})`;
+  fail(text, false, stack);
 }
 
 // The waiting replayed entries as a binary min-heap on journal order: a fan-out of n steps
