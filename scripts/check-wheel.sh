@@ -35,6 +35,7 @@ snapshot=$("$qjsflow" --db journal.db --json publish src --scope acme |
   "$work/venv/bin/python" -c 'import json, sys; print(json.load(sys.stdin)["snapshot_id"])')
 "$qjsflow" --db journal.db --json start hello --scope acme --snapshot "$snapshot" \
   --input '{"name": "wheel"}' --run-id r1 >/dev/null
+"$qjsflow" --db journal.db worker --until-idle 2>/dev/null  # start records; a worker drives
 "$qjsflow" --db journal.db --json status r1 --scope acme |
   "$work/venv/bin/python" -c '
 import json, sys
