@@ -252,6 +252,9 @@ class DriveRequest:
     # `bundle_digest(bundle)` (bridge/digest.py), when the caller has it (a stored bundle's
     # checksum): an executor is sent each text once, and the pool names it by this.
     bundle_key: str = ""
+    # `terminate --rollback` (the operator's message): the body replays what the journal
+    # holds, its first call past that fails with this, its rollbacks run, and the run fails.
+    roll_back: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -133,6 +133,7 @@ def request_to_wire(request: DriveRequest) -> dict[str, Any]:
         "unsettled": list(request.unsettled),
         "waiting": [list(wait) for wait in request.waiting],
         "strict": request.strict,
+        "rollBack": request.roll_back,
     }
 
 

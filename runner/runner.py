@@ -9,14 +9,12 @@ import secrets
 import uuid
 from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
 from functools import partial
 
 from qjsflow.bridge import InvalidInput, dumps_text
 from qjsflow.bridge.rules import RULES, is_event_type
 from qjsflow.bridge.values import from_python
 from qjsflow.bundles import build_snapshot, name_workflows
-from qjsflow.bundles.manifest import Capabilities
 from qjsflow.runner.bindings import Bindings
 from qjsflow.runner.config import Retention, RunnerConfig
 from qjsflow.runner.engine.drive import SIGNAL_TIMER, BeforeLease, RunDriver
@@ -38,6 +36,7 @@ from qjsflow.runner.operations.control import (
     fork_run,
     lift_pause,
     request_pause,
+    request_rollback,
     restart_run,
     terminate_run,
 )
@@ -66,7 +65,6 @@ from qjsflow.runner.store import (
     RunRecord,
     RunStatus,
     SnapshotRecord,
-    WorkflowRecord,
 )
 from qjsflow.runner.telemetry.tracing import new_traceparent
 from qjsflow.runner.tenancy.budgets import current_windows
@@ -83,8 +81,11 @@ from qjsflow.runner.tenancy.scopes import (
 from qjsflow.runner.tenancy.usage import ScopeUsage, admit, scope_usage
 from qjsflow.runner.views import (
     TERMINAL,
+    PublishedWorkflow,
+    PublishResult,
     RunView,
     StartRunInput,
+    published_result,
     run_view,
 )
 from qjsflow.sandbox import ExecutorPool
@@ -92,19 +93,6 @@ from qjsflow.sandbox import ExecutorPool
 __all__ = ["PublishResult", "PublishedWorkflow", "Runner", "Source"]
 
 Source = str | os.PathLike[str] | Mapping[str, str | bytes]
-
-
-PublishedWorkflow = WorkflowRecord  # a workflow of a snapshot: its name and its entry file
-
-
-@dataclass(frozen=True, slots=True)
-class PublishResult:
-    scope: str
-    snapshot_id: str
-    workflows: tuple[PublishedWorkflow, ...]
-    created: bool  # False when the same snapshot was already published in this scope
-    capabilities: Capabilities | None = None  # what its manifest declares; None: nothing
-    warnings: tuple[str, ...] = ()  # imports left out of it (bundles/driver.mjs), and why
 
 
 _MIGRATE_AT_MOST = 100_000  # runs one `migrate` command checks
@@ -178,7 +166,7 @@ class Runner(ScopeConfigs, RunReads):
         check_publish(scope, snapshot.capabilities, self.config.scope_policies.get(scope))
         existing = await self._store.find_snapshot(scope, snapshot.snapshot_id)
         if existing is not None:
-            return _published(existing, created=False, warnings=snapshot.warnings)
+            return published_result(existing, created=False, warnings=snapshot.warnings)
         now_ms = self.driver.now_ms()
         exports = {
             bundle.entry_path: await describe_exports(
@@ -190,7 +178,7 @@ class Runner(ScopeConfigs, RunReads):
         created = await self._store.insert_snapshot(scope, snapshot, self.config.clock())
         record = await self._store.find_snapshot(scope, snapshot.snapshot_id)
         assert record is not None, "a snapshot just stored must be found"
-        return _published(record, created=created, warnings=snapshot.warnings)
+        return published_result(record, created=created, warnings=snapshot.warnings)
 
     # -- runs --------------------------------------------------------------------------------
 
@@ -290,12 +278,18 @@ class Runner(ScopeConfigs, RunReads):
         # Parks it now unless a driver elsewhere holds it (that one parks it after its steps).
         return await self._drive(key, None)
 
-    async def terminate(self, run_id: str, *, scope: str, reason: str | None = None) -> RunView:
+    async def terminate(
+        self, run_id: str, *, scope: str, reason: str | None = None, rollback: bool = False
+    ) -> RunView:
         """End the run now (`terminated`), its executor stopped mid-step if need be; a tool
-        call in flight may or may not have acted (its audit row keeps no result)."""
+        call in flight may or may not have acted (its audit row keeps no result). With
+        `rollback`, its next drive (a worker's) runs its rollbacks first, then ends it."""
         key = caller_key(run_id, scope)
         reason = checked_reason(reason)
         now = self.driver.now_ms()
+        if rollback:
+            await self._store.transact(partial(request_rollback, key=key, now=now, reason=reason))
+            return await self.get(run_id, scope=scope)
         await self._store.transact(partial(terminate_run, key=key, now=now, reason=reason))
         self.driver.stop(key)
         return await self.get(run_id, scope=scope)
@@ -587,10 +581,3 @@ class Runner(ScopeConfigs, RunReads):
         if not isinstance(run_id, str) or not RUN_ID.fullmatch(run_id):
             raise InvalidRunId(run_id)
         return run_id
-
-
-def _published(
-    record: SnapshotRecord, *, created: bool, warnings: tuple[str, ...]
-) -> PublishResult:
-    return PublishResult(record.scope, record.snapshot_id, record.workflows, created,
-                         record.capabilities, warnings)  # fmt: skip

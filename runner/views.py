@@ -11,25 +11,31 @@ from typing import Any
 from qjsflow.bridge import loads
 from qjsflow.bridge.failure import failure_from_json
 from qjsflow.bridge.values import to_python
+from qjsflow.bundles.manifest import Capabilities
 from qjsflow.runner.store import (
     ENDED,
     EventRecord,
     RunRecord,
     RunStatus,
+    SnapshotRecord,
     StepRow,
     ToolCallRecord,
     WorkerRecord,
+    WorkflowRecord,
 )
 from qjsflow.runner.tenancy.scopes import split_run_key
 
 __all__ = [
     "PersistedRun",
+    "PublishResult",
+    "PublishedWorkflow",
     "RunStatus",
     "RunView",
     "StartRunInput",
     "StepView",
     "ToolCallView",
     "WorkerView",
+    "published_result",
     "run_view",
     "step_view",
     "tool_call_view",
@@ -235,3 +241,23 @@ def worker_view(worker: WorkerRecord, now_ms: int) -> WorkerView:
         worker.tools, worker.scopes, worker.secret_providers, worker.started_at / 1000,
         worker.heartbeat_at / 1000, _seconds(worker.stopped_at),
     )  # fmt: skip
+
+
+PublishedWorkflow = WorkflowRecord  # a workflow of a snapshot: its name and its entry file
+
+
+@dataclass(frozen=True, slots=True)
+class PublishResult:
+    scope: str
+    snapshot_id: str
+    workflows: tuple[PublishedWorkflow, ...]
+    created: bool  # False when the same snapshot was already published in this scope
+    capabilities: Capabilities | None = None  # what its manifest declares; None: nothing
+    warnings: tuple[str, ...] = ()  # imports left out of it (bundles/driver.mjs), and why
+
+
+def published_result(
+    record: SnapshotRecord, *, created: bool, warnings: tuple[str, ...]
+) -> PublishResult:
+    return PublishResult(record.scope, record.snapshot_id, record.workflows, created,
+                         record.capabilities, warnings)  # fmt: skip

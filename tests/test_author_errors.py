@@ -354,3 +354,42 @@ async def test_rollbacks_run_in_reverse_start_order_once_each_when_the_run_fails
     ]  # fmt: skip
     assert calls[-1]["attempt"] == 2
     assert steps["rollback ship"] == steps["rollback reserve"] == "completed"
+
+
+TERMINABLE = """
+export default async (event, step) => {
+  const undo = (what) => async ({ output }) => {
+    await step.tool(`undo ${what}`, "compensate", { what, output });
+  };
+  await step.do("reserve", async () => "R1", { rollback: undo("reserve") });
+  await step.do("charge", async () => "C1", { rollback: undo("charge") });
+  await step.waitForEvent("approval", { type: "approve", timeout: "1 day" });
+  await step.do("never", async () => "N", { rollback: undo("never") });
+};
+"""
+
+
+async def test_terminate_with_rollback_runs_the_rollbacks_then_ends_the_run(
+    runner: Runner,
+) -> None:
+    """The run waits; `terminate(rollback=True)` records the ask, and the next drive (a
+    worker's) replays the body, fails its first new call, runs the rollbacks newest first,
+    and ends the run `terminated`."""
+    calls: list[Any] = []
+
+    async def compensate(args: Any) -> str:
+        calls.append((args["what"], args["output"]))
+        return "undone"
+
+    tools = Bindings(tools={"compensate": compensate})
+    run = await start_source(runner, TERMINABLE, bindings=tools)
+    assert run.status == "waiting"
+    asked = await runner.terminate(run.run_id, scope=run.scope, reason="changed mind",
+                                   rollback=True)  # fmt: skip
+    assert asked.status == "waiting"  # recorded: a worker drives the rollbacks
+    await runner.serve(until_idle=True, bindings=tools)
+    done = await runner.get(run.run_id, scope=run.scope)
+    assert (done.status, done.error) == ("terminated", "terminated by an operator: changed mind")
+    assert calls == [("charge", "C1"), ("reserve", "R1")]
+    history = [e.type for e in await runner.history(run.run_id, scope=run.scope)]
+    assert history.index("rollback_requested") < history.index("run_terminated")

@@ -90,6 +90,10 @@ def add_control_commands(add: Callable[..., argparse.ArgumentParser]) -> None:
         )  # fmt: skip
         if verb == "terminate":
             command.add_argument("--reason", help="why, kept in the run's error and history")
+            command.add_argument(
+                "--rollback", action="store_true",
+                help="run the run's rollback handlers first (a worker drives them), then end it",
+            )  # fmt: skip
         if verb == "restart":
             command.add_argument(
                 "--from-step", metavar="KIND:NAME[:COUNT]",
@@ -191,7 +195,8 @@ async def _act(verb: str, args: argparse.Namespace, runner: Runner, run: str, sc
         case "cancel":
             return await runner.cancel(run, scope=scope)
         case "terminate":
-            return await runner.terminate(run, scope=scope, reason=args.reason)
+            return await runner.terminate(run, scope=scope, reason=args.reason,
+                                          rollback=args.rollback)  # fmt: skip
         case "restart":
             return await recorded(args, runner, lambda: runner.restart(
                 run, scope=scope, from_step=args.from_step, drive=False, config=args.config,

@@ -45,6 +45,7 @@ def run_request(
         export=bundle.export,
         strict=strict,
         bundle_key=bundle.digest,
+        roll_back=run.rollback_requested if open_steps is not None else None,
     )
 
 

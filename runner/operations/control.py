@@ -14,6 +14,7 @@ from dataclasses import dataclass, replace
 
 from qjsflow.bridge import InvalidInput, dumps_text
 from qjsflow.bridge.types import STEP_KINDS
+from qjsflow.runner.engine.drive import SIGNAL_TIMER
 from qjsflow.runner.errors import RunChanged, RunClosed, RunConflict, RunNotFound
 from qjsflow.runner.store import ENDED, JournalTransaction, RunRecord, RunStatus, StepRow
 from qjsflow.runner.tenancy.budgets import Budgets
@@ -133,6 +134,16 @@ def terminate_run(tx: JournalTransaction, key: str, now: int, reason: str | None
         cancel_requested=0, pause_requested=0, updated_at=now,
     )  # fmt: skip
     tx.append_event(key, "run_terminated", now, dumps_text({"reason": message}))
+
+
+def request_rollback(tx: JournalTransaction, key: str, now: int, reason: str | None) -> None:
+    """`terminate --rollback`: the run's next drive runs its rollbacks, then ends it
+    `terminated` (sandbox/prelude/52-rollbacks.js); a paused run is woken for it."""
+    _open_run(tx, key)
+    message = "terminated by an operator" + (f": {reason}" if reason else "")
+    tx.update_run(key, rollback_requested=message, pause_requested=0, updated_at=now)
+    tx.set_timer(key, SIGNAL_TIMER, "signal", now)
+    tx.append_event(key, "rollback_requested", now, dumps_text({"reason": message}))
 
 
 def kept_steps(rows: Sequence[StepRow], start: StepRef | None) -> list[StepRow]:

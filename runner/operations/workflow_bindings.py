@@ -14,16 +14,31 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from qjsflow.runner.errors import FatalToolError
+from qjsflow.runner.store import SnapshotRecord
 from qjsflow.runner.tenancy.scopes import split_run_key
 from qjsflow.runner.views import RunView, StartRunInput
 
-if TYPE_CHECKING:
-    from qjsflow.runner.runner import Runner
-
 __all__ = ["CLOUDFLARE_STATUS", "WorkflowBinding", "WorkflowInstance", "serve_call"]
+
+
+class Runner(Protocol):
+    """What a binding uses of a `Runner` (the operations sit below it)."""
+
+    async def start(self, request: StartRunInput, *, drive: bool = ...) -> RunView: ...
+    async def get(self, run_id: str, *, scope: str) -> RunView: ...
+    async def pause(self, run_id: str, *, scope: str) -> RunView: ...
+    async def resume(self, run_id: str, *, scope: str, drive: bool = ...) -> RunView: ...
+    async def terminate(self, run_id: str, *, scope: str) -> RunView: ...
+    async def restart(self, run_id: str, *, scope: str, drive: bool = ...) -> RunView: ...
+    async def signal(
+        self, run_id: str, event_type: str, payload: object = ..., *, scope: str,
+        drive: bool = ...,
+    ) -> RunView: ...  # fmt: skip
+    async def find_snapshot(self, reference: str, *, scope: str) -> SnapshotRecord: ...
+
 
 # A run's status as Cloudflare's `InstanceStatus.status` names it.
 CLOUDFLARE_STATUS = {

@@ -16,6 +16,7 @@ __all__ = [
     "CANCELLING",
     "COMMIT_MARKS",
     "MIGRATIONS",
+    "ROLLBACK_REQUESTED",
     "RUN_CONTROL",
     "TRACE_CONTEXT",
     "WORKERS",
@@ -100,6 +101,8 @@ CANCELLING = "CREATE INDEX runs_cancelling ON runs (run_id) WHERE cancel_request
 # Workflow bindings (`env.MY_WORKFLOW.create(...)`): the name a project's wrangler file gives
 # each of its workflows in `env`, NULL for none.
 WORKFLOW_BINDINGS = "ALTER TABLE bundles ADD COLUMN binding TEXT"
+# `terminate --rollback`: the operator's message, until the run's rollbacks ran.
+ROLLBACK_REQUESTED = "ALTER TABLE runs ADD COLUMN rollback_requested TEXT"
 
 
 def scope_configs(integer: str) -> str:
@@ -371,6 +374,7 @@ MIGRATIONS: tuple[tuple[int, str, str], ...] = (
         "the env binding a project gives each workflow (wrangler's workflows[].binding)",
         WORKFLOW_BINDINGS,
     ),
+    (21, "a terminate that runs the run's rollbacks first", ROLLBACK_REQUESTED),
 )
 
 

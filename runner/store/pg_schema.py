@@ -11,6 +11,7 @@ from qjsflow.runner.store.migrations import (
     CALL_DIGESTS,
     CANCELLING,
     COMMIT_MARKS,
+    ROLLBACK_REQUESTED,
     RUN_CONTROL,
     TRACE_CONTEXT,
     WORKERS,
@@ -141,4 +142,9 @@ PG_MIGRATIONS: tuple[Migration, ...] = (
         scope_secrets("BIGINT"),
     ),
     (15, "the env binding of each workflow (SQLite migration 20)", WORKFLOW_BINDINGS),
+    (
+        16,
+        "a terminate that runs the run's rollbacks first (SQLite migration 21)",
+        ROLLBACK_REQUESTED,
+    ),
 )

@@ -109,6 +109,9 @@ class RunRecord:
     # Its scope's configuration version as it started (None: the starting process's own
     # settings, as before scopes were configured in the journal).
     config_version: int | None = None
+    # `terminate --rollback` asked (the operator's message): its next drive runs the run's
+    # rollbacks, then ends it `terminated` (sandbox/prelude/52-rollbacks.js).
+    rollback_requested: str | None = None
 
 
 # The run's columns, in the order of its fields: the journal's `runs` table and this record

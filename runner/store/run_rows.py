@@ -38,7 +38,7 @@ _RUN_UPDATABLE = {
     "status", "output", "error", "updated_at", "wake_at", "waiting_for", "cpu_used_s",
     "logs_count", "cancel_requested", "sql_used_s", "executor_deaths", "error_stack",
     "pause_requested", "generation", "input", "persisted_bindings", "snapshot_id", "entry_path",
-    "config_version",
+    "config_version", "rollback_requested",
 }  # fmt: skip
 # The tables holding a run's rows besides `runs` itself.
 RUN_TABLES = ("steps", "events", "inbox", "timers", "tool_calls", "logs")

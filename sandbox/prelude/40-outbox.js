@@ -289,6 +289,10 @@ function request(kind, name, op, onAnswer, begin, spec) {
       pushHit({ entry, key, resolve, reject, scope });
       return;
     }
+    if (refusedForRollBack()) { // terminated with its rollbacks: nothing new but them
+      reject(new TerminatedError(rollBackAsked));
+      return;
+    }
     if (strict) append(newCalls, { key, stack: new RealError(key).stack });
     if (begin !== undefined && !unsettled.has(key)) {
       begun = true;

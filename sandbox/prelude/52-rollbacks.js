@@ -8,6 +8,21 @@
 // the journal instead of running again.
 const rollbacks = [];
 let rollingBack = false; // the body failed: the rollbacks run; a second failure does not wait
+// `terminate --rollback`: the operator's message. The body replays what the journal holds;
+// its first call past that fails with a TerminatedError, and the rollbacks run (they alone
+// may make new calls).
+let rollBackAsked = null;
+class TerminatedError extends RealError {
+  constructor(message) {
+    super(message);
+    this.name = "TerminatedError";
+  }
+}
+// Whether a new call (one the journal does not answer) is refused: the run is being
+// terminated with its rollbacks, and this is not one of them.
+function refusedForRollBack() {
+  return rollBackAsked !== null && !rollingBack;
+}
 
 function registerRollback(name, config, options, promise) {
   if (options === undefined || options === null) return;

@@ -75,6 +75,7 @@ function boot(request) {
   entryExport = request.export;
   inspecting = request.inspect === true;
   strict = request.strict === true;
+  rollBackAsked = typeof request.rollBack === "string" ? request.rollBack : null;
   ROOT_SCOPE.clock = request.createdAtMs;
   for (let i = 0; i < request.journal.length; i++) {
     const entry = request.journal[i];
@@ -155,6 +156,10 @@ function start() {
     body = P.reject(thrown);
   }
   call(promiseThen, P.resolve(body), (value) => {
+    if (rollBackAsked !== null) { // terminated with its rollbacks: they run whatever the body did
+      rollBackThenFail(new TerminatedError(rollBackAsked), failWith);
+      return;
+    }
     // A step call never awaited: Cloudflare leaves what happens to it undefined and completes
     // the run, so the run completes here too, with a warning in its console lines; the call's
     // result is not recorded (README, Coming from Cloudflare Workflows).

@@ -18,6 +18,7 @@ from qjsflow.runner.engine.drive.runs import (
     park_paused,
     park_throttled,
     release,
+    terminated_after_rollbacks,
 )
 from qjsflow.runner.engine.host import DriveHost
 from qjsflow.runner.engine.steps import set_aside
@@ -137,6 +138,8 @@ def finish(
             tx.append_event(run_id, "run_completed", now, None)
             return release(tx, lease, status=RunStatus.completed, output=output, wake_at=None,
                             waiting_for=None, **common)  # fmt: skip
+        case Failed(message=message, stack=stack) if current.rollback_requested:
+            return terminated_after_rollbacks(tx, lease, current, message, now=now, common=common)
         case Failed(message=message, stack=stack):
             message = with_run_hint(message)
             return fail(tx, lease, message, now, {**common, "error_stack": stack})

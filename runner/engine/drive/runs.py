@@ -40,6 +40,29 @@ def fail(
     return release(tx, lease)
 
 
+def terminated_after_rollbacks(
+    tx: JournalTransaction,
+    lease: Lease,
+    run: RunRecord,
+    message: str,
+    *,
+    now: int,
+    common: dict[str, object],
+) -> RunRecord:
+    """`terminate --rollback`: the drive that ran the rollbacks ends the run `terminated`,
+    with the operator's message (and the rollbacks' failure, when one failed for good)."""
+    asked = run.rollback_requested or "terminated by an operator"
+    failed = message.partition(" (and a rollback failed: ")[2]
+    error = asked + (f" (a rollback failed: {failed}" if failed else "")
+    tx.delete_timers(lease.run_id)
+    tx.update_run(
+        lease.run_id, status=RunStatus.terminated, error=error, wake_at=None, waiting_for=None,
+        rollback_requested=None, cancel_requested=0, pause_requested=0, **common,
+    )  # fmt: skip
+    tx.append_event(lease.run_id, "run_terminated", now, dumps_text({"reason": error}))
+    return release(tx, lease)
+
+
 def release(tx: JournalTransaction, lease: Lease, **fields: Any) -> RunRecord:
     """The lease given up, with the run's last `fields` in the same statement, and the run."""
     tx.release_lease(lease, **fields)
