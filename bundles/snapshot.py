@@ -82,6 +82,7 @@ class Snapshot:
     # `workflows[]`, or `FILE:CLASS` entries. Entry -> its declared workflows.
     declared: Mapping[str, tuple[DeclaredWorkflow, ...]] = dataclasses.field(default_factory=dict)
     warnings: tuple[str, ...] = ()  # said at publish, stored nowhere
+    vars: Mapping[str, Any] | None = None  # the wrangler file's `vars`: env defaults
 
 
 def select_entries(listing: TreeListing, entries: Sequence[str] | None = None) -> tuple[str, ...]:
@@ -310,6 +311,7 @@ async def _build(
     return Snapshot(
         snapshot_id_of(tree, chosen, declared, node_compat), tree, chosen, bundles, capabilities,
         declared=declared, warnings=(*warnings, *answer.get("warnings", ())),
+        vars=None if project is None else project.vars,
     )  # fmt: skip
 
 

@@ -11,6 +11,7 @@ Workflows).
 
 from __future__ import annotations
 
+import math
 import posixpath
 import re
 import tomllib
@@ -95,10 +96,10 @@ def parse_wrangler(path: str, content: bytes) -> tuple[WranglerProject | None, t
         raise SourceTreeError(path, f'names "main" {main[:120]!r}, outside the project')
     workflows, elsewhere = _workflows(path, document.get("workflows", []))
     date = document.get("compatibility_date")
-    vars_ = document.get("vars")
+    vars_ = _vars(path, document.get("vars"))
     project = WranglerProject(
         path=path, main=entry, workflows=workflows, elsewhere=elsewhere,
-        vars=vars_ if isinstance(vars_, dict) else None, compatibility_flags=tuple(flags),
+        vars=vars_, compatibility_flags=tuple(flags),
         compatibility_date=date if isinstance(date, str) else None,
     )  # fmt: skip
     return project, tuple(flags)
@@ -133,3 +134,34 @@ def _binding(path: str, where: str, binding: object) -> str | None:
     if not isinstance(binding, str) or not _BINDING.match(binding) or binding == "db":
         raise SourceTreeError(path, f"has {where} whose binding is not a name env can hold")
     return binding
+
+
+_MAX_VARS_DEPTH = 32
+
+
+def _vars(path: str, value: object) -> dict[str, Any] | None:
+    """The project's `vars`: names env can hold, each a JSON value (a TOML date is not)."""
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise SourceTreeError(path, "has vars that are not a table of names and values")
+    for name, item in value.items():
+        if not isinstance(name, str) or not _BINDING.match(name) or name == "db":
+            raise SourceTreeError(path, f"has a var {str(name)[:80]!r} whose name env cannot hold")
+        if not _is_json(item, 0):
+            raise SourceTreeError(path, f"has a var {name!r} that is not a JSON value")
+    return dict(value)
+
+
+def _is_json(value: object, depth: int) -> bool:
+    if depth > _MAX_VARS_DEPTH:
+        return False
+    if value is None or isinstance(value, str | bool | int):
+        return True
+    if isinstance(value, float):
+        return math.isfinite(value)
+    if isinstance(value, list):
+        return all(_is_json(item, depth + 1) for item in value)
+    if isinstance(value, dict):
+        return all(isinstance(k, str) and _is_json(v, depth + 1) for k, v in value.items())
+    return False

@@ -206,7 +206,8 @@ class Runner(ScopeConfigs, RunReads):
             bindings_text = from_python(
                 env_of(settings.environment, request.persisted_bindings,
                        Reach(snapshot.capabilities, settings.policy).binding_allowed,
-                       workflows=[w.binding for w in snapshot.workflows if w.binding]),
+                       workflows=[w.binding for w in snapshot.workflows if w.binding],
+                       defaults=snapshot.vars),
                 max_bytes=limit, what="the persisted bindings",
             )  # fmt: skip
             return RunRecord(

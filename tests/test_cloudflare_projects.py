@@ -63,7 +63,7 @@ export class MyWorkflow extends WorkflowEntrypoint<Env, { n: number }> {
 
 export class Reporter extends WorkflowEntrypoint<Env, unknown> {
   async run(event: WorkflowEvent<unknown>, step: WorkflowStep) {
-    return await step.do("report", async () => "reported");
+    return await step.do("report", async () => `reported ${this.env.GREETING}`);
   }
 }
 
@@ -113,7 +113,10 @@ async def test_a_wrangler_jsonc_project_publishes_from_its_root(
     assert await _completed(runner, "cf", "workflows-starter", {"n": 4}) == {
         "a": 9, "label": "starter",
     }  # fmt: skip
-    assert await _completed(runner, "cf", "reporter", None) == "reported"
+    # The project's wrangler vars are its runs' env defaults; the scope's configuration wins.
+    assert await _completed(runner, "cf", "reporter", None) == "reported hi"
+    await runner.apply_scope_config("cf", '{"vars": {"GREETING": "hello"}}')
+    assert await _completed(runner, "cf", "reporter", None) == "reported hello"
     warnings = "\n".join(published.warnings)
     assert "the workflow 'billing' is defined by another Worker (script_name)" in warnings
     assert (
@@ -155,6 +158,8 @@ async def test_entries_name_a_file_and_its_class(runner: Runner, tmp_path: Path)
          "does not export the workflow class 'Gone'"),
         ("{main: [", "is not valid JSON"),
         ("[" * 5000, "is not valid JSON"),
+        ('{"main": "src/index.ts", "vars": {"db": 1}, "workflows": [{"name": "a", "class_name": '
+         '"A"}]}', "a var 'db' whose name env cannot hold"),
     ],
 )  # fmt: skip
 async def test_a_broken_wrangler_file_is_refused_naming_it(

@@ -195,7 +195,7 @@ def _journal_with_a_run(tmp_path: Any, status: str) -> tuple[sqlite3.Connection,
     """A SQLite journal holding one run (`acme/r`) of that status, and its connection."""
     raw = connect_sqlite(tmp_path / "j.db")
     migrate(raw, location="j.db", dialect=SQLITE)
-    JournalTransaction(raw).insert_snapshot("acme", "s", 0.0, (0, 0, "[]", None), [])
+    JournalTransaction(raw).insert_snapshot("acme", "s", 0.0, (0, 0, "[]", None, None), [])
     run = RunRecord(run_id="acme/r", scope="acme", workflow="flow", snapshot_id="s",
                     entry_path="e.ts", status=RunStatus(status), input="null", persisted_bindings="{}",
                     output=None, error=None, created_at=0, updated_at=0, wake_at=None,

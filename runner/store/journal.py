@@ -12,7 +12,7 @@ writes (write-ahead). Reads are single statements outside any write transaction.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -73,6 +73,7 @@ class SnapshotRecord:
     created_at: float
     workflows: tuple[WorkflowRecord, ...]
     capabilities: Capabilities | None = None  # what its manifest declares; None: nothing
+    vars: Mapping[str, Any] | None = None  # its project's wrangler vars: its runs' env defaults
 
 
 @dataclass(frozen=True, slots=True)
@@ -241,7 +242,8 @@ class JournalStore(JournalCore):
             for b in snapshot.bundles
         ]
         declared = None if snapshot.capabilities is None else snapshot.capabilities.to_json()
-        facts = (len(snapshot.tree.files), snapshot.tree.total_bytes, manifest, declared)
+        vars_ = None if snapshot.vars is None else dumps_text(snapshot.vars)
+        facts = (len(snapshot.tree.files), snapshot.tree.total_bytes, manifest, declared, vars_)
         snapshot_id = snapshot.snapshot_id
         return await self.transact(
             lambda tx: tx.insert_snapshot(scope, snapshot_id, created_at, facts, bundles)
@@ -480,7 +482,7 @@ def snapshot_records(rows: Iterable[Any]) -> list[SnapshotRecord]:
         SnapshotRecord(
             scope_id, snapshot, float(group[0][2]),
             tuple(WorkflowRecord(str(r[3]), str(r[4]), str(r[5]), r[7]) for r in group),
-            _capabilities(group[0][6]),
+            _capabilities(group[0][6]), None if group[0][8] is None else loads(str(group[0][8])),
         )
         for (scope_id, snapshot), group in grouped.items()
     ]  # fmt: skip

@@ -18,6 +18,7 @@ __all__ = [
     "MIGRATIONS",
     "ROLLBACK_REQUESTED",
     "RUN_CONTROL",
+    "SNAPSHOT_VARS",
     "TRACE_CONTEXT",
     "WORKERS",
     "WORKFLOW_BINDINGS",
@@ -103,6 +104,8 @@ CANCELLING = "CREATE INDEX runs_cancelling ON runs (run_id) WHERE cancel_request
 WORKFLOW_BINDINGS = "ALTER TABLE bundles ADD COLUMN binding TEXT"
 # `terminate --rollback`: the operator's message, until the run's rollbacks ran.
 ROLLBACK_REQUESTED = "ALTER TABLE runs ADD COLUMN rollback_requested TEXT"
+# A project's wrangler `vars` (JSON): what its runs' env holds unless the scope says otherwise.
+SNAPSHOT_VARS = "ALTER TABLE snapshots ADD COLUMN vars TEXT"
 
 
 def scope_configs(integer: str) -> str:
@@ -375,6 +378,7 @@ MIGRATIONS: tuple[tuple[int, str, str], ...] = (
         WORKFLOW_BINDINGS,
     ),
     (21, "a terminate that runs the run's rollbacks first", ROLLBACK_REQUESTED),
+    (22, "a project's wrangler vars, the defaults of its runs' env", SNAPSHOT_VARS),
 )
 
 

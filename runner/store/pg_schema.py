@@ -13,6 +13,7 @@ from qjsflow.runner.store.migrations import (
     COMMIT_MARKS,
     ROLLBACK_REQUESTED,
     RUN_CONTROL,
+    SNAPSHOT_VARS,
     TRACE_CONTEXT,
     WORKERS,
     WORKFLOW_BINDINGS,
@@ -147,4 +148,5 @@ PG_MIGRATIONS: tuple[Migration, ...] = (
         "a terminate that runs the run's rollbacks first (SQLite migration 21)",
         ROLLBACK_REQUESTED,
     ),
+    (17, "a project's wrangler vars (SQLite migration 22)", SNAPSHOT_VARS),
 )

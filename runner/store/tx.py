@@ -53,15 +53,16 @@ class JournalTransaction(StepStatements):
         scope: str,
         snapshot_id: str,
         created_at: float,
-        facts: tuple[int, int, str, str | None],  # files, bytes, file list, capabilities
+        # files, bytes, file list, capabilities, the project's vars (JSON)
+        facts: tuple[int, int, str, str | None, str | None],
         # workflow, entry, code, digest, export, source map, env binding
         bundles: list[tuple[str, str, str, str, str, str, str | None]],
     ) -> bool:
         """First writer wins: False (and no bundle written) when the snapshot exists."""
         row = self._one(
             "INSERT INTO snapshots"
-            " (scope, snapshot_id, created_at, file_count, total_bytes, manifest, capabilities)"
-            " VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING RETURNING 1",
+            " (scope, snapshot_id, created_at, file_count, total_bytes, manifest, capabilities,"
+            " vars) VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING RETURNING 1",
             (scope, snapshot_id, created_at, *facts),
         )
         if row is None:
@@ -155,7 +156,7 @@ class JournalTransaction(StepStatements):
                 args += [len(value), value] if clause.startswith("substr") else [value]
         rows: list[Any] = self._db.execute(
             "SELECT s.scope, s.snapshot_id, s.created_at, b.workflow, b.entry_path, b.export_name,"
-            " s.capabilities, b.binding"
+            " s.capabilities, b.binding, s.vars"
             " FROM (SELECT * FROM snapshots s"
             + (" WHERE " + " AND ".join(where) if where else "")
             + " ORDER BY created_at DESC, snapshot_id LIMIT ?) s"

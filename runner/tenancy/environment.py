@@ -187,12 +187,15 @@ def env_of(
     allowed: Callable[[str], bool] = lambda name: True,
     *,
     workflows: Sequence[str] = (),
+    defaults: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """A run's env at its start: the workflow bindings its snapshot's project declares
     (`workflows`: `env.MY_WORKFLOW`), the scope's vars, secret handles and binding objects that
     its snapshot may reach (`allowed`: runner/tenancy/capabilities.py), then what the caller
-    passed (which wins)."""
-    env: dict[str, Any] = {name: BindingRef("workflow", name) for name in workflows}
+    passed (which wins). `defaults`: the project's own vars (its wrangler file's), which the
+    scope's configuration overrides name by name."""
+    env: dict[str, Any] = dict(defaults or {})
+    env.update({name: BindingRef("workflow", name) for name in workflows})
     if environment is not None:
         env.update(environment.vars)
         env.update({name: SecretRef(name) for name in environment.secrets})
