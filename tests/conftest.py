@@ -20,6 +20,7 @@ from qjsflow.runner import Bindings, Runner, RunnerConfig, RunView, StartRunInpu
 from qjsflow.sandbox import ExecutorPool, PoolConfig
 from qjsflow.sandbox.messages import Message, drive_message, read_message
 from tests.postgres import PostgresServer, postgres_server
+from tests.worker_pool import api, workers  # noqa: F401  (fixtures: the worker pool of the kill tests)
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = PROJECT_ROOT / "fixtures"

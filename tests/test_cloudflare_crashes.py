@@ -6,14 +6,12 @@ from __future__ import annotations
 
 import json
 import signal
-from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
 
-from qjsflow.runner import Runner, RunnerConfig, StartRunInput
-from qjsflow.sandbox import PoolConfig
-from tests.test_durability import Workers, _until
+from qjsflow.runner import Runner, StartRunInput
+from tests.worker_pool import Workers, until
 
 pytestmark = pytest.mark.slow
 
@@ -51,20 +49,6 @@ export class Order extends WorkflowEntrypoint {
 """
 
 
-@pytest.fixture
-def workers(tmp_path: Path, journal: str) -> Iterator[Workers]:
-    pool = Workers(tmp_path, journal)
-    yield pool
-    pool.stop_all()
-
-
-@pytest.fixture
-async def api(workers: Workers) -> AsyncIterator[Runner]:
-    """The test's view of the journal: it publishes and starts runs, and drives none."""
-    async with Runner.open(workers.db, RunnerConfig(pool=PoolConfig(size=1))) as runner:
-        yield runner
-
-
 def _project(tmp_path: Path, source: str, workflows: list[dict[str, str]]) -> Path:
     root = tmp_path / "project"
     (root / "src").mkdir(parents=True)
@@ -77,7 +61,7 @@ def _project(tmp_path: Path, source: str, workflows: list[dict[str, str]]) -> Pa
 async def _kill_during_slow(workers: Workers) -> None:
     """A worker, killed with SIGKILL while the slow tool runs in its drive; then another."""
     first = workers.spawn()
-    await _until(lambda: "slow" in workers.tool_log.read_text(), 60, "the slow tool")
+    await until(lambda: "slow" in workers.tool_log.read_text(), 60, "the slow tool")
     first.send_signal(signal.SIGKILL)
     first.wait(timeout=30)
     workers.spawn()

@@ -3,24 +3,17 @@
 from __future__ import annotations
 
 import asyncio
-import os
 import random
 import signal
-import subprocess
 import time
-from collections import Counter
-from collections.abc import AsyncIterator, Callable, Iterator
-from pathlib import Path
 
 import pytest
 
-from qjsflow.runner import Runner, RunnerConfig, StartRunInput
-from qjsflow.runner.engine.worker import worker_command
+from qjsflow.runner import Runner, StartRunInput
 from qjsflow.runner.tenancy.scopes import run_key
-from qjsflow.sandbox import PoolConfig
-from tests.conftest import PROJECT_ROOT
 from tests.journal_reads import query
 from tests.leases import seconds_until_lease_lapses
+from tests.worker_pool import Workers, until
 
 pytestmark = pytest.mark.slow
 
@@ -41,76 +34,6 @@ export default async (event, step) => {
   return results;
 };
 """.replace("STEPS", str(STEPS))
-
-
-class Workers:
-    """Worker subprocesses on one journal file, with the crash tools bound."""
-
-    def __init__(self, tmp_path: Path, journal: str) -> None:
-        self.db = journal
-        self.tool_log = tmp_path / "tools.log"
-        self.tool_log.touch()
-        self.logs = tmp_path / "worker-logs"
-        self.logs.mkdir()
-        self.spawned: list[subprocess.Popen[bytes]] = []
-
-    def spawn(self, *worker_args: str, lease_ttl: float = 2.0) -> subprocess.Popen[bytes]:
-        log = (self.logs / f"worker-{len(self.spawned)}.log").open("wb")
-        process = subprocess.Popen(
-            [
-                *worker_command(self.db, tools="tests.crash_tools:TOOLS", lease_ttl_s=lease_ttl),
-                *worker_args,
-            ],
-            cwd=PROJECT_ROOT,
-            env={**os.environ, "QJSFLOW_TOOL_LOG": str(self.tool_log)},
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )  # fmt: skip
-        log.close()
-        self.spawned.append(process)
-        return process
-
-    async def serving(self, process: subprocess.Popen[bytes]) -> None:
-        """Wait until the worker has installed its signal handlers and opened the journal."""
-        log = self.logs / f"worker-{self.spawned.index(process)}.log"
-        await _until(lambda: b"qjsflow worker: serving" in log.read_bytes(), 60, "a worker")
-
-    def stop_all(self) -> None:
-        for process in self.spawned:
-            if process.poll() is None:
-                process.kill()
-            process.wait(timeout=30)
-
-    def tool_lines(self) -> Counter[tuple[str, str]]:
-        lines = self.tool_log.read_text().split()
-        return Counter(zip(lines[::2], lines[1::2], strict=True))
-
-
-@pytest.fixture
-def workers(tmp_path: Path, journal: str) -> Iterator[Workers]:
-    pool = Workers(tmp_path, journal)
-    yield pool
-    pool.stop_all()
-
-
-@pytest.fixture
-async def api(workers: Workers) -> AsyncIterator[Runner]:
-    """The test's own view of the journal: it starts runs and sends events without driving."""
-    config = RunnerConfig(pool=PoolConfig(size=1))
-    async with Runner.open(workers.db, config) as runner:
-        yield runner
-
-
-async def _until(condition: Callable[[], object], timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        result = condition()
-        if asyncio.iscoroutine(result):
-            result = await result
-        if result:
-            return
-        await asyncio.sleep(0.1)
-    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
 
 
 async def _all_done(api: Runner, run_ids: list[str]) -> bool:
@@ -152,7 +75,7 @@ async def test_sigkill_at_random_moments_loses_and_repeats_nothing(
                 await api.signal(run_id, "approve", "boss", drive=False, scope="acme")
     survivor = workers.spawn("--concurrency", "6")
     await workers.serving(survivor)
-    await _until(lambda: _all_done(api, run_ids), 300, "every run to finish")
+    await until(lambda: _all_done(api, run_ids), 300, "every run to finish")
     survivor.send_signal(signal.SIGTERM)
     assert survivor.wait(timeout=60) == 0
 
@@ -245,7 +168,7 @@ async def test_a_paused_driver_whose_lease_was_taken_cannot_write(
     request = StartRunInput("acme", "slow", published.snapshot_id, run_id="paused")
     await api.start(request, drive=False)
     paused = workers.spawn(lease_ttl=1.0)
-    await _until(lambda: workers.tool_lines()[("paused", "slow")] == 1, 60, "the first tool call")
+    await until(lambda: workers.tool_lines()[("paused", "slow")] == 1, 60, "the first tool call")
     paused.send_signal(signal.SIGSTOP)
     await asyncio.sleep(seconds_until_lease_lapses(workers.db, "acme/paused"))
     events_before = {e.seq for e in await api.store.list_events(run_key("acme", "paused"))}
@@ -293,10 +216,10 @@ async def test_due_sleep_completes_when_a_worker_starts_and_signals_wake_fast(
     await asyncio.sleep(1.5)  # the wake time passes with no worker running
     worker = workers.spawn()
     await workers.serving(worker)
-    await _until(lambda: _status(api, "napper", "waiting"), 30, "the sleep to be woken")
+    await until(lambda: _status(api, "napper", "waiting"), 30, "the sleep to be woken")
     await api.signal("napper", "go", "now", drive=False, scope="acme")
     sent = time.monotonic()
-    await _until(lambda: _status(api, "napper", "completed"), 5, "the signal to wake the run")
+    await until(lambda: _status(api, "napper", "completed"), 5, "the signal to wake the run")
     assert time.monotonic() - sent < 1.0
     worker.send_signal(signal.SIGTERM)
     assert worker.wait(timeout=30) == 0
