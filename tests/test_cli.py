@@ -111,7 +111,12 @@ def _tree(tmp_path: Path) -> Path:
 def test_the_four_flows_from_a_shell(cli: Cli, tmp_path: Path) -> None:
     published = cli.ok("publish", str(_tree(tmp_path)), "--scope", "acme")
     assert published["workflows"] == [
-        {"workflow": "greet", "entry_path": "workflows/greet.ts", "export": "default"}
+        {
+            "workflow": "greet",
+            "entry_path": "workflows/greet.ts",
+            "export": "default",
+            "binding": None,
+        }
     ]
     snapshot = published["snapshot_id"]
 
