@@ -319,3 +319,24 @@ async def test_workflow_bindings_create_children_once_and_wait_for_them(
     assert len(await runner.list(scope="cf", workflow="child")) == 2
     status = await WorkflowBinding(runner, "cf", "child").get(child_id)
     assert await status.status() == {"status": "complete", "output": 42, "error": None}
+
+
+async def test_a_real_sized_sdk_of_many_files_publishes(runner: Runner, tmp_path: Path) -> None:
+    """The tree's cap is bytes, not a count of files: a package of 800 small modules (twilio's
+    SDK reaches more than 500) publishes."""
+    root = tmp_path / "sdk"
+    (root / "workflows").mkdir(parents=True)
+    package = root / "node_modules" / "big-sdk"
+    (package / "lib").mkdir(parents=True)
+    (package / "package.json").write_text('{"name": "big-sdk", "main": "index.js"}')
+    for n in range(800):
+        (package / "lib" / f"m{n}.js").write_text(f"module.exports = {n};\n")
+    (package / "index.js").write_text(
+        "module.exports = [" + ", ".join(f'require("./lib/m{n}.js")' for n in range(800)) + "];\n"
+    )
+    (root / "workflows" / "sum.ts").write_text(
+        'import parts from "big-sdk";\n'
+        "export default async () => parts.reduce((a: number, b: number) => a + b, 0);\n"
+    )
+    await runner.publish("cf", root)
+    assert await _completed(runner, "cf", "sum", None) == sum(range(800))
