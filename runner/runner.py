@@ -44,6 +44,7 @@ from qjsflow.runner.operations.fork_check import check_fork
 from qjsflow.runner.operations.inspect import describe_exports
 from qjsflow.runner.operations.migrate import MigrationReport, migrate_runs
 from qjsflow.runner.operations.retention import Pruned, prune
+from qjsflow.runner.operations.schedules import Schedules
 from qjsflow.runner.operations.scope_configs import (
     ScopeConfigs,
     StartSettings,
@@ -98,7 +99,7 @@ Source = str | os.PathLike[str] | Mapping[str, str | bytes]
 _MIGRATE_AT_MOST = 100_000  # runs one `migrate` command checks
 
 
-class Runner(ScopeConfigs, RunReads):
+class Runner(Schedules, ScopeConfigs, RunReads):
     """Publishes snapshots and (with later parts of the plan) drives runs against one journal."""
 
     def __init__(self, store: JournalStore, config: RunnerConfig) -> None:
@@ -529,6 +530,7 @@ class Runner(ScopeConfigs, RunReads):
             concurrency=concurrency,
             idle_horizon_ms=int(idle_horizon_s * 1000),
             prune=self._prune_retained,
+            fire=self.fire_schedules,
             secret_providers=self.config.secret_providers(),
         )
         await worker.serve(until_idle=until_idle, stop=stop)

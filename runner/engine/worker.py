@@ -122,6 +122,7 @@ class Worker:
         shutdown_grace_s: float = 10.0,
         idle_horizon_ms: int = IDLE_HORIZON_MS,
         prune: Pruner | None = None,
+        fire: Callable[[int], Awaitable[int]] | None = None,
         secret_providers: tuple[str, ...] = (),
     ) -> None:
         self.store = store
@@ -141,6 +142,9 @@ class Worker:
         # Pruning is an operation over the journal and the scope databases: handed in by the
         # runner (runner/operations/retention.py), so the engine depends on no operation.
         self.prune = prune
+        # Fires the schedules due at a time (run clock, ms): handed in by the runner
+        # (runner/operations/schedules.py), as pruning is.
+        self.fire = fire
         self._reported_kills: dict[str, int] = {}
         # Per scope: drives this worker gave it over its weight (see _fair_order).
         self._virtual: collections.defaultdict[str, float] = collections.defaultdict(float)
@@ -165,6 +169,8 @@ class Worker:
                     now = self.driver.now_ms()
                     await self._report(now)
                     await self._prune(now)
+                    if self.fire is not None:
+                        await self.fire(now)
                     ended.clear()
                     claimable = await self._claim(tasks, ended, now)
                     if until_idle and not tasks and not claimable:

@@ -26,6 +26,7 @@ __all__ = [
     "current_version",
     "migrate",
     "replay_clock",
+    "schedules",
     "scope_configs",
     "scope_secrets",
     "scoped_run_keys",
@@ -106,6 +107,29 @@ WORKFLOW_BINDINGS = "ALTER TABLE bundles ADD COLUMN binding TEXT"
 ROLLBACK_REQUESTED = "ALTER TABLE runs ADD COLUMN rollback_requested TEXT"
 # A project's wrangler `vars` (JSON): what its runs' env holds unless the scope says otherwise.
 SNAPSHOT_VARS = "ALTER TABLE snapshots ADD COLUMN vars TEXT"
+
+
+def schedules(integer: str) -> str:
+    """Schedules (runner/operations/schedules.py): when each fires next (its nominal time,
+    NULL once it has ended), the run it started last, a firing kept while that run goes on
+    (`overlap: buffer_one`), and how many it started and skipped."""
+    return f"""CREATE TABLE schedules (
+    scope TEXT NOT NULL,
+    name TEXT NOT NULL,
+    workflow TEXT NOT NULL,
+    spec TEXT NOT NULL,
+    next_at {integer},
+    last_run TEXT,
+    buffered_at {integer},
+    fired {integer} NOT NULL DEFAULT 0,
+    skipped {integer} NOT NULL DEFAULT 0,
+    paused {integer} NOT NULL DEFAULT 0,
+    created_at {integer} NOT NULL,
+    updated_at {integer} NOT NULL,
+    PRIMARY KEY (scope, name)
+);
+CREATE INDEX schedules_due ON schedules (next_at) WHERE paused = 0;
+CREATE INDEX schedules_buffered ON schedules (buffered_at) WHERE buffered_at IS NOT NULL"""
 
 
 def scope_configs(integer: str) -> str:
@@ -379,6 +403,7 @@ MIGRATIONS: tuple[tuple[int, str, str], ...] = (
     ),
     (21, "a terminate that runs the run's rollbacks first", ROLLBACK_REQUESTED),
     (22, "a project's wrangler vars, the defaults of its runs' env", SNAPSHOT_VARS),
+    (23, "schedules: cron or interval firings, each run started once", schedules("INTEGER")),
 )
 
 

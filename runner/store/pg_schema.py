@@ -19,6 +19,7 @@ from qjsflow.runner.store.migrations import (
     WORKFLOW_BINDINGS,
     Migration,
     replay_clock,
+    schedules,
     scope_configs,
     scope_secrets,
     scoped_run_keys,
@@ -149,4 +150,5 @@ PG_MIGRATIONS: tuple[Migration, ...] = (
         ROLLBACK_REQUESTED,
     ),
     (17, "a project's wrangler vars (SQLite migration 22)", SNAPSHOT_VARS),
+    (18, "schedules (SQLite migration 23)", schedules("BIGINT")),
 )

@@ -35,6 +35,7 @@ from qjsflow.runner.store.step_rows import STEP_COLUMNS, SettledStep, StepStatem
 __all__ = [
     "RUN_COLUMNS",
     "RUN_TABLES",
+    "SCHEDULE_COLUMNS",
     "STEP_COLUMNS",
     "JournalTransaction",
     "Lease",
@@ -45,6 +46,13 @@ __all__ = [
     "run_record",
     "write_batch_usage",
 ]
+
+
+# A schedule's row, as `schedule_rows` and `due_schedules` read it.
+SCHEDULE_COLUMNS = (
+    "scope, name, workflow, spec, next_at, last_run, buffered_at, fired, skipped, paused,"
+    " created_at, updated_at"
+)
 
 
 class JournalTransaction(StepStatements):
@@ -407,3 +415,84 @@ class JournalTransaction(StepStatements):
             (run_id, count, level, text, at, source),
         )
         return inserted is not None
+
+    # -- schedules (runner/operations/schedules.py) --------------------------------------------
+
+    def put_schedule(
+        self, scope: str, name: str, workflow: str, spec: str, *, next_at: int | None,
+        paused: bool, now: int,
+    ) -> None:  # fmt: skip
+        """A schedule made, or its settings replaced (its counts and last run kept)."""
+        self._db.execute(
+            "INSERT INTO schedules (scope, name, workflow, spec, next_at, paused, created_at,"
+            " updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (scope, name) DO UPDATE"
+            " SET workflow = excluded.workflow, spec = excluded.spec, next_at = excluded.next_at,"
+            " paused = excluded.paused, buffered_at = NULL, updated_at = excluded.updated_at",
+            (scope, name, workflow, spec, next_at, int(paused), now, now),
+        )
+
+    def schedule_rows(self, scope: str | None, name: str | None = None) -> list[Any]:
+        """Schedules as rows (`SCHEDULE_COLUMNS`): of one scope (None: all), or one of them."""
+        where, args = [], []
+        for clause, value in (("scope = ?", scope), ("name = ?", name)):
+            if value is not None:
+                where.append(clause)
+                args.append(value)
+        rows: list[Any] = self._db.execute(
+            f"SELECT {SCHEDULE_COLUMNS} FROM schedules"
+            + (" WHERE " + " AND ".join(where) if where else "")
+            + " ORDER BY scope, name",
+            args,
+        ).fetchall()
+        return rows
+
+    def due_schedules(self, now: int, limit: int) -> list[Any]:
+        """Schedules with a firing due, or one kept for when their last run ends (two indexed
+        looks, not a scan)."""
+        rows: list[Any] = self._db.execute(
+            f"SELECT {SCHEDULE_COLUMNS} FROM schedules WHERE paused = 0 AND next_at <= ?"
+            f" UNION SELECT {SCHEDULE_COLUMNS} FROM schedules"
+            " WHERE buffered_at IS NOT NULL AND paused = 0 LIMIT ?",
+            (now, limit),
+        ).fetchall()
+        return rows
+
+    def advance_schedule(
+        self, scope: str, name: str, *, seen: tuple[int | None, int | None], next_at: int | None,
+        last_run: str | None, buffered_at: int | None, fired: int, skipped: int, now: int,
+    ) -> bool:  # fmt: skip
+        """Move a schedule on, if it is still as it was `seen` (next_at, buffered_at): False
+        when another worker moved it first."""
+        row = self._one(
+            "UPDATE schedules SET next_at = ?, last_run = coalesce(?, last_run), buffered_at = ?,"
+            " fired = fired + ?, skipped = skipped + ?, updated_at = ? WHERE scope = ? AND"
+            " name = ? AND coalesce(next_at, -1) = ? AND coalesce(buffered_at, -1) = ?"
+            " RETURNING 1",
+            (
+                next_at,
+                last_run,
+                buffered_at,
+                fired,
+                skipped,
+                now,
+                scope,
+                name,
+                *(-1 if at is None else at for at in seen),
+            ),
+        )
+        return row is not None
+
+    def pause_schedule(self, scope: str, name: str, *, paused: bool, next_at: int | None,
+                       now: int) -> bool:  # fmt: skip
+        row = self._one(
+            "UPDATE schedules SET paused = ?, next_at = ?, buffered_at = NULL, updated_at = ?"
+            " WHERE scope = ? AND name = ? RETURNING 1",
+            (int(paused), next_at, now, scope, name),
+        )
+        return row is not None
+
+    def delete_schedule(self, scope: str, name: str) -> bool:
+        row = self._one(
+            "DELETE FROM schedules WHERE scope = ? AND name = ? RETURNING 1", (scope, name)
+        )
+        return row is not None

@@ -1,0 +1,176 @@
+"""Schedules: each firing starts one run, named by its nominal time, whichever worker fires
+it; downtime within the catch-up window is made up, older firings are skipped and counted;
+the overlap policies; cron in a time zone. In process on a virtual clock, and with real worker
+processes on both journals."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import signal
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+
+from qjsflow.bridge import InvalidInput
+from qjsflow.runner import Runner, RunnerConfig
+from qjsflow.runner.operations.schedule_spec import parse_schedule
+from tests.conftest import FakeClock
+from tests.worker_pool import Workers, until
+
+QUICK = "export default async (event) => event.payload;"
+
+
+async def _runner(path: Path, clock: FakeClock) -> Runner:
+    runner = await Runner.connect(path, RunnerConfig(clock=clock))
+    await runner.publish("acme", {"workflows/tick.ts": QUICK})
+    return runner
+
+
+async def _runs(runner: Runner) -> list[str]:
+    return sorted(run.run_id for run in await runner.list(scope="acme", workflow="tick"))
+
+
+async def test_two_runners_fire_each_tick_once(tmp_path: Path, clock: FakeClock) -> None:
+    one = await _runner(tmp_path / "j.db", clock)
+    two = await Runner.connect(tmp_path / "j.db", RunnerConfig(clock=clock))
+    try:
+        made = await one.set_schedule("acme", "every-minute", "tick",
+                                      {"every_s": 60, "overlap": "allow_all", "input": 7})  # fmt: skip
+        assert made.next_at is not None
+        clock.advance(60 * 3 + 1)
+        now = int(clock() * 1000)
+        await asyncio.gather(one.fire_schedules(now), two.fire_schedules(now))
+        await asyncio.gather(one.fire_schedules(now), two.fire_schedules(now))  # again: nothing
+        runs = await _runs(one)
+        first = int(made.next_at * 1000)
+        assert runs == sorted(f"s-every-minute-{first + n * 60_000}" for n in range(3))
+        shown = await one.schedule("acme", "every-minute")
+        assert (shown.fired, shown.skipped) == (3, 0)
+        assert shown.next_at == (first + 3 * 60_000) / 1000
+    finally:
+        await two.aclose()
+        await one.aclose()
+
+
+async def test_downtime_past_the_catch_up_window_is_skipped_and_counted(
+    tmp_path: Path, clock: FakeClock
+) -> None:
+    runner = await _runner(tmp_path / "j.db", clock)
+    try:
+        made = await runner.set_schedule("acme", "s", "tick",
+                                         {"every_s": 60, "overlap": "allow_all", "catchup_s": 150})  # fmt: skip
+        clock.advance(60 * 10 + 1)  # ten firings missed while no worker ran
+        now = int(clock() * 1000)
+        await runner.fire_schedules(now)
+        nominals = [int((made.next_at or 0) * 1000) + n * 60_000 for n in range(10)]
+        young = [at for at in nominals if at >= now - 150_000]
+        shown = await runner.schedule("acme", "s")
+        assert (shown.fired, shown.skipped) == (len(young), 10 - len(young))
+        assert await _runs(runner) == sorted(f"s-s-{at}" for at in young)  # once each
+    finally:
+        await runner.aclose()
+
+
+@pytest.mark.parametrize(
+    ("overlap", "runs", "skipped"),
+    [("skip", 1, 2), ("allow_all", 3, 0), ("buffer_one", 1, 1), ("cancel_other", 3, 0)],
+)
+async def test_each_overlap_policy_under_a_run_that_goes_on(
+    tmp_path: Path, clock: FakeClock, overlap: str, runs: int, skipped: int
+) -> None:
+    """The runs a firing starts are recorded, not driven: the first is still going when the
+    next two come due."""
+    runner = await _runner(tmp_path / "j.db", clock)
+    try:
+        await runner.set_schedule("acme", "s", "tick", {"every_s": 60, "overlap": overlap})
+        for _ in range(3):
+            clock.advance(60)
+            await runner.fire_schedules(int(clock() * 1000))
+        shown = await runner.schedule("acme", "s")
+        assert (len(await _runs(runner)), shown.skipped) == (runs, skipped)
+        if overlap == "buffer_one":  # one firing kept, started once the run ends
+            assert shown.buffered_at is not None
+            await runner.terminate(shown.last_run or "", scope="acme")
+            await runner.fire_schedules(int(clock() * 1000))
+            assert len(await _runs(runner)) == 2
+        if overlap == "cancel_other":
+            statuses = [str((await runner.get(r, scope="acme")).status)
+                        for r in await _runs(runner)]  # fmt: skip
+            assert statuses.count("cancelled") == 2
+    finally:
+        await runner.aclose()
+
+
+async def test_pause_trigger_delete_and_cron_in_a_time_zone(
+    tmp_path: Path, clock: FakeClock
+) -> None:
+    runner = await _runner(tmp_path / "j.db", clock)
+    try:
+        shown = await runner.set_schedule("acme", "morning", "tick",
+                                          {"cron": "0 9 * * *", "timezone": "Europe/Paris"})  # fmt: skip
+        assert shown.next_at is not None
+        at = datetime.fromtimestamp(shown.next_at, tz=UTC)
+        assert (at.hour, at.minute) == (8, 0)  # 09:00 in Paris, winter time
+        paused = await runner.pause_schedule("acme", "morning")
+        assert (paused.paused, paused.next_at) == (True, None)
+        clock.advance(2 * 86_400)
+        await runner.fire_schedules(int(clock() * 1000))
+        assert await _runs(runner) == []
+        again = await runner.pause_schedule("acme", "morning", paused=False)
+        assert again.next_at is not None
+        assert again.next_at > clock()  # what it missed while paused is not made up
+        triggered = await runner.trigger_schedule("acme", "morning")
+        assert await _runs(runner) == [triggered.run_id]
+        assert await runner.delete_schedule("acme", "morning")
+        assert await runner.schedules(scope="acme") == []
+    finally:
+        await runner.aclose()
+
+
+@pytest.mark.parametrize(
+    ("settings", "said"),
+    [
+        ({}, "give cron (five fields) or every_s"),
+        ({"cron": "* * *"}, "is not a five-field cron expression"),
+        ({"cron": "61 * * * *"}, "is not a five-field cron expression"),
+        ({"every_s": 0}, "every_s is a number of seconds"),
+        ({"every_s": 60, "timezone": "Mars/Olympus"}, "is not an IANA time zone"),
+        ({"every_s": 60, "overlap": "queue"}, "overlap is one of skip, buffer_one"),
+        ({"every_s": 60, "colour": "red"}, "unknown key 'colour'"),
+    ],
+)
+def test_bad_settings_are_named(settings: dict[str, object], said: str) -> None:
+    with pytest.raises(InvalidInput, match=re.escape(said)):
+        parse_schedule(settings, "schedule 's'")
+
+
+@pytest.mark.slow
+async def test_real_workers_and_a_restarted_one_fire_each_tick_once(
+    workers: Workers, api: Runner
+) -> None:
+    """Two worker processes, one killed and another started, on one journal: every nominal
+    tick between the first and the last has exactly one run, none missed, none twice."""
+    await api.publish("acme", {"workflows/tick.ts": QUICK})
+    made = await api.set_schedule("acme", "tick", "tick", {"every_s": 1, "overlap": "allow_all"})
+    first, second = workers.spawn(), workers.spawn()
+    await until(lambda: _started(api, 3), 60, "three ticks")
+    first.send_signal(signal.SIGKILL)
+    first.wait(timeout=30)
+    third = workers.spawn()
+    await until(lambda: _started(api, 8), 60, "eight ticks")
+    for process in (second, third):
+        process.send_signal(signal.SIGTERM)
+        process.wait(timeout=60)
+    runs = [run.run_id for run in await api.list(scope="acme", workflow="tick", limit=10_000)]
+    nominals = sorted(int(run_id.rsplit("-", 1)[1]) for run_id in runs)
+    assert len(set(nominals)) == len(nominals)
+    assert nominals[0] == int((made.next_at or 0) * 1000)
+    assert nominals == list(range(nominals[0], nominals[-1] + 1, 1000))  # every tick, once
+    shown = await api.schedule("acme", "tick")
+    assert shown.fired == len(nominals)
+
+
+async def _started(api: Runner, count: int) -> bool:
+    return len(await api.list(scope="acme", workflow="tick")) >= count
