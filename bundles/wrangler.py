@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import json5
+from croniter import croniter
 
 from qjsflow.bundles.errors import SourceTreeError
 
@@ -45,6 +46,7 @@ class DeclaredWorkflow:
     name: str
     class_name: str
     binding: str | None = None
+    schedules: tuple[str, ...] = ()  # cron expressions, UTC (Cloudflare's `schedules`)
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,7 +125,14 @@ def _workflows(path: str, value: object) -> tuple[tuple[DeclaredWorkflow, ...], 
         if isinstance(item.get("script_name"), str):
             elsewhere.append(name)  # defined by another Worker: bound here, published there
             continue
-        found.append(DeclaredWorkflow(name, class_name, _binding(path, where, binding)))
+        found.append(
+            DeclaredWorkflow(
+                name,
+                class_name,
+                _binding(path, where, binding),
+                _schedules(path, where, item.get("schedules")),
+            )
+        )
     return tuple(found), tuple(elsewhere)
 
 
@@ -165,3 +174,20 @@ def _is_json(value: object, depth: int) -> bool:
     if isinstance(value, dict):
         return all(isinstance(k, str) and _is_json(v, depth + 1) for k, v in value.items())
     return False
+
+
+def _schedules(path: str, where: str, value: object) -> tuple[str, ...]:
+    """A workflow's cron triggers: five-field cron expressions (UTC), at most 16."""
+    if value is None:
+        return ()
+    if (
+        not isinstance(value, list)
+        or len(value) > 16
+        or not all(
+            isinstance(cron, str) and len(cron.split()) == 5 and croniter.is_valid(cron)
+            for cron in value
+        )
+    ):
+        raise SourceTreeError(path, f"has {where} whose schedules are not a list of five-field "
+                              "cron expressions")  # fmt: skip
+    return tuple(value)

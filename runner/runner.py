@@ -177,6 +177,7 @@ class Runner(Schedules, ScopeConfigs, RunReads):
         }
         snapshot = name_workflows(snapshot, exports)
         created = await self._store.insert_snapshot(scope, snapshot, self.config.clock())
+        await self.register_schedules(scope, snapshot.declared)  # wrangler's cron triggers
         record = await self._store.find_snapshot(scope, snapshot.snapshot_id)
         assert record is not None, "a snapshot just stored must be found"
         return published_result(record, created=created, warnings=snapshot.warnings)

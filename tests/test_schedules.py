@@ -8,15 +8,18 @@ from __future__ import annotations
 import asyncio
 import re
 import signal
+import subprocess
+import sys
 from datetime import UTC, datetime
 from pathlib import Path
 
+import orjson
 import pytest
 
 from qjsflow.bridge import InvalidInput
 from qjsflow.runner import Runner, RunnerConfig
 from qjsflow.runner.operations.schedule_spec import parse_schedule
-from tests.conftest import FakeClock
+from tests.conftest import PROJECT_ROOT, FakeClock
 from tests.worker_pool import Workers, until
 
 QUICK = "export default async (event) => event.payload;"
@@ -174,3 +177,66 @@ async def test_real_workers_and_a_restarted_one_fire_each_tick_once(
 
 async def _started(api: Runner, count: int) -> bool:
     return len(await api.list(scope="acme", workflow="tick")) >= count
+
+
+@pytest.mark.slow
+def test_the_schedules_command(tmp_path: Path) -> None:
+    def qjsflow(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "qjsflow.runner.cli", "--db", str(tmp_path / "j.db"), *args],
+            cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=120, check=False,
+        )  # fmt: skip
+
+    tree = tmp_path / "src" / "workflows"
+    tree.mkdir(parents=True)
+    (tree / "tick.ts").write_text(QUICK)
+    assert qjsflow("publish", str(tree.parent), "--scope", "acme").returncode == 0
+    made = qjsflow("--json", "schedules", "set", "nightly", "--scope", "acme", "--workflow",
+                   "tick", "--cron", "0 3 * * *", "--timezone", "Europe/Paris", "--input", "5")  # fmt: skip
+    assert made.returncode == 0, made.stderr
+    assert orjson.loads(made.stdout)["spec"]["input"] == 5
+    listed = qjsflow("schedules", "list")
+    assert "nightly  tick      cron 0 3 * * * Europe/Paris" in listed.stdout, listed.stdout
+    assert "(paused)" in qjsflow("schedules", "pause", "nightly", "--scope", "acme").stdout
+    assert "next in" in qjsflow("schedules", "unpause", "nightly", "--scope", "acme").stdout
+    triggered = qjsflow("schedules", "trigger", "nightly", "--scope", "acme")
+    assert "started run s-nightly-" in triggered.stdout
+    for args, said in (
+        (("set", "x", "--workflow", "nope", "--every", "60"), "has no workflow 'nope'"),
+        (("set", "x", "--workflow", "tick", "--cron", "99 * * * *"), "not a five-field cron"),
+        (("set", "x", "--workflow", "tick"), "give cron (five fields) or every_s"),
+        (("show", "gone"), "has no schedule 'gone'"),
+        (("delete", "gone"), "has no schedule 'gone'"),
+    ):
+        refused = qjsflow("schedules", *args, "--scope", "acme")
+        assert (refused.returncode, said in refused.stderr) == (2, True), refused.stderr
+    assert qjsflow("schedules", "delete", "nightly", "--scope", "acme").returncode == 0
+    assert qjsflow("--json", "schedules", "list").stdout.strip() == "[]"
+
+
+async def test_a_projects_wrangler_schedules_become_schedules(
+    tmp_path: Path, clock: FakeClock
+) -> None:
+    root = tmp_path / "project"
+    (root / "src").mkdir(parents=True)
+    (root / "src" / "index.ts").write_text(
+        'import { WorkflowEntrypoint } from "cloudflare:workers";\n'
+        "export class Digest extends WorkflowEntrypoint { async run() { return 1; } }\n"
+    )
+    (root / "wrangler.jsonc").write_text(
+        '{"main": "src/index.ts", "workflows": [{"name": "digest", "binding": "DIGEST",'
+        ' "class_name": "Digest", "schedules": ["0 6 * * *", "*/30 * * * *"]}]}'
+    )
+    async with Runner.open(tmp_path / "j.db", RunnerConfig(clock=clock)) as runner:
+        await runner.publish("acme", root)
+        shown = await runner.schedules(scope="acme")
+        assert [(s.name, s.workflow, s.spec["cron"], s.spec["timezone"]) for s in shown] == [
+            ("digest-1", "digest", "0 6 * * *", "UTC"),
+            ("digest-2", "digest", "*/30 * * * *", "UTC"),
+        ]
+        (root / "wrangler.jsonc").write_text(
+            '{"main": "src/index.ts", "workflows": [{"name": "digest", "class_name": "Digest",'
+            ' "schedules": ["every day"]}]}'
+        )
+        with pytest.raises(Exception, match="schedules are not a list of five-field cron"):
+            await runner.publish("acme", root)

@@ -342,6 +342,10 @@ def _show(args: argparse.Namespace, colour: bool) -> str:
         from qjsflow.runner.cli.scope import scope_command, secrets_command  # noqa: PLC0415
 
         return scope_command(args) if command == "scope" else secrets_command(args)
+    if command == "schedules":
+        from qjsflow.runner.cli.schedules import schedules_command  # noqa: PLC0415
+
+        return schedules_command(args)
     if command == "workers":
         workers = asyncio.run(_with_reads(args, lambda _, reads: reads.workers()))
         return render_json(workers) if args.json else render_workers(workers)

@@ -193,6 +193,7 @@ def _add_worker(add: Callable[..., argparse.ArgumentParser]) -> None:
     add("workers", help="the workers serving this journal: live, gone or stopped, what each binds")
     _add_scope(add)
     _add_secrets(add)
+    _add_schedules(add)
 
 
 def _add_signal(add: Callable[..., argparse.ArgumentParser]) -> None:
@@ -269,6 +270,38 @@ def _add_secrets(add: Callable[..., argparse.ArgumentParser]) -> None:
         parser.add_argument("--keys", metavar="DIR", help="the folder of scope keys")
         if name in ("set", "delete"):
             parser.add_argument("name", help="the secret's name, as the run's env has it")
+
+
+def _add_schedules(add: Callable[..., argparse.ArgumentParser]) -> None:
+    """`qjsflow schedules ACTION` (runner/cli/schedules.py)."""
+    action = _command_with_actions(
+        add, "schedules", "a scope's schedules: a workflow started at each cron or interval tick",
+        "list, show, set, pause, unpause, trigger or delete",
+    )  # fmt: skip
+    action("list", "the schedules (of --scope, or of every scope)")
+    for name, text in (
+        ("show", "one schedule: when it fires next, what it fired and skipped"),
+        ("pause", "fire nothing until unpause"), ("unpause", "fire again, from now on"),
+        ("trigger", "fire it now, by hand"), ("delete", "forget the schedule"),
+        ("set", "make a schedule, or replace its settings"),
+    ):  # fmt: skip
+        parser = action(name, text)
+        parser.add_argument("name", help="the schedule's name (1-64 of A-Z, a-z, 0-9, _, -)")
+        if name == "set":
+            parser.add_argument("--workflow", required=True, help="the workflow it starts")
+            parser.add_argument("--cron", help='five fields, as "0 9 * * 1-5"')
+            parser.add_argument("--every", type=number(float, 1.0, 366 * _DAY_S),
+                                metavar="SECONDS", help="or an interval")  # fmt: skip
+            parser.add_argument("--timezone", default="UTC", help="the cron's zone (UTC)")
+            parser.add_argument("--overlap", default="skip",
+                                choices=("skip", "buffer_one", "allow_all", "cancel_other"),
+                                help="while its last run goes on (skip)")  # fmt: skip
+            parser.add_argument("--catchup", type=number(float, 0.0, 366 * _DAY_S),
+                                metavar="SECONDS", help="missed firings younger than this "
+                                "start after downtime (3600)")  # fmt: skip
+            parser.add_argument("--input", help="its runs' payload, as JSON")
+            parser.add_argument("--snapshot", default="latest", help="the code (latest)")
+            parser.add_argument("--paused", action="store_true", help="made paused")
 
 
 def _config_version(text: str) -> int:

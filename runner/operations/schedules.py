@@ -13,21 +13,22 @@ from __future__ import annotations
 
 import builtins
 import contextlib
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from qjsflow.bridge import InvalidInput, loads
+from qjsflow.bundles.wrangler import DeclaredWorkflow
 from qjsflow.runner.config import RunnerConfig
-from qjsflow.runner.errors import RunClosed, RunConflict, RunNotFound
+from qjsflow.runner.errors import RunClosed, RunConflict, RunNotFound, UnknownWorkflow
 from qjsflow.runner.operations.schedule_spec import (
     SCHEDULE_NAME,
     ScheduleSpec,
     parse_schedule,
     run_id_of,
 )
-from qjsflow.runner.store import JournalStore, JournalTransaction
+from qjsflow.runner.store import JournalStore, JournalTransaction, SnapshotRecord
 from qjsflow.runner.tenancy.scopes import ALL_SCOPES, AllScopes, validate_scope
 from qjsflow.runner.views import TERMINAL, RunView, StartRunInput
 
@@ -96,6 +97,7 @@ class Schedules:
         async def start(self, request: StartRunInput, *, drive: bool = True) -> RunView: ...
         async def get(self, run_id: str, *, scope: str) -> RunView: ...
         async def cancel(self, run_id: str, *, scope: str) -> RunView: ...
+        async def find_snapshot(self, reference: str, *, scope: str) -> SnapshotRecord: ...
 
     def _clock_ms(self) -> int:
         return int(self.config.clock() * 1000)
@@ -111,12 +113,27 @@ class Schedules:
             raise InvalidInput(f"invalid schedule name {str(name)[:80]!r}: use 1-64 of A-Z, "
                                "a-z, 0-9, _ and -")  # fmt: skip
         spec = parse_schedule(settings, f"schedule {name!r}")
+        snapshot = await self.find_snapshot(spec.snapshot, scope=scope)
+        workflows = sorted(w.workflow for w in snapshot.workflows)
+        if workflow not in workflows:
+            raise UnknownWorkflow(workflow, workflows)
         now = self._clock_ms()
         nominal = spec.after(now)
         await self.store.transact(lambda tx: tx.put_schedule(
             scope, name, workflow, spec.text(), next_at=nominal, paused=spec.paused, now=now,
         ))  # fmt: skip
         return await self.schedule(scope, name)
+
+    async def register_schedules(
+        self, scope: str, declared: Mapping[str, Sequence[DeclaredWorkflow]]
+    ) -> None:
+        """A published project's cron triggers (wrangler's `workflows[].schedules`, UTC): the
+        schedules `WORKFLOW-1`, `WORKFLOW-2`, ... of the scope, on its latest snapshot."""
+        for workflows in declared.values():
+            for workflow in workflows:
+                for n, cron in enumerate(workflow.schedules, start=1):
+                    await self.set_schedule(scope, f"{workflow.name}-{n}", workflow.name,
+                                            {"cron": cron})  # fmt: skip
 
     async def schedules(self, *, scope: str | AllScopes) -> builtins.list[ScheduleView]:
         chosen = None if scope is ALL_SCOPES else validate_scope(scope)
