@@ -240,3 +240,31 @@ async def test_a_projects_wrangler_schedules_become_schedules(
         )
         with pytest.raises(Exception, match="schedules are not a list of five-field cron"):
             await runner.publish("acme", root)
+
+
+async def test_jitter_delays_each_firing_alike_and_backfill_starts_what_is_missing(
+    tmp_path: Path, clock: FakeClock
+) -> None:
+    runner = await _runner(tmp_path / "j.db", clock)
+    try:
+        made = await runner.set_schedule(
+            "acme", "j", "tick", {"every_s": 60, "overlap": "allow_all", "jitter_s": 30}
+        )
+        nominal = int((made.next_at or 0) * 1000)
+        spec = parse_schedule(made.spec, "j")
+        due = spec.due_at("j", nominal)
+        assert nominal <= due < nominal + 30_000
+        assert due == parse_schedule(made.spec, "again").due_at("j", nominal)  # every worker's
+        await runner.fire_schedules(due - 1)  # its nominal time has passed, its share not yet
+        assert await _runs(runner) == []
+        await runner.fire_schedules(due)
+        assert await _runs(runner) == [f"s-j-{nominal}"]
+        # A backfill over that hour starts each firing with no run yet, once.
+        since, until = nominal / 1000 - 3600, nominal / 1000
+        started = await runner.backfill_schedule("acme", "j", since=since, until=until)
+        assert len(started) == 61
+        again = await runner.backfill_schedule("acme", "j", since=since, until=until)
+        assert again == started
+        assert len(await _runs(runner)) == 61  # the one fired before is one of them
+    finally:
+        await runner.aclose()

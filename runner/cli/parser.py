@@ -284,6 +284,7 @@ def _add_schedules(add: Callable[..., argparse.ArgumentParser]) -> None:
         ("pause", "fire nothing until unpause"), ("unpause", "fire again, from now on"),
         ("trigger", "fire it now, by hand"), ("delete", "forget the schedule"),
         ("set", "make a schedule, or replace its settings"),
+        ("backfill", "start the firings between two times that have no run yet"),
     ):  # fmt: skip
         parser = action(name, text)
         parser.add_argument("name", help="the schedule's name (1-64 of A-Z, a-z, 0-9, _, -)")
@@ -302,6 +303,13 @@ def _add_schedules(add: Callable[..., argparse.ArgumentParser]) -> None:
             parser.add_argument("--input", help="its runs' payload, as JSON")
             parser.add_argument("--snapshot", default="latest", help="the code (latest)")
             parser.add_argument("--paused", action="store_true", help="made paused")
+            parser.add_argument("--jitter", type=number(float, 0.0, _DAY_S), metavar="SECONDS",
+                                help="each firing waits a fixed share of this (0)")  # fmt: skip
+        if name == "backfill":
+            parser.add_argument("--from", dest="since", required=True, metavar="WHEN",
+                                help="a duration ago (2h) or an ISO time")  # fmt: skip
+            parser.add_argument("--to", dest="until", required=True, metavar="WHEN",
+                                help="a duration ago (0s: now) or an ISO time")  # fmt: skip
 
 
 def _config_version(text: str) -> int:

@@ -36,6 +36,8 @@ def schedules_command(args: argparse.Namespace) -> str:
         return printable(f"schedule {args.name}: deleted")
     if action == "trigger":
         return printable(f"schedule {args.name}: started run {found.run_id}")
+    if action == "backfill":
+        return printable(f"schedule {args.name}: {len(found)} firings, each started once")
     next_at = "-" if found.next_at is None else age(found.next_at)
     return printable(f"schedule {found.name} of scope {found.scope}: {found.workflow}, "
                      f"{_when(found.spec, found.paused)}, next {next_at}, fired {found.fired}, "
@@ -55,7 +57,7 @@ def _settings(args: argparse.Namespace) -> dict[str, Any]:
     settings: dict[str, Any] = {"overlap": args.overlap, "timezone": args.timezone,
                                 "snapshot": args.snapshot, "paused": args.paused}  # fmt: skip
     for key, value in (("cron", args.cron), ("every_s", args.every),
-                       ("catchup_s", args.catchup)):  # fmt: skip
+                       ("catchup_s", args.catchup), ("jitter_s", args.jitter)):  # fmt: skip
         if value is not None:
             settings[key] = value
     if args.input is not None:
@@ -82,7 +84,18 @@ _ACTIONS: dict[str, Any] = {
     "unpause": lambda a, r: r.pause_schedule(a.scope, a.name, paused=False),
     "trigger": lambda a, r: r.trigger_schedule(a.scope, a.name),
     "delete": _gone,
+    "backfill": lambda a, r: r.backfill_schedule(
+        a.scope, a.name, since=_when_given(a.since), until=_when_given(a.until)
+    ),
 }
+
+
+def _when_given(text: str) -> float:
+    import time  # noqa: PLC0415
+
+    from qjsflow.runner.cli.control import parse_since  # noqa: PLC0415
+
+    return parse_since(text, time.time())
 
 
 def _all_scopes() -> Any:

@@ -9,6 +9,7 @@ clock jump never start it twice.
 
 from __future__ import annotations
 
+import hashlib
 import math
 import re
 from collections.abc import Iterator, Mapping
@@ -26,7 +27,7 @@ __all__ = ["OVERLAP_POLICIES", "SCHEDULE_NAME", "ScheduleSpec", "parse_schedule"
 OVERLAP_POLICIES = ("skip", "buffer_one", "allow_all", "cancel_other")
 SCHEDULE_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 _KEYS = frozenset({"cron", "every_s", "timezone", "overlap", "catchup_s", "start_at", "end_at",
-                   "input", "snapshot", "paused"})  # fmt: skip
+                   "input", "snapshot", "paused", "jitter_s"})  # fmt: skip
 _MAX_CATCHUP_S = 366 * 86_400.0
 _MAX_FIRINGS = 1000  # nominal times one look walks through (older ones are counted skipped)
 
@@ -43,6 +44,7 @@ class ScheduleSpec:
     input: Any = None
     snapshot: str = "latest"  # the code its runs start on: an id, a prefix, or `latest`
     paused: bool = False
+    jitter_s: float = 0.0  # each firing waits a fixed share of this, made from its time
 
     def text(self) -> str:
         return dumps_text(asdict(self))
@@ -66,6 +68,14 @@ class ScheduleSpec:
         if self.end_at is not None and nominal > self.end_at * 1000:
             return None
         return nominal
+
+    def due_at(self, name: str, nominal_ms: int) -> int:
+        """When a firing starts: its nominal time, plus its share of `jitter_s` (the same for
+        every worker: made from the schedule's name and the nominal time)."""
+        if not self.jitter_s:
+            return nominal_ms
+        digest = hashlib.sha256(f"{name}\n{nominal_ms}".encode()).digest()
+        return nominal_ms + int.from_bytes(digest[:8], "big") % int(self.jitter_s * 1000)
 
     def firings(self, first_ms: int, until_ms: int) -> Iterator[int]:
         """Nominal times from `first_ms` (itself one) to `until_ms`, at most `_MAX_FIRINGS`."""
@@ -104,6 +114,9 @@ def parse_schedule(document: object, where: str) -> ScheduleSpec:
     overlap = document.get("overlap", "skip")
     if overlap not in OVERLAP_POLICIES:
         problems.append(f"{where}: overlap is one of {', '.join(OVERLAP_POLICIES)}")
+    jitter = document.get("jitter_s", 0.0)
+    if not _number(jitter, 0.0, 86_400.0):
+        problems.append(f"{where}: jitter_s is a number of seconds from 0 to a day")
     catchup = document.get("catchup_s", 3600.0)
     if not _number(catchup, 0.0, _MAX_CATCHUP_S):
         problems.append(f"{where}: catchup_s is a number of seconds from 0 to a year")
@@ -121,7 +134,7 @@ def parse_schedule(document: object, where: str) -> ScheduleSpec:
         overlap=str(overlap), catchup_s=float(catchup),
         start_at=_seconds(document.get("start_at")), end_at=_seconds(document.get("end_at")),
         input=document.get("input"), snapshot=str(document.get("snapshot", "latest")),
-        paused=bool(document.get("paused", False)),
+        paused=bool(document.get("paused", False)), jitter_s=float(jitter),
     )  # fmt: skip
 
 

@@ -104,6 +104,14 @@ class Metrics:
             " drives, compute_s, tool_calls, fetches, sql_s, journal_bytes)",
             ("scope", "measure"),
         )  # fmt: skip
+        self.schedule_firings = make(
+            "Counter", "qjsflow_schedule_firings", "Schedules' firings, started or skipped",
+            ("scope", "outcome"),
+        )  # fmt: skip
+        self.schedule_lag = make(
+            "Histogram", "qjsflow_schedule_lag_seconds",
+            "How long after its nominal time (and jitter) a firing's run was started",
+        )  # fmt: skip
         self.throttled = make("Counter", "qjsflow_runs_throttled",
                               "Runs parked because their scope spent a budget, by budget",
                               ("scope", "budget"))  # fmt: skip
