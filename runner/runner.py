@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import os
-import secrets
 import uuid
 from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager
@@ -21,7 +20,6 @@ from qjsflow.runner.engine.drive import SIGNAL_TIMER, BeforeLease, RunDriver
 from qjsflow.runner.engine.worker import IDLE_HORIZON_MS, Worker
 from qjsflow.runner.errors import (
     InvalidEvent,
-    InvalidRunId,
     RunClosed,
     RunConflict,
     UnknownWorkflow,
@@ -47,17 +45,15 @@ from qjsflow.runner.operations.retention import Pruned, prune
 from qjsflow.runner.operations.schedules import Schedules
 from qjsflow.runner.operations.scope_configs import (
     ScopeConfigs,
-    StartSettings,
     move_to_config,
-    start_settings,
 )
+from qjsflow.runner.operations.starts import BatchItem, batch_of, creation, new_run_id
 from qjsflow.runner.operations.workflow_bindings import serve_call
 from qjsflow.runner.reads import (
     RUN_ID,
     RunReads,
     caller_key,
     found_run,
-    snapshot_in,
 )
 from qjsflow.runner.scopedb import ScopeDatabases, default_root
 from qjsflow.runner.store import (
@@ -65,12 +61,10 @@ from qjsflow.runner.store import (
     JournalTransaction,
     RunRecord,
     RunStatus,
-    SnapshotRecord,
 )
 from qjsflow.runner.telemetry.tracing import new_traceparent
 from qjsflow.runner.tenancy.budgets import current_windows
-from qjsflow.runner.tenancy.capabilities import Reach, check_publish
-from qjsflow.runner.tenancy.environment import env_of
+from qjsflow.runner.tenancy.capabilities import check_publish
 from qjsflow.runner.tenancy.scope_config import ConfigCache
 from qjsflow.runner.tenancy.scopes import (
     ALL_SCOPES,
@@ -193,46 +187,8 @@ class Runner(Schedules, ScopeConfigs, RunReads):
         With a caller-supplied `run_id` start is idempotent: the same arguments return the
         existing run; different ones raise `RunConflict`.
         """
-        scope = validate_scope(request.scope)
-        run_id = run_key(scope, self._run_id(request.run_id))
-        limit = self.config.limits.value_bytes
-        encoded_input = from_python(request.input, max_bytes=limit, what="the run input")
+        create = creation(request, config=self.config, configs=self.configs)
         now = self.driver.now_ms()
-        traceparent = new_traceparent(request.traceparent)
-
-        def record_of(snapshot: SnapshotRecord, now: int, settings: StartSettings) -> RunRecord:
-            entries = {w.workflow: w.entry_path for w in snapshot.workflows}
-            entry_path = entries.get(request.workflow)
-            if entry_path is None or request.entry_path not in (None, entry_path):
-                raise UnknownWorkflow(request.workflow, sorted(entries))
-            bindings_text = from_python(
-                env_of(settings.environment, request.persisted_bindings,
-                       Reach(snapshot.capabilities, settings.policy).binding_allowed,
-                       workflows=[w.binding for w in snapshot.workflows if w.binding],
-                       defaults=snapshot.vars),
-                max_bytes=limit, what="the persisted bindings",
-            )  # fmt: skip
-            return RunRecord(
-                run_id=run_id, scope=scope, workflow=request.workflow,
-                snapshot_id=snapshot.snapshot_id, entry_path=entry_path, status=RunStatus.running,
-                input=encoded_input, persisted_bindings=bindings_text, output=None, error=None,
-                created_at=now, updated_at=now, wake_at=None, waiting_for=None, cpu_used_s=0.0,
-                logs_count=0, cancel_requested=False, traceparent=traceparent,
-                config_version=settings.version,
-            )  # fmt: skip
-
-        def create(tx: JournalTransaction, now: int) -> tuple[RunRecord, RunRecord | None]:
-            """The run asked for, and None when it was created or else the run that already
-            has this id. Its snapshot is found in the same transaction: one journal hop."""
-            settings = start_settings(tx, scope, self.config, self.configs)
-            record = record_of(snapshot_in(tx, reference=request.snapshot_id, scope=scope), now,
-                               settings)  # fmt: skip
-            if settings.budgets is not None and tx.get_run(run_id) is None:
-                admit(tx, scope, settings.budgets, new_live_run=True)
-            if tx.insert_run(record):
-                tx.append_event(run_id, "run_created", now, dumps_text({"scope": scope}))
-                return record, None
-            return record, tx.get_run(run_id)
 
         if not drive:
             wanted, existing = await self._store.transact(partial(create, now=now))
@@ -251,10 +207,17 @@ class Runner(Schedules, ScopeConfigs, RunReads):
         # fsynced by itself: the drive's first effect or its end makes it durable, and the
         # caller learns of the run only then).
         try:
-            return await self._drive(run_id, bindings, first=create_to_drive)
+            return await self._drive(create.run_key, bindings, first=create_to_drive)
         except ExistingRun as already:
             check_same_start(already.run, already.wanted)
             return run_view(already.run)
+
+    async def start_batch(self, requests: Sequence[StartRunInput]) -> list[BatchItem]:
+        """Up to `MAX_BATCH` starts in one transaction, each answered on its own (created,
+        existed, or refused and why), left for workers (runner/operations/starts.py)."""
+        run_all = batch_of(requests, config=self.config, configs=self.configs)
+        now = self.driver.now_ms()
+        return await self._store.transact(lambda tx: run_all(tx, now))
 
     async def resume(
         self, run_id: str, bindings: Bindings | None = None, *, scope: str, drive: bool = True
@@ -580,8 +543,4 @@ class Runner(Schedules, ScopeConfigs, RunReads):
 
     @staticmethod
     def _run_id(run_id: str | None) -> str:
-        if run_id is None:
-            return secrets.token_hex(16)  # 128 random bits
-        if not isinstance(run_id, str) or not RUN_ID.fullmatch(run_id):
-            raise InvalidRunId(run_id)
-        return run_id
+        return new_run_id(run_id)

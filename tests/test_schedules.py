@@ -212,6 +212,17 @@ def test_the_schedules_command(tmp_path: Path) -> None:
         assert (refused.returncode, said in refused.stderr) == (2, True), refused.stderr
     assert qjsflow("schedules", "delete", "nightly", "--scope", "acme").returncode == 0
     assert qjsflow("--json", "schedules", "list").stdout.strip() == "[]"
+    batch = tmp_path / "batch.jsonl"
+    batch.write_text('{"input": 1, "run_id": "b1"}\n\n{"workflow": "nope"}\n{"input": 2}\n')
+    done = qjsflow("start", "tick", "--scope", "acme", "--snapshot", "latest", "--batch",
+                   str(batch))  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[0] == "2 created, 0 existed, 1 refused"
+    assert "item 2: " in done.stdout
+    assert "has no workflow 'nope'" in done.stdout
+    again = qjsflow("--json", "start", "tick", "--scope", "acme", "--snapshot", "latest",
+                    "--batch", str(batch))  # fmt: skip
+    assert [item["outcome"] for item in orjson.loads(again.stdout)][:2] == ["existed", "refused"]
 
 
 async def test_a_projects_wrangler_schedules_become_schedules(
@@ -266,5 +277,33 @@ async def test_jitter_delays_each_firing_alike_and_backfill_starts_what_is_missi
         again = await runner.backfill_schedule("acme", "j", since=since, until=until)
         assert again == started
         assert len(await _runs(runner)) == 61  # the one fired before is one of them
+    finally:
+        await runner.aclose()
+
+
+async def test_a_batch_of_1000_starts_in_one_transaction_answers_each(
+    tmp_path: Path, clock: FakeClock
+) -> None:
+    from qjsflow.runner import StartRunInput  # noqa: PLC0415
+
+    runner = await _runner(tmp_path / "j.db", clock)
+    try:
+        await runner.start(StartRunInput("acme", "tick", "latest", 0, "b-0"), drive=False)
+        requests = [StartRunInput("acme", "tick", "latest", n, f"b-{n}") for n in range(1000)]
+        requests[13] = StartRunInput("acme", "nope", "latest", 13, "b-13")
+        requests[200] = StartRunInput("acme", "tick", "latest", 200, "bad id!")
+        requests[300] = StartRunInput("acme", "tick", "latest", "other input", "b-0")
+        requests[400] = StartRunInput("acme", "tick", "no-such-snapshot", 1, "b-400")
+        items = await runner.start_batch(requests)
+        outcomes = {item.index: (item.outcome, item.error) for item in items}
+        assert outcomes[0] == ("existed", None)  # the same start made before
+        assert outcomes[13][0] == outcomes[200][0] == outcomes[300][0] == "refused"
+        assert "has no workflow 'nope'" in (outcomes[13][1] or "")
+        assert "invalid run id" in (outcomes[200][1] or "").lower()
+        assert "already exists with a different input" in (outcomes[300][1] or "")
+        assert outcomes[400][0] == "refused"
+        created = [i for i, (outcome, _) in outcomes.items() if outcome == "created"]
+        assert len(created) == 1000 - 5
+        assert len(await runner.list(scope="acme", workflow="tick", limit=2000)) == 996
     finally:
         await runner.aclose()

@@ -168,6 +168,28 @@ def _serve_metrics(host: str, port: int) -> None:
     prometheus_client.start_http_server(port, addr=host)
 
 
+def _batch(args: argparse.Namespace) -> list[StartRunInput]:
+    """`start --batch FILE`: the starts it holds, a JSON object a line."""
+    try:
+        lines = Path(args.batch).read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as error:
+        raise InvalidInput(f"cannot read --batch {printable(args.batch[:200])}: {error}") from None
+    requests = []
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        item = _json_arg(line, f"--batch line {number}")
+        if not isinstance(item, dict):
+            raise InvalidInput(f"--batch line {number} is not a JSON object")
+        if "workflow" not in item and args.workflow is None:
+            raise InvalidInput(f"--batch line {number} names no workflow (nor does the command)")
+        requests.append(StartRunInput(
+            args.scope, str(item.get("workflow", args.workflow)),
+            str(item.get("snapshot", args.snapshot)), item.get("input"), item.get("run_id"),
+        ))  # fmt: skip
+    return requests
+
+
 async def _start(args: argparse.Namespace, runner: Runner) -> RunView:
     payload = _json_arg(args.input, "--input")
     request = StartRunInput(args.scope, args.workflow, args.snapshot, payload, args.run_id)
@@ -264,6 +286,17 @@ def _run(args: argparse.Namespace) -> str | tuple[str, int]:
     command = args.command
     if command in ("publish", "start") and not args.scope:
         raise InvalidInput(f"{command} needs --scope (or QJSFLOW_SCOPE)")
+    if command == "start" and getattr(args, "batch", None):
+        requests = _batch(args)
+        items = asyncio.run(_with_runner(args, lambda a, r: r.start_batch(requests)))
+        if args.json:
+            return render_json(items)
+        counts = {o: sum(i.outcome == o for i in items) for o in ("created", "existed", "refused")}
+        lines = [", ".join(f"{n} {o}" for o, n in counts.items())]
+        lines += [printable(f"  item {i.index + 1}: {i.error}") for i in items if i.error]
+        return "\n".join(lines)
+    if command == "start" and args.workflow is None:
+        raise InvalidInput("start needs a WORKFLOW, or --batch FILE")
     if command in _HOST_COMMANDS:
         from qjsflow.runner.cli import host as cli_host  # noqa: PLC0415  (loads the driver, pool, publish path)
 

@@ -120,7 +120,12 @@ def build_parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     publish.add_argument("--scope", help="the tenant the snapshot belongs to (QJSFLOW_SCOPE)")
     start = add("start", help="start a run pinned to a snapshot")
-    start.add_argument("workflow", help="the workflow's name in the snapshot")
+    start.add_argument("workflow", nargs="?", help="the workflow's name in the snapshot")
+    start.add_argument(
+        "--batch", metavar="FILE",
+        help="up to 1,000 starts in one transaction, one JSON object a line: {workflow, input, "
+        "run_id, snapshot} (workflow and snapshot default to the command's); each answered",
+    )  # fmt: skip
     start.add_argument("--scope", help="the run's tenant (QJSFLOW_SCOPE)")
     start.add_argument(
         "--snapshot",

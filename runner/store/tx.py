@@ -13,7 +13,8 @@ caller holds the transaction (hence no `_txn` suffix on a class whose every meth
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import contextlib
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 from qjsflow.bridge import dumps_text
@@ -56,6 +57,22 @@ SCHEDULE_COLUMNS = (
 
 
 class JournalTransaction(StepStatements):
+    _savepoints = 0  # parts made in this transaction (`savepoint`)
+
+    @contextlib.contextmanager
+    def savepoint(self) -> Iterator[None]:
+        """A part of the transaction undone alone when it raises (an item of a batch)."""
+        self._savepoints += 1
+        name = f"part_{self._savepoints}"
+        self._db.execute(f"SAVEPOINT {name}")
+        try:
+            yield
+        except BaseException:
+            self._db.execute(f"ROLLBACK TO {name}")
+            self._db.execute(f"RELEASE {name}")
+            raise
+        self._db.execute(f"RELEASE {name}")
+
     def insert_snapshot(
         self,
         scope: str,
