@@ -79,6 +79,9 @@ async def _seed(db: Path | str, scope_root: Path) -> None:
             for name, workflow in (("r1", "flow"), ("evil", "hostile"), ("flaky", "flaky")):
                 request = StartRunInput(scope, workflow, published.snapshot_id, {"n": 7}, name)
                 await runner.start(request)
+        for scope in ("acme", "other"):  # a schedule each, far from firing
+            await runner.set_schedule(scope, f"{scope}-nightly", "flow",
+                                      {"cron": "0 3 * * *", "paused": scope == "other"})  # fmt: skip
         # A run the origin and CSRF tests pause and resume (its scope's counts are not read).
         await runner.start(StartRunInput("other", "flow", published.snapshot_id, {"n": 1},
                                          "guarded"))  # fmt: skip
@@ -196,6 +199,18 @@ def test_the_workers_page_shows_operators_the_workers_and_tenants_nothing(
     with _client(console, ACME_TOKEN) as client:  # workers serve every scope: not a tenant's
         assert client.get("/api/workers").status_code == 404
         assert client.get("/workers").status_code == 404
+
+
+def test_the_schedules_page_shows_each_scope_its_own(console: Console) -> None:
+    with _client(console) as client:
+        names = [s["name"] for s in client.get("/api/schedules").json()]
+        assert names == ["acme-nightly", "other-nightly"]
+        page = client.get("/schedules").text
+        assert "cron 0 3 * * * UTC" in page
+        assert 'class="schedule-paused"' in page
+    with _client(console, ACME_TOKEN) as client:
+        assert [s["name"] for s in client.get("/api/schedules").json()] == ["acme-nightly"]
+        assert "other-nightly" not in client.get("/schedules").text
 
 
 def test_a_scopes_configuration_is_shown_to_it_and_applied_by_operators(console: Console) -> None:

@@ -294,6 +294,15 @@ class _Console:
             return JSONResponse(views.plain(found))
         return self.page(request, "workers.html", workers=found)
 
+    async def schedules(self, request: Request) -> Response:
+        """Schedules: when each fires next, what it fired and skipped, the run it started
+        last (a scope's token sees its own scope's; operators every scope's)."""
+        scope = self.who(request).scope
+        found = await self.runner.schedules(scope=ALL_SCOPES if scope is None else scope)
+        if _api(request):
+            return JSONResponse(views.plain(found))
+        return self.page(request, "schedules.html", schedules=found)
+
     async def snapshot(self, request: Request) -> Response:
         scope = request.path_params["scope"]
         if not self.who(request).may_see(scope):
@@ -353,6 +362,8 @@ def create_app(
         Route("/snapshots/{scope}/{snapshot_id}", console.snapshot),
         Route("/scopes/{scope}/config", console.scope_config, methods=["GET", "POST"]),
         Route("/api/scopes/{scope}/config", console.scope_config, methods=["GET", "POST"]),
+        Route("/schedules", console.schedules),
+        Route("/api/schedules", console.schedules),
         Route("/workers", console.workers),
         Route("/api/workers", console.workers),
         Route("/usage", console.usage),
