@@ -14,7 +14,7 @@ import dataclasses
 import os
 import re
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from functools import partial
 
@@ -130,20 +130,27 @@ class RunReads:
         newest_first: bool = False,
         since: float | None = None,
         cursor: str | None = None,
+        tags: Mapping[str, str] | None = None,
     ) -> list[RunView]:
         """Runs of one scope, oldest first (or newest first), a page of `limit` from `offset`
         or after `cursor` (`cursor_after` of the last run of the page before), created
-        at or after `since` (seconds since the epoch); an operator passes `scope=ALL_SCOPES`
-        to see every scope's (there is no default, so isolation is never off by omission)."""
+        at or after `since` (seconds since the epoch), with every one of `tags`; an
+        operator passes `scope=ALL_SCOPES` to see every scope's (there is no default, so
+        isolation is never off by omission)."""
         chosen = None if scope is ALL_SCOPES else validate_scope(scope)
         if not 1 <= limit <= _MAX_PAGE or not 0 <= offset < 2**62:
             raise InvalidInput(f"limit must be 1 to {_MAX_PAGE} and offset 0 or more")
         runs = await self._store.list_runs(
             chosen, workflow, status, limit, offset=offset, newest_first=newest_first,
             since_ms=None if since is None else int(since * 1000),
-            after=None if cursor is None else _parse_cursor(cursor),
+            after=None if cursor is None else _parse_cursor(cursor), tags=tags,
         )  # fmt: skip
         return [run_view(run) for run in runs]
+
+    async def tags(self, run_id: str, *, scope: str) -> builtins.list[tuple[str, str]]:
+        """The run's tags, as its start gave them."""
+        found = await self._store.tags_of((await self._run(run_id, scope)).run_id)
+        return sorted(found.items())
 
     async def workers(self) -> builtins.list[WorkerView]:
         """The workers registered in the journal, the most recently heard of first."""

@@ -5,6 +5,7 @@ Values are decoded (bridge.values) and times are float seconds since the epoch.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -62,6 +63,9 @@ class StartRunInput:
     # A W3C trace context (`00-<trace>-<span>-<flags>`) the run's drives are traced under, so
     # the caller's trace continues into the workflow; one is made when none is given.
     traceparent: str | None = None
+    # Key/value tags of the run (`list --tag KEY=VALUE` finds it by them): at most 20, keys
+    # of A-Z, a-z, 0-9, `_`, `.`, `-` (64 at most), values of 256 characters at most.
+    tags: Mapping[str, str] | None = None
 
 
 @dataclass(frozen=True, slots=True)

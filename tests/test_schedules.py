@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import re
 import signal
+import sqlite3
 import subprocess
 import sys
 from datetime import UTC, datetime
@@ -307,3 +308,37 @@ async def test_a_batch_of_1000_starts_in_one_transaction_answers_each(
         assert len(await runner.list(scope="acme", workflow="tick", limit=2000)) == 996
     finally:
         await runner.aclose()
+
+
+async def test_runs_carry_tags_and_are_found_by_them(tmp_path: Path, clock: FakeClock) -> None:
+    from qjsflow.runner import StartRunInput  # noqa: PLC0415
+
+    runner = await _runner(tmp_path / "j.db", clock)
+    try:
+        for n, (customer, tier) in enumerate([("c1", "gold"), ("c2", "gold"), ("c1", "free")]):
+            await runner.start(StartRunInput("acme", "tick", "latest", n, f"t{n}",
+                                             tags={"customer": customer, "tier": tier}),
+                               drive=False)  # fmt: skip
+        found = await runner.list(scope="acme", tags={"customer": "c1"})
+        assert [run.run_id for run in found] == ["t0", "t2"]
+        both = await runner.list(scope="acme", tags={"customer": "c1", "tier": "gold"})
+        assert [run.run_id for run in both] == ["t0"]
+        assert await runner.tags("t1", scope="acme") == [("customer", "c2"), ("tier", "gold")]
+        for tags, said in (({"bad key!": "x"}, "invalid tag key"),
+                           ({"k": "x" * 300}, "printable text of 256")):  # fmt: skip
+            with pytest.raises(InvalidInput, match=said):
+                await runner.start(StartRunInput("acme", "tick", "latest", 0, tags=tags))
+        await runner.terminate("t0", scope="acme")
+        clock.advance(10)
+        assert (await runner.prune(older_than_s=1, scope="acme")).runs == 1
+    finally:
+        await runner.aclose()
+    with sqlite3.connect(tmp_path / "j.db") as journal:
+        # Found through the tags' index, not a scan of the runs; a pruned run's tags go too.
+        plan = " ".join(str(row) for row in journal.execute(
+            "EXPLAIN QUERY PLAN SELECT run_id FROM run_tags WHERE key = ? AND value = ?",
+            ("customer", "c1"),
+        ))  # fmt: skip
+        assert "run_tags_by_value" in plan
+        left = journal.execute("SELECT DISTINCT run_id FROM run_tags ORDER BY 1").fetchall()
+        assert left == [("acme/t1",), ("acme/t2",)]

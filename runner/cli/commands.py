@@ -186,13 +186,15 @@ def _batch(args: argparse.Namespace) -> list[StartRunInput]:
         requests.append(StartRunInput(
             args.scope, str(item.get("workflow", args.workflow)),
             str(item.get("snapshot", args.snapshot)), item.get("input"), item.get("run_id"),
+            tags=item.get("tags"),
         ))  # fmt: skip
     return requests
 
 
 async def _start(args: argparse.Namespace, runner: Runner) -> RunView:
     payload = _json_arg(args.input, "--input")
-    request = StartRunInput(args.scope, args.workflow, args.snapshot, payload, args.run_id)
+    request = StartRunInput(args.scope, args.workflow, args.snapshot, payload, args.run_id,
+                            tags=_tags(args.tag))  # fmt: skip
     return await recorded(args, runner, lambda: runner.start(request, drive=False))
 
 
@@ -243,7 +245,21 @@ async def _list(args: argparse.Namespace, reads: RunReads) -> list[RunView]:
     return await reads.list(
         scope=scope, workflow=args.workflow, status=args.status, limit=args.limit + 1,
         offset=args.offset, newest_first=args.desc, since=since, cursor=args.cursor,
+        tags=_tags(args.tag),
     )  # fmt: skip
+
+
+def _tags(given: list[str] | None) -> dict[str, str] | None:
+    """`--tag KEY=VALUE` options as tags."""
+    if not given:
+        return None
+    tags: dict[str, str] = {}
+    for text in given:
+        key, equals, value = text.partition("=")
+        if not equals or not key:
+            raise InvalidInput(f"--tag wants KEY=VALUE, not {printable(text[:80])!r}")
+        tags[key] = value
+    return tags
 
 
 async def _snapshots(args: argparse.Namespace, reads: RunReads) -> list[SnapshotRecord]:

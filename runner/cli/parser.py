@@ -133,6 +133,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="the snapshot: its id, a unique prefix of 8+ hex digits, or `latest`",
     )
     start.add_argument("--input", default="null", help="the event payload, as JSON")
+    start.add_argument("--tag", action="append", metavar="KEY=VALUE",
+                       help="a tag of the run (repeatable); list --tag finds it")  # fmt: skip
     start.add_argument("--run-id", help="makes start idempotent")
     add_wait(start)
     result = add("result", help="a run's output once it has ended")
@@ -158,6 +160,8 @@ def build_parser() -> argparse.ArgumentParser:
     listing.add_argument("--desc", action="store_true", help="newest first")
     listing.add_argument("--since", metavar="WHEN", help="created since: 2h, 7d, or an ISO time")
     listing.add_argument("--cursor", help="start after this (the next_cursor of a page)")
+    listing.add_argument("--tag", action="append", metavar="KEY=VALUE",
+                         help="runs with this tag (repeatable: with each)")  # fmt: skip
     _add_worker(add)
     add("demo", help="the whole story on a fresh database, with a timeline")
     add("doctor", help="which sandbox layers and tools this machine gives qjsflow")

@@ -10,8 +10,9 @@ start made before), or refused and why; a refused item writes nothing and stops 
 
 from __future__ import annotations
 
+import re
 import secrets
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from qjsflow.bridge import InvalidInput, QjsflowError, dumps_text
@@ -30,7 +31,9 @@ from qjsflow.runner.tenancy.scopes import run_key, split_run_key, validate_scope
 from qjsflow.runner.tenancy.usage import admit
 from qjsflow.runner.views import StartRunInput
 
-__all__ = ["MAX_BATCH", "BatchItem", "Creation", "batch_of", "creation", "new_run_id"]
+__all__ = [
+    "MAX_BATCH", "BatchItem", "Creation", "batch_of", "checked_tags", "creation", "new_run_id",
+]  # fmt: skip
 
 MAX_BATCH = 1000
 
@@ -58,6 +61,25 @@ class BatchItem:
     error: str | None = None
 
 
+_TAG_KEY = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+_MAX_TAGS = 20
+
+
+def checked_tags(tags: Mapping[str, str] | None) -> dict[str, str]:
+    """A start's tags, checked (`InvalidInput` naming the first problem)."""
+    if not tags:
+        return {}
+    if not isinstance(tags, Mapping) or len(tags) > _MAX_TAGS:
+        raise InvalidInput(f"tags are at most {_MAX_TAGS} pairs of a key and a value")
+    for key, value in tags.items():
+        if not isinstance(key, str) or not _TAG_KEY.fullmatch(key):
+            raise InvalidInput(f"invalid tag key {str(key)[:80]!r}: use 1-64 of A-Z, a-z, 0-9, "
+                               "_, . and -")  # fmt: skip
+        if not isinstance(value, str) or len(value) > 256 or not value.isprintable():
+            raise InvalidInput(f"tag {key!r}: its value is printable text of 256 at most")
+    return dict(tags)
+
+
 def new_run_id(run_id: str | None) -> str:
     """The caller's run id, checked, or a random one."""
     if run_id is None:
@@ -75,6 +97,7 @@ def creation(request: StartRunInput, *, config: RunnerConfig, configs: ConfigCac
     limit = config.limits.value_bytes
     encoded_input = from_python(request.input, max_bytes=limit, what="the run input")
     traceparent = new_traceparent(request.traceparent)
+    tags = checked_tags(request.tags)
 
     def create(tx: JournalTransaction, now: int) -> tuple[RunRecord, RunRecord | None]:
         settings = start_settings(tx, scope, config, configs)
@@ -102,6 +125,8 @@ def creation(request: StartRunInput, *, config: RunnerConfig, configs: ConfigCac
             admit(tx, scope, settings.budgets, new_live_run=True)
         if tx.insert_run(record):
             tx.append_event(run_id, "run_created", now, dumps_text({"scope": scope}))
+            if tags:
+                tx.insert_tags(run_id, tags)
             return record, None
         return record, tx.get_run(run_id)
 

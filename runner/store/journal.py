@@ -301,9 +301,11 @@ class JournalStore(JournalCore):
         newest_first: bool = False,
         since_ms: int | None = None,
         after: tuple[int, str] | None = None,
+        tags: Mapping[str, str] | None = None,
     ) -> list[RunRecord]:
         """A page of runs by when they were created; `after` is the (created_at, key) of
-        the last run of the page before (a cursor: stable while runs are added)."""
+        the last run of the page before (a cursor: stable while runs are added); `tags`:
+        runs with each of these (found through the tags' index)."""
         clauses: list[str] = []
         args: list[object] = []
         for clause, value in (("scope = ?", scope), ("workflow = ?", workflow),
@@ -314,6 +316,9 @@ class JournalStore(JournalCore):
         if after is not None:
             clauses.append(f"(created_at, run_id) {'<' if newest_first else '>'} (?, ?)")
             args += after
+        for key, value in (tags or {}).items():
+            clauses.append("run_id IN (SELECT run_id FROM run_tags WHERE key = ? AND value = ?)")
+            args += [key, value]
         where = f" WHERE {' AND '.join(clauses)}" if clauses else ""
         order = "created_at DESC, run_id DESC" if newest_first else "created_at, run_id"
         rows = await self._all(
@@ -376,6 +381,9 @@ class JournalStore(JournalCore):
             "SELECT 1 FROM timers WHERE run_id = ? AND due_at <= ? LIMIT 1", (run_id, by)
         )
         return bool(rows)
+
+    async def tags_of(self, run_id: str) -> dict[str, str]:
+        return await self.read(lambda tx: tx.tags_of(run_id))
 
     async def list_events(self, run_id: str) -> list[EventRecord]:
         rows = await self._all(

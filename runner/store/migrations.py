@@ -18,6 +18,7 @@ __all__ = [
     "MIGRATIONS",
     "ROLLBACK_REQUESTED",
     "RUN_CONTROL",
+    "RUN_TAGS",
     "SNAPSHOT_VARS",
     "TRACE_CONTEXT",
     "WORKERS",
@@ -130,6 +131,16 @@ def schedules(integer: str) -> str:
 );
 CREATE INDEX schedules_due ON schedules (next_at) WHERE paused = 0;
 CREATE INDEX schedules_buffered ON schedules (buffered_at) WHERE buffered_at IS NOT NULL"""
+
+
+# Runs' tags (key/value, from their start): `list --tag`, found through the index, not a scan.
+RUN_TAGS = """CREATE TABLE run_tags (
+    run_id TEXT NOT NULL REFERENCES runs (run_id),
+    key TEXT NOT NULL,
+    value TEXT NOT NULL,
+    PRIMARY KEY (run_id, key)
+);
+CREATE INDEX run_tags_by_value ON run_tags (key, value, run_id)"""
 
 
 def scope_configs(integer: str) -> str:
@@ -404,6 +415,7 @@ MIGRATIONS: tuple[tuple[int, str, str], ...] = (
     (21, "a terminate that runs the run's rollbacks first", ROLLBACK_REQUESTED),
     (22, "a project's wrangler vars, the defaults of its runs' env", SNAPSHOT_VARS),
     (23, "schedules: cron or interval firings, each run started once", schedules("INTEGER")),
+    (24, "runs' tags, found through an index", RUN_TAGS),
 )
 
 

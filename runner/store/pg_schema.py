@@ -13,6 +13,7 @@ from qjsflow.runner.store.migrations import (
     COMMIT_MARKS,
     ROLLBACK_REQUESTED,
     RUN_CONTROL,
+    RUN_TAGS,
     SNAPSHOT_VARS,
     TRACE_CONTEXT,
     WORKERS,
@@ -151,4 +152,5 @@ PG_MIGRATIONS: tuple[Migration, ...] = (
     ),
     (17, "a project's wrangler vars (SQLite migration 22)", SNAPSHOT_VARS),
     (18, "schedules (SQLite migration 23)", schedules("BIGINT")),
+    (19, "runs' tags (SQLite migration 24)", RUN_TAGS),
 )

@@ -41,7 +41,7 @@ _RUN_UPDATABLE = {
     "config_version", "rollback_requested",
 }  # fmt: skip
 # The tables holding a run's rows besides `runs` itself.
-RUN_TABLES = ("steps", "events", "inbox", "timers", "tool_calls", "logs")
+RUN_TABLES = ("steps", "events", "inbox", "timers", "tool_calls", "logs", "run_tags")
 
 
 # A scope's usage to add, (measure, window start, amount) rows, and the windows to forget.

@@ -14,7 +14,7 @@ caller holds the transaction (hence no `_txn` suffix on a class whose every meth
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 from qjsflow.bridge import dumps_text
@@ -507,6 +507,18 @@ class JournalTransaction(StepStatements):
             (int(paused), next_at, now, scope, name),
         )
         return row is not None
+
+    def insert_tags(self, run_id: str, tags: Mapping[str, str]) -> None:
+        self._db.executemany(
+            "INSERT INTO run_tags (run_id, key, value) VALUES (?, ?, ?) ON CONFLICT DO NOTHING",
+            [(run_id, key, value) for key, value in tags.items()],
+        )
+
+    def tags_of(self, run_id: str) -> dict[str, str]:
+        rows = self._db.execute(
+            "SELECT key, value FROM run_tags WHERE run_id = ? ORDER BY key", (run_id,)
+        ).fetchall()
+        return {str(key): str(value) for key, value in rows}
 
     def delete_schedule(self, scope: str, name: str) -> bool:
         row = self._one(
