@@ -110,9 +110,13 @@ async def test_sigkill_at_random_moments_loses_and_repeats_nothing(
 
 @pytest.mark.timeout(300)
 async def test_two_workers_share_200_runs(workers: Workers, api: Runner) -> None:
+    # A durable sleep in each: every run is driven at least twice, its second drive due
+    # seconds later, when both workers are sure to be taking work (a worker whose executors
+    # were still warming up under load could otherwise find 200 quick runs all done).
     source = """
     export default async (event, step) => {
       const a = await step.do("a", async () => event.payload.n);
+      await step.sleep("pause", "2 seconds");
       const b = await step.do("b", async () => a * 2);
       return b + (await step.do("c", async () => 1));
     };
