@@ -145,6 +145,7 @@ class Worker:
         # Fires the schedules due at a time (run clock, ms): handed in by the runner
         # (runner/operations/schedules.py), as pruning is.
         self.fire = fire
+        self._next_fire = 0.0  # on the monotonic clock
         self._reported_kills: dict[str, int] = {}
         # Per scope: drives this worker gave it over its weight (see _fair_order).
         self._virtual: collections.defaultdict[str, float] = collections.defaultdict(float)
@@ -169,8 +170,7 @@ class Worker:
                     now = self.driver.now_ms()
                     await self._report(now)
                     await self._prune(now)
-                    if self.fire is not None:
-                        await self.fire(now)
+                    await self._fire(now)
                     ended.clear()
                     claimable = await self._claim(tasks, ended, now)
                     if until_idle and not tasks and not claimable:
@@ -250,6 +250,14 @@ class Worker:
             METRICS.runs.clear()
             for (scope, status), count in (await self.store.count_runs_by_scope()).items():
                 METRICS.runs.labels(scope=scope, status=status).set(count)
+
+    async def _fire(self, now: int) -> None:
+        """Fire the due schedules, at most once a poll interval: a busy worker turns its loop
+        at every drive's end, and a schedule's tick is a second or more."""
+        if self.fire is None or time.monotonic() < self._next_fire:
+            return
+        self._next_fire = time.monotonic() + self.poll_interval_s
+        await self.fire(now)
 
     async def _prune(self, now: int) -> None:
         """Under a retention setting, prune ended runs once every `every_s` (several workers
