@@ -131,10 +131,11 @@ class RunReads:
         since: float | None = None,
         cursor: str | None = None,
         tags: Mapping[str, str] | None = None,
+        until: float | None = None,
     ) -> list[RunView]:
         """Runs of one scope, oldest first (or newest first), a page of `limit` from `offset`
         or after `cursor` (`cursor_after` of the last run of the page before), created
-        at or after `since` (seconds since the epoch), with every one of `tags`; an
+        from `since` to `until` (seconds since the epoch), with every one of `tags`; an
         operator passes `scope=ALL_SCOPES` to see every scope's (there is no default, so
         isolation is never off by omission)."""
         chosen = None if scope is ALL_SCOPES else validate_scope(scope)
@@ -144,6 +145,7 @@ class RunReads:
             chosen, workflow, status, limit, offset=offset, newest_first=newest_first,
             since_ms=None if since is None else int(since * 1000),
             after=None if cursor is None else _parse_cursor(cursor), tags=tags,
+            until_ms=None if until is None else int(until * 1000),
         )  # fmt: skip
         return [run_view(run) for run in runs]
 

@@ -342,3 +342,26 @@ async def test_runs_carry_tags_and_are_found_by_them(tmp_path: Path, clock: Fake
         assert "run_tags_by_value" in plan
         left = journal.execute("SELECT DISTINCT run_id FROM run_tags ORDER BY 1").fetchall()
         assert left == [("acme/t1",), ("acme/t2",)]
+
+
+async def test_a_schedules_runs_are_found_by_it_and_runs_by_a_time_range(
+    tmp_path: Path, clock: FakeClock
+) -> None:
+    from qjsflow.runner import StartRunInput  # noqa: PLC0415
+
+    runner = await _runner(tmp_path / "j.db", clock)
+    try:
+        early = await runner.start(StartRunInput("acme", "tick", "latest", 0, "early"),
+                                   drive=False)  # fmt: skip
+        await runner.set_schedule("acme", "s", "tick", {"every_s": 60, "overlap": "allow_all"})
+        clock.advance(121)
+        await runner.fire_schedules(int(clock() * 1000))
+        fired = await runner.list(scope="acme", tags={"schedule": "s"})
+        assert len(fired) == 2
+        assert all(run.run_id.startswith("s-s-") for run in fired)
+        before = await runner.list(scope="acme", until=early.created_at)
+        assert [run.run_id for run in before] == ["early"]
+        after = await runner.list(scope="acme", since=early.created_at + 1)
+        assert sorted(run.run_id for run in after) == sorted(run.run_id for run in fired)
+    finally:
+        await runner.aclose()

@@ -241,11 +241,16 @@ async def _signal(args: argparse.Namespace, runner: Runner) -> RunView:
 async def _list(args: argparse.Namespace, reads: RunReads) -> list[RunView]:
     """One page, and one run more to tell whether there are more."""
     scope = ALL_SCOPES if args.scope is None else args.scope
-    since = None if args.since is None else cli_control.parse_since(args.since, time.time())
+    now = time.time()
+    since = None if args.since is None else cli_control.parse_since(args.since, now)
+    until = None if args.until is None else cli_control.parse_since(args.until, now)
+    tags = _tags(args.tag) or {}
+    if args.schedule is not None:  # a schedule's runs carry its name as a tag
+        tags["schedule"] = args.schedule
     return await reads.list(
         scope=scope, workflow=args.workflow, status=args.status, limit=args.limit + 1,
         offset=args.offset, newest_first=args.desc, since=since, cursor=args.cursor,
-        tags=_tags(args.tag),
+        tags=tags or None, until=until,
     )  # fmt: skip
 
 

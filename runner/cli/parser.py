@@ -162,6 +162,9 @@ def build_parser() -> argparse.ArgumentParser:
     listing.add_argument("--cursor", help="start after this (the next_cursor of a page)")
     listing.add_argument("--tag", action="append", metavar="KEY=VALUE",
                          help="runs with this tag (repeatable: with each)")  # fmt: skip
+    listing.add_argument("--until", metavar="WHEN", help="created until: a duration ago or an "
+                         "ISO time")  # fmt: skip
+    listing.add_argument("--schedule", metavar="NAME", help="runs this schedule started")
     _add_worker(add)
     add("demo", help="the whole story on a fresh database, with a timeline")
     add("doctor", help="which sandbox layers and tools this machine gives qjsflow")

@@ -240,7 +240,9 @@ class Schedules:
     ) -> str:
         """The firing's run, started once whoever starts it (its id is the firing's)."""
         run_id = run_id_of(name, nominal)
-        request = StartRunInput(scope, workflow, spec.snapshot, spec.input, run_id)
+        request = StartRunInput(
+            scope, workflow, spec.snapshot, spec.input, run_id, tags={"schedule": name}
+        )  # `list --schedule NAME` finds it
         with contextlib.suppress(RunConflict):  # started by an earlier setting: it stands
             await self.start(request, drive=False)
         return run_id

@@ -302,6 +302,7 @@ class JournalStore(JournalCore):
         since_ms: int | None = None,
         after: tuple[int, str] | None = None,
         tags: Mapping[str, str] | None = None,
+        until_ms: int | None = None,
     ) -> list[RunRecord]:
         """A page of runs by when they were created; `after` is the (created_at, key) of
         the last run of the page before (a cursor: stable while runs are added); `tags`:
@@ -309,7 +310,8 @@ class JournalStore(JournalCore):
         clauses: list[str] = []
         args: list[object] = []
         for clause, value in (("scope = ?", scope), ("workflow = ?", workflow),
-                              ("status = ?", status), ("created_at >= ?", since_ms)):  # fmt: skip
+                              ("status = ?", status), ("created_at >= ?", since_ms),
+                              ("created_at <= ?", until_ms)):  # fmt: skip
             if value is not None:
                 clauses.append(clause)
                 args.append(value)
