@@ -6,7 +6,7 @@ import asyncio
 import dataclasses
 import os
 import uuid
-from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from functools import partial
 
@@ -483,6 +483,7 @@ class Runner(Schedules, ScopeConfigs, RunReads):
         stop: asyncio.Event | None = None,
         bindings: Bindings | None = None,
         idle_horizon_s: float = IDLE_HORIZON_MS / 1000,
+        ready: Callable[[], None] | None = None,
     ) -> int:
         """The worker loops (timers, recovery, signals) until `stop` is set, or until idle:
         nothing in progress and no timer due within `idle_horizon_s`. Returns how many drives
@@ -495,6 +496,7 @@ class Runner(Schedules, ScopeConfigs, RunReads):
             idle_horizon_ms=int(idle_horizon_s * 1000),
             prune=self._prune_retained,
             fire=self.fire_schedules,
+            ready=ready,
             secret_providers=self.config.secret_providers(),
         )
         await worker.serve(until_idle=until_idle, stop=stop)

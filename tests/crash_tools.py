@@ -7,6 +7,7 @@ the file is the ground truth of how often a tool really ran.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 from typing import Any
 
@@ -16,6 +17,14 @@ def _append(line: str) -> None:
         handle.write(line + "\n")
         handle.flush()
         os.fsync(handle.fileno())
+    fifo = os.environ.get("QJSFLOW_TOOL_FIFO")
+    if fifo:  # the test waiting for this call hears of it (tests/worker_pool.py)
+        with contextlib.suppress(OSError):
+            writing = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
+            try:
+                os.write(writing, (line + "\n").encode())  # one write, under PIPE_BUF: whole
+            finally:
+                os.close(writing)
 
 
 async def append(args: Any) -> Any:

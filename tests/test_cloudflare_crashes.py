@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from qjsflow.runner import Runner, StartRunInput
-from tests.worker_pool import Workers, until
+from tests.worker_pool import Workers
 
 pytestmark = pytest.mark.slow
 
@@ -61,7 +61,7 @@ def _project(tmp_path: Path, source: str, workflows: list[dict[str, str]]) -> Pa
 async def _kill_during_slow(workers: Workers) -> None:
     """A worker, killed with SIGKILL while the slow tool runs in its drive; then another."""
     first = workers.spawn()
-    await until(lambda: "slow" in workers.tool_log.read_text(), 60, "the slow tool")
+    await workers.tool_call(lambda line: line.endswith(" slow"))
     first.send_signal(signal.SIGKILL)
     first.wait(timeout=30)
     workers.spawn()

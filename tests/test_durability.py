@@ -6,6 +6,7 @@ import asyncio
 import random
 import signal
 import time
+from collections.abc import Callable
 
 import pytest
 
@@ -13,7 +14,7 @@ from qjsflow.runner import Runner, StartRunInput
 from qjsflow.runner.tenancy.scopes import run_key
 from tests.journal_reads import query
 from tests.leases import seconds_until_lease_lapses
-from tests.worker_pool import Workers, until
+from tests.worker_pool import Workers
 
 pytestmark = pytest.mark.slow
 
@@ -34,6 +35,18 @@ export default async (event, step) => {
   return results;
 };
 """.replace("STEPS", str(STEPS))
+
+
+async def _until(condition: Callable[[], object], timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        result = condition()
+        if asyncio.iscoroutine(result):
+            result = await result
+        if result:
+            return
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
 
 
 async def _all_done(api: Runner, run_ids: list[str]) -> bool:
@@ -75,7 +88,7 @@ async def test_sigkill_at_random_moments_loses_and_repeats_nothing(
                 await api.signal(run_id, "approve", "boss", drive=False, scope="acme")
     survivor = workers.spawn("--concurrency", "6")
     await workers.serving(survivor)
-    await until(lambda: _all_done(api, run_ids), 300, "every run to finish")
+    await _until(lambda: _all_done(api, run_ids), 300, "every run to finish")
     survivor.send_signal(signal.SIGTERM)
     assert survivor.wait(timeout=60) == 0
 
@@ -126,10 +139,8 @@ async def test_two_workers_share_200_runs(workers: Workers, api: Runner) -> None
     # started late would otherwise find the quick runs all done by the other.
     first = workers.spawn("--concurrency", "4")
     second = workers.spawn("--concurrency", "4")
-    deadline = time.monotonic() + 60
-    while sum(1 for w in await api.workers() if w.state == "live") < 2:
-        assert time.monotonic() < deadline, "the two workers did not register"
-        await asyncio.sleep(0.05)
+    for process in (first, second):
+        await workers.serving(process)  # registered: the line it prints then
     run_ids = []
     for n in range(200):
         request = StartRunInput("acme", "quick", published.snapshot_id, {"n": n}, f"quick-{n}")
@@ -172,7 +183,7 @@ async def test_a_paused_driver_whose_lease_was_taken_cannot_write(
     request = StartRunInput("acme", "slow", published.snapshot_id, run_id="paused")
     await api.start(request, drive=False)
     paused = workers.spawn(lease_ttl=1.0)
-    await until(lambda: workers.tool_lines()[("paused", "slow")] == 1, 60, "the first tool call")
+    await _until(lambda: workers.tool_lines()[("paused", "slow")] == 1, 60, "the first tool call")
     paused.send_signal(signal.SIGSTOP)
     await asyncio.sleep(seconds_until_lease_lapses(workers.db, "acme/paused"))
     events_before = {e.seq for e in await api.store.list_events(run_key("acme", "paused"))}
@@ -220,10 +231,10 @@ async def test_due_sleep_completes_when_a_worker_starts_and_signals_wake_fast(
     await asyncio.sleep(1.5)  # the wake time passes with no worker running
     worker = workers.spawn()
     await workers.serving(worker)
-    await until(lambda: _status(api, "napper", "waiting"), 30, "the sleep to be woken")
+    await _until(lambda: _status(api, "napper", "waiting"), 30, "the sleep to be woken")
     await api.signal("napper", "go", "now", drive=False, scope="acme")
     sent = time.monotonic()
-    await until(lambda: _status(api, "napper", "completed"), 5, "the signal to wake the run")
+    await _until(lambda: _status(api, "napper", "completed"), 5, "the signal to wake the run")
     assert time.monotonic() - sent < 1.0
     worker.send_signal(signal.SIGTERM)
     assert worker.wait(timeout=30) == 0

@@ -21,7 +21,7 @@ from qjsflow.bridge import InvalidInput
 from qjsflow.runner import Runner, RunnerConfig
 from qjsflow.runner.operations.schedule_spec import parse_schedule
 from tests.conftest import PROJECT_ROOT, FakeClock
-from tests.worker_pool import Workers, until
+from tests.worker_pool import Workers
 
 QUICK = "export default async (event) => event.payload;"
 
@@ -156,14 +156,14 @@ async def test_real_workers_and_a_restarted_one_fire_each_tick_once(
 ) -> None:
     """Two worker processes, one killed and another started, on one journal: every nominal
     tick between the first and the last has exactly one run, none missed, none twice."""
-    await api.publish("acme", {"workflows/tick.ts": QUICK})
+    await api.publish("acme", {"workflows/tick.ts": CALLS})
     made = await api.set_schedule("acme", "tick", "tick", {"every_s": 1, "overlap": "allow_all"})
     first, second = workers.spawn(), workers.spawn()
-    await until(lambda: _started(api, 3), 60, "three ticks")
+    await _ticks(workers, 3)  # each tick's run calls a tool, which says so as it runs
     first.send_signal(signal.SIGKILL)
     first.wait(timeout=30)
     third = workers.spawn()
-    await until(lambda: _started(api, 8), 60, "eight ticks")
+    await _ticks(workers, 5)
     for process in (second, third):
         process.send_signal(signal.SIGTERM)
         process.wait(timeout=60)
@@ -176,8 +176,18 @@ async def test_real_workers_and_a_restarted_one_fire_each_tick_once(
     assert shown.fired == len(nominals)
 
 
-async def _started(api: Runner, count: int) -> bool:
-    return len(await api.list(scope="acme", workflow="tick")) >= count
+CALLS = """
+export default async (event, step) =>
+  step.tool("say", "append", { run: event.instanceId, step: "tick" });
+"""
+
+
+async def _ticks(workers: Workers, count: int) -> None:
+    """Until `count` more tick runs have called their tool (a run made again after the kill
+    may call it twice: counted once)."""
+    seen: set[str] = set()
+    while len(seen) < count:
+        seen.add(await workers.tool_call(lambda line: line.endswith(" tick")))
 
 
 @pytest.mark.slow

@@ -1,17 +1,18 @@
 """Worker subprocesses on one journal, with the crash tools bound, for the tests that kill
 them (tests/test_durability.py, tests/test_cloudflare_crashes.py): the pool, its fixtures
 (`workers`, and `api`: the test's own view of the journal, which drives nothing; conftest.py
-offers them to every test), and a wait for a condition of the journal."""
+offers them to every test)."""
 
 from __future__ import annotations
 
 import asyncio
 import os
 import subprocess
-import time
+import threading
 from collections import Counter
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
+from typing import BinaryIO
 
 import pytest
 
@@ -19,13 +20,16 @@ from qjsflow.runner import Runner, RunnerConfig
 from qjsflow.runner.engine.worker import worker_command
 from qjsflow.sandbox import PoolConfig
 
-__all__ = ["PROJECT_ROOT", "Workers", "api", "until", "workers"]
+__all__ = ["PROJECT_ROOT", "Workers", "api", "workers"]
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 
 
 class Workers:
-    """Worker subprocesses on one journal file, with the crash tools bound."""
+    """Worker subprocesses on one journal file, with the crash tools bound. What a test
+    waits for comes as an event, never by looking again after a pause: a worker's readiness
+    is the line it prints once it is registered (read from its output as it comes), and each
+    crash tool's call is a line written to a FIFO (`tool_call`)."""
 
     def __init__(self, tmp_path: Path, journal: str) -> None:
         self.db = journal
@@ -34,6 +38,16 @@ class Workers:
         self.logs = tmp_path / "worker-logs"
         self.logs.mkdir()
         self.spawned: list[subprocess.Popen[bytes]] = []
+        self._ready: dict[int, threading.Event] = {}
+        self._copying: list[threading.Thread] = []
+        # The tools' calls as they are made: the test holds a writing end too, so a read
+        # waits for the next line instead of meeting the end of the file.
+        self.tool_fifo = tmp_path / "tools.fifo"
+        os.mkfifo(self.tool_fifo)
+        reading = os.open(self.tool_fifo, os.O_RDONLY | os.O_NONBLOCK)
+        self._held = os.open(self.tool_fifo, os.O_WRONLY)
+        os.set_blocking(reading, True)
+        self._calls = os.fdopen(reading, "r", encoding="utf-8")
 
     def spawn(self, *worker_args: str, lease_ttl: float = 2.0) -> subprocess.Popen[bytes]:
         log = (self.logs / f"worker-{len(self.spawned)}.log").open("wb")
@@ -43,24 +57,44 @@ class Workers:
                 *worker_args,
             ],
             cwd=PROJECT_ROOT,
-            env={**os.environ, "QJSFLOW_TOOL_LOG": str(self.tool_log)},
-            stdout=log,
+            env={**os.environ, "QJSFLOW_TOOL_LOG": str(self.tool_log),
+                 "QJSFLOW_TOOL_FIFO": str(self.tool_fifo)},
+            stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
         )  # fmt: skip
-        log.close()
+        ready = self._ready[process.pid] = threading.Event()
+        copying = threading.Thread(target=_copy, args=(process, log, ready), daemon=True)
+        copying.start()
+        self._copying.append(copying)
         self.spawned.append(process)
         return process
 
     async def serving(self, process: subprocess.Popen[bytes]) -> None:
-        """Wait until the worker has installed its signal handlers and opened the journal."""
-        log = self.logs / f"worker-{self.spawned.index(process)}.log"
-        await until(lambda: b"qjsflow worker: serving" in log.read_bytes(), 60, "a worker")
+        """Until the worker is registered in the journal and about to claim runs (the line
+        it prints then)."""
+        ready = self._ready[process.pid]
+        assert await asyncio.to_thread(ready.wait, 60), "the worker did not get ready"
+
+    async def tool_call(self, wanted: Callable[[str], bool], timeout_s: float = 60) -> str:
+        """The next line a crash tool writes (`run step`) for which `wanted` is true."""
+
+        async def next_wanted() -> str:
+            while True:
+                line = (await asyncio.to_thread(self._calls.readline)).strip()
+                if wanted(line):
+                    return line
+
+        return await asyncio.wait_for(next_wanted(), timeout_s)
 
     def stop_all(self) -> None:
         for process in self.spawned:
             if process.poll() is None:
                 process.kill()
             process.wait(timeout=30)
+        for copying in self._copying:  # each ends at its worker's end of output
+            copying.join(timeout=30)
+        os.close(self._held)
+        self._calls.close()
 
     def tool_lines(self) -> Counter[tuple[str, str]]:
         lines = self.tool_log.read_text().split()
@@ -82,13 +116,12 @@ async def api(workers: Workers) -> AsyncIterator[Runner]:
         yield runner
 
 
-async def until(condition: Callable[[], object], timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        result = condition()
-        if asyncio.iscoroutine(result):
-            result = await result
-        if result:
-            return
-        await asyncio.sleep(0.1)
-    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+def _copy(process: subprocess.Popen[bytes], log: BinaryIO, ready: threading.Event) -> None:
+    """A worker's output into its log file, line by line, `ready` set at its serving line."""
+    assert process.stdout is not None
+    with log, process.stdout:
+        for line in process.stdout:
+            log.write(line)
+            log.flush()
+            if line.startswith(b"qjsflow worker: serving"):
+                ready.set()

@@ -122,8 +122,12 @@ async def _serve(args: argparse.Namespace, runner: Runner) -> int:
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
     mode = "until idle" if args.until_idle else "until SIGTERM"
-    print(f"qjsflow worker: serving {args.db} ({mode})", file=sys.stderr, flush=True)
     serving = asyncio.Event()
+
+    def ready() -> None:  # registered in the journal: said once, as the health check's ready
+        print(f"qjsflow worker: serving {args.db} ({mode})", file=sys.stderr, flush=True)
+        serving.set()
+
     if args.metrics_port is not None:
         _serve_metrics(args.host, args.metrics_port)
     health = None
@@ -132,11 +136,10 @@ async def _serve(args: argparse.Namespace, runner: Runner) -> int:
 
         health = await serve_health(args.host, args.health_port, runner.store,
                                     serving.is_set)  # fmt: skip
-    loop.call_soon(serving.set)  # ready once the loop below runs
     try:
         drove = await runner.serve(
             until_idle=args.until_idle, concurrency=args.concurrency, stop=stop,
-            idle_horizon_s=args.idle_window,
+            idle_horizon_s=args.idle_window, ready=ready,
         )  # fmt: skip
         if args.until_idle:
             print(f"qjsflow worker: idle; {await _left(runner)}", file=sys.stderr, flush=True)

@@ -123,6 +123,7 @@ class Worker:
         idle_horizon_ms: int = IDLE_HORIZON_MS,
         prune: Pruner | None = None,
         fire: Callable[[int], Awaitable[int]] | None = None,
+        ready: Callable[[], None] | None = None,
         secret_providers: tuple[str, ...] = (),
     ) -> None:
         self.store = store
@@ -146,6 +147,8 @@ class Worker:
         # (runner/operations/schedules.py), as pruning is.
         self.fire = fire
         self._next_fire = 0.0  # on the monotonic clock
+        # Called once, when the worker is registered in the journal and about to claim runs.
+        self.ready = ready
         self._reported_kills: dict[str, int] = {}
         # Per scope: drives this worker gave it over its weight (see _fair_order).
         self._virtual: collections.defaultdict[str, float] = collections.defaultdict(float)
@@ -211,6 +214,9 @@ class Worker:
                 partial(_beat, worker_id=self.driver.worker_id, now=now), durable=False
             )
         self._next_beat = now + WORKER_BEAT_MS
+        if self.ready is not None:  # registered: `qjsflow workers` and `start` see it now
+            self.ready()
+            self.ready = None
         # Scopes' weights and concurrency limits as the journal now says, on every worker alike.
         await self.driver.limits.refresh(self.store, self.driver.configs)
         if METRICS.available:
