@@ -25,15 +25,18 @@ from urllib.parse import urlsplit
 
 from qjsflow.bridge import CodecError, dumps_text, loads
 from qjsflow.bundles.errors import SourceTreeError
+from qjsflow.bundles.flow import FlowControl, flow_from_json
 from qjsflow.bundles.wrangler import WRANGLER_FILES, read_document
 
 __all__ = [
     "MANIFEST_FILES",
     "SQL_MODES",
     "Capabilities",
+    "WorkflowSettings",
     "capabilities_from_json",
     "capabilities_of",
     "exceeding",
+    "workflow_settings",
 ]
 
 MANIFEST_FILES = ("qjsflow.json", *WRANGLER_FILES)
@@ -156,17 +159,13 @@ def capabilities_of(files: Mapping[str, bytes]) -> Capabilities | None:
 
 
 def _parse(path: str, content: bytes) -> Capabilities | None:
-    if path != "qjsflow.json":
-        document = read_document(path, content)
-    else:
-        try:
-            document = loads(content.decode("utf-8"))
-        except (UnicodeDecodeError, CodecError) as error:
-            raise SourceTreeError(path, f"is not valid JSON: {error}") from None
+    document = _document(path, content)
     try:
         if path == "qjsflow.json":
-            if not isinstance(document, dict) or "capabilities" not in document:
-                raise ValueError('holds an object with "capabilities"')
+            if not isinstance(document, dict) or not set(document) <= {"capabilities", "workflows"}:
+                raise ValueError('holds an object of "capabilities" and "workflows"')
+            if "capabilities" not in document:
+                return None
             return capabilities_from_json(document["capabilities"], path)
         return _from_wrangler(document, path)
     except ValueError as error:
@@ -189,3 +188,72 @@ def _from_wrangler(document: Any, path: str) -> Capabilities | None:
         fetch=tuple(dict.fromkeys(f for c in declared for f in c.fetch)),
         sql=SQL_MODES[max(modes)],
     )
+
+
+def _document(path: str, content: bytes) -> Any:
+    if path != "qjsflow.json":
+        return read_document(path, content)
+    try:
+        return loads(content.decode("utf-8"))
+    except (UnicodeDecodeError, CodecError) as error:
+        raise SourceTreeError(path, f"is not valid JSON: {error}") from None
+
+
+@dataclass(frozen=True, slots=True)
+class WorkflowSettings:
+    """What a manifest declares of one workflow beside its code: its flow control, and (in
+    `qjsflow.json`) its schedules as the runner takes them (checked as they are set)."""
+
+    flow: FlowControl | None = None
+    schedules: tuple[Mapping[str, Any], ...] = ()
+
+
+_SETTING_KEYS = frozenset({"flow_control", "schedules"})
+
+
+def workflow_settings(files: Mapping[str, bytes]) -> dict[str, WorkflowSettings]:
+    """Each workflow's settings as the tree's manifest declares them (name -> settings):
+    `qjsflow.json`'s `workflows` object, or a wrangler file's `workflows[].flow_control`."""
+    for path in MANIFEST_FILES:
+        if path in files:
+            try:
+                return _settings(path, _document(path, files[path]))
+            except ValueError as error:
+                raise SourceTreeError(path, str(error)) from None
+    return {}
+
+
+def _settings(path: str, document: Any) -> dict[str, WorkflowSettings]:
+    if not isinstance(document, dict):
+        return {}
+    found: dict[str, WorkflowSettings] = {}
+    workflows = document.get("workflows")
+    if path != "qjsflow.json":  # wrangler's list; its schedules are cron strings, read there
+        for n, entry in enumerate(workflows if isinstance(workflows, list) else []):
+            if isinstance(entry, dict) and entry.get("flow_control") is not None:
+                where = f"workflows[{n}].flow_control"
+                found[str(entry.get("name"))] = WorkflowSettings(
+                    flow_from_json(entry["flow_control"], where)
+                )
+        return found
+    if workflows is None:
+        return {}
+    if not isinstance(workflows, dict) or len(workflows) > 256:
+        raise ValueError("workflows is an object of workflow names and their settings")
+    for name, entry in workflows.items():
+        where = f"workflows.{str(name)[:64]}"
+        if not isinstance(entry, dict) or set(entry) - _SETTING_KEYS:
+            raise ValueError(f"{where} is an object of {', '.join(sorted(_SETTING_KEYS))}")
+        flow = entry.get("flow_control")
+        schedules = entry.get("schedules", [])
+        if (
+            not isinstance(schedules, list)
+            or len(schedules) > 16
+            or not all(isinstance(item, dict) for item in schedules)
+        ):
+            raise ValueError(f"{where}.schedules is a list of at most 16 schedules (objects)")
+        found[str(name)] = WorkflowSettings(
+            None if flow is None else flow_from_json(flow, f"{where}.flow_control"),
+            tuple(schedules),
+        )
+    return found

@@ -22,7 +22,13 @@ from typing import Any
 from qjsflow.bridge import dumps
 from qjsflow.bundles.errors import BundleError, SourceTreeError
 from qjsflow.bundles.esbuild import BuildLimits, run_driver
-from qjsflow.bundles.manifest import MANIFEST_FILES, Capabilities, capabilities_of
+from qjsflow.bundles.manifest import (
+    MANIFEST_FILES,
+    Capabilities,
+    WorkflowSettings,
+    capabilities_of,
+    workflow_settings,
+)
 from qjsflow.bundles.toolchain import NODE_COMPAT_PACKAGES
 from qjsflow.bundles.tree import (
     SourceTree,
@@ -83,6 +89,8 @@ class Snapshot:
     declared: Mapping[str, tuple[DeclaredWorkflow, ...]] = dataclasses.field(default_factory=dict)
     warnings: tuple[str, ...] = ()  # said at publish, stored nowhere
     vars: Mapping[str, Any] | None = None  # the wrangler file's `vars`: env defaults
+    # What the manifest declares of each workflow by name: flow control, schedules.
+    settings: Mapping[str, WorkflowSettings] = dataclasses.field(default_factory=dict)
 
 
 def select_entries(listing: TreeListing, entries: Sequence[str] | None = None) -> tuple[str, ...]:
@@ -164,6 +172,14 @@ def name_workflows(
             owners[name] = bundle.entry_path
             binding = next((w.binding for w in declared or () if w.name == name), None)
             named.append(dataclasses.replace(bundle, workflow=name, export=export, binding=binding))
+    unknown = sorted(set(snapshot.settings) - set(owners))
+    if unknown:
+        paths = {file.path for file in snapshot.tree.files}
+        where = next((path for path in MANIFEST_FILES if path in paths), "the manifest")
+        raise SourceTreeError(
+            where, f"declares settings of {unknown[0][:64]!r}, which is not a workflow here "
+            f"(its workflows: {', '.join(sorted(owners))})",
+        )  # fmt: skip
     return dataclasses.replace(snapshot, bundles=tuple(named))
 
 
@@ -297,7 +313,9 @@ async def _build(
     manifests = [path for path in MANIFEST_FILES if path in listing.files]
     reached = sorted({*digests, *manifests})
     tree = await asyncio.to_thread(read_reached, listing, reached, tree_limits)
-    capabilities = capabilities_of({f.path: f.content for f in tree.files if f.path in manifests})
+    manifest_files = {f.path: f.content for f in tree.files if f.path in manifests}
+    capabilities = capabilities_of(manifest_files)
+    settings = workflow_settings(manifest_files)
     for file in tree.files:  # the bundler read these bytes, and only these
         if file.path in digests and hashlib.sha256(file.content).hexdigest() != digests[file.path]:
             raise SourceTreeError(file.path, "changed while it was being published: try again")
@@ -311,7 +329,7 @@ async def _build(
     return Snapshot(
         snapshot_id_of(tree, chosen, declared, node_compat), tree, chosen, bundles, capabilities,
         declared=declared, warnings=(*warnings, *answer.get("warnings", ())),
-        vars=None if project is None else project.vars,
+        vars=None if project is None else project.vars, settings=settings,
     )  # fmt: skip
 
 

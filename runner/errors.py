@@ -7,6 +7,7 @@
     ├── RunConflict         a caller-supplied run id already names a different run
     ├── RunClosed           the run is finished or cancelled and accepts no events
     ├── RunChanged          the run changed between an operator command's check and its act
+    ├── FlowRefused         a workflow's flow control refuses a start (rate limit, singleton)
     └── InvalidRunId / InvalidEvent   malformed ids, event types or payloads
     QjsflowError
     ├── JournalUnavailable  the journal is empty, damaged or of an unknown version
@@ -23,6 +24,7 @@ __all__ = [
     "BudgetExceeded",
     "CapabilityRefused",
     "FatalToolError",
+    "FlowRefused",
     "InvalidEvent",
     "InvalidRunId",
     "JournalUnavailable",
@@ -96,6 +98,14 @@ class RunChanged(InvalidInput):
         super().__init__(f"run {run_id!r} changed while {while_what}: nothing was done; "
                          "run the command again")  # fmt: skip
         self.run_id = run_id
+
+
+class FlowRefused(InvalidInput):
+    """A start its workflow's flow control refuses (docs/OPERATIONS.md, Flow control):
+    nothing was written."""
+
+    def __init__(self, workflow: str, why: str) -> None:
+        super().__init__(f"a start of {workflow!r} is refused: {why}")
 
 
 class InvalidRunId(InvalidInput):

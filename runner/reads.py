@@ -27,6 +27,7 @@ from qjsflow.runner.store import (
     JournalTransaction,
     LogRecord,
     RunRecord,
+    RunStatus,
     SnapshotRecord,
     snapshot_records,
 )
@@ -79,7 +80,13 @@ class RunReads:
         return self._store
 
     async def get(self, run_id: str, *, scope: str) -> RunView:
-        return run_view(await self._run(run_id, scope))
+        """The run; a queued one with its place in its queue."""
+        run = await self._run(run_id, scope)
+        view = run_view(run)
+        if run.status != RunStatus.queued:
+            return view
+        position = await self._store.read(lambda tx: tx.queue_position(run.run_id))
+        return dataclasses.replace(view, queue_position=position)
 
     async def wait(
         self, run_id: str, *, scope: str, timeout_s: float | None = None, poll_s: float = 0.2

@@ -47,7 +47,13 @@ from qjsflow.runner.operations.scope_configs import (
     ScopeConfigs,
     move_to_config,
 )
-from qjsflow.runner.operations.starts import BatchItem, batch_of, creation, new_run_id
+from qjsflow.runner.operations.starts import (
+    BatchItem,
+    GatedStart,
+    batch_of,
+    creation,
+    new_run_id,
+)
 from qjsflow.runner.operations.workflow_bindings import serve_call
 from qjsflow.runner.reads import (
     RUN_ID,
@@ -193,12 +199,14 @@ class Runner(Schedules, ScopeConfigs, RunReads):
         if not drive:
             wanted, existing = await self._store.transact(partial(create, now=now))
             if existing is not None:
-                check_same_start(existing, wanted)
+                if existing.run_id == wanted.run_id:  # else a debounced start, merged into it
+                    check_same_start(existing, wanted)
                 return run_view(existing)
             return run_view(wanted)
 
         def create_to_drive(tx: JournalTransaction, *, now: int) -> bool:
-            wanted, existing = create(tx, now)  # the drive's time: its beginning changes nothing
+            # The drive's time: its beginning changes nothing.
+            wanted, existing = create(tx, now, inline=True)
             if existing is not None:  # nothing is written: the run is returned as it is
                 raise ExistingRun(existing, wanted)
             return True
@@ -211,6 +219,15 @@ class Runner(Schedules, ScopeConfigs, RunReads):
         except ExistingRun as already:
             check_same_start(already.run, already.wanted)
             return run_view(already.run)
+        except GatedStart:  # written alone, as its gate says; driven here if admitted
+            wanted, existing = await self._store.transact(partial(create, now=now))
+            if existing is not None:
+                if existing.run_id == wanted.run_id:
+                    check_same_start(existing, wanted)
+                return run_view(existing)
+            if wanted.status != RunStatus.running:
+                return run_view(wanted)
+            return await self._drive(create.run_key, bindings)
 
     async def start_batch(self, requests: Sequence[StartRunInput]) -> list[BatchItem]:
         """Up to `MAX_BATCH` starts in one transaction, each answered on its own (created,

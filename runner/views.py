@@ -66,6 +66,10 @@ class StartRunInput:
     # Key/value tags of the run (`list --tag KEY=VALUE` finds it by them): at most 20, keys
     # of A-Z, a-z, 0-9, `_`, `.`, `-` (64 at most), values of 256 characters at most.
     tags: Mapping[str, str] | None = None
+    # Flow control for this start (bundles/flow.py's form), in place of what its workflow
+    # declares; and its priority (-1000 to 1000, higher first), over the declared one.
+    flow: Mapping[str, Any] | None = None
+    priority: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,6 +90,9 @@ class RunView:
     error_stack: tuple[str, ...] = ()
     # Its scope's configuration version as it started (None: the starting process's own).
     config_version: int | None = None
+    priority: int = 0  # higher is claimed first in its scope, and leaves its queue first
+    # While queued by its workflow's flow control: 1 when it is the next of its keys to go.
+    queue_position: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,6 +174,7 @@ def run_view(run: RunRecord) -> RunView:
         waiting_for=run.waiting_for,
         error_stack=_frames(run.error_stack),
         config_version=run.config_version,
+        priority=run.priority,
     )
 
 

@@ -116,6 +116,7 @@ def test_the_four_flows_from_a_shell(cli: Cli, tmp_path: Path) -> None:
             "entry_path": "workflows/greet.ts",
             "export": "default",
             "binding": None,
+            "flow": None,
         }
     ]
     snapshot = published["snapshot_id"]

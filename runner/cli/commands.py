@@ -189,15 +189,16 @@ def _batch(args: argparse.Namespace) -> list[StartRunInput]:
         requests.append(StartRunInput(
             args.scope, str(item.get("workflow", args.workflow)),
             str(item.get("snapshot", args.snapshot)), item.get("input"), item.get("run_id"),
-            tags=item.get("tags"),
+            tags=item.get("tags"), flow=item.get("flow"), priority=item.get("priority"),
         ))  # fmt: skip
     return requests
 
 
 async def _start(args: argparse.Namespace, runner: Runner) -> RunView:
     payload = _json_arg(args.input, "--input")
+    flow = None if args.flow is None else _json_arg(args.flow, "--flow")
     request = StartRunInput(args.scope, args.workflow, args.snapshot, payload, args.run_id,
-                            tags=_tags(args.tag))  # fmt: skip
+                            tags=_tags(args.tag), flow=flow, priority=args.priority)  # fmt: skip
     return await recorded(args, runner, lambda: runner.start(request, drive=False))
 
 

@@ -40,6 +40,7 @@ _COLOURS = {
     "blocked": "31",
     "paused": "33",
     "throttled": "33",
+    "queued": "33",
     "terminated": "31",
 }
 
@@ -273,6 +274,9 @@ def _next(run: RunView) -> str:
         return f"its scope's {printable(run.waiting_for)} budget is spent; driven again " + (
             age(run.wake_at) if run.wake_at else "when it has room"
         )
+    if run.status == "queued":
+        place = f"{run.queue_position} in its queue" if run.queue_position else "queued"
+        return f"{place}: its workflow's flow control admits it when a place is free"
     if run.status == "paused":
         return "resume it to go on" + (
             f" (its timer is due {age(run.wake_at)})" if run.wake_at else ""

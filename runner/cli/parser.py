@@ -45,6 +45,7 @@ _PORT = number(int, 1, 65_535)
 _LEASE_S = number(float, 0.1, _DAY_S)
 _LIMIT, _OFFSET = number(int, 1, 10_000), number(int, 0, 2**62)
 _DRIVES = number(int, 1, 4096)
+_PRIORITY = number(int, -1000, 1000)
 
 
 # Options every command takes, before or after its name (`qjsflow status RUN --json`). The
@@ -119,24 +120,7 @@ def build_parser() -> argparse.ArgumentParser:
         "exports without :CLASS); repeatable; instead of the wrangler file or workflows/",
     )  # fmt: skip
     publish.add_argument("--scope", help="the tenant the snapshot belongs to (QJSFLOW_SCOPE)")
-    start = add("start", help="start a run pinned to a snapshot")
-    start.add_argument("workflow", nargs="?", help="the workflow's name in the snapshot")
-    start.add_argument(
-        "--batch", metavar="FILE",
-        help="up to 1,000 starts in one transaction, one JSON object a line: {workflow, input, "
-        "run_id, snapshot} (workflow and snapshot default to the command's); each answered",
-    )  # fmt: skip
-    start.add_argument("--scope", help="the run's tenant (QJSFLOW_SCOPE)")
-    start.add_argument(
-        "--snapshot",
-        required=True,
-        help="the snapshot: its id, a unique prefix of 8+ hex digits, or `latest`",
-    )
-    start.add_argument("--input", default="null", help="the event payload, as JSON")
-    start.add_argument("--tag", action="append", metavar="KEY=VALUE",
-                       help="a tag of the run (repeatable); list --tag finds it")  # fmt: skip
-    start.add_argument("--run-id", help="makes start idempotent")
-    add_wait(start)
+    _add_start(add)
     result = add("result", help="a run's output once it has ended")
     result.add_argument("run", help="the run id")
     result.add_argument("--scope", help=_SCOPE_HELP)
@@ -175,6 +159,33 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"fetch esbuild {ESBUILD_VERSION} (checksum-verified) into the per-user cache",
     )
     return parser  # fmt: skip
+
+
+def _add_start(add: Callable[..., argparse.ArgumentParser]) -> None:
+    start = add("start", help="start a run pinned to a snapshot")
+    start.add_argument("workflow", nargs="?", help="the workflow's name in the snapshot")
+    start.add_argument(
+        "--batch", metavar="FILE",
+        help="up to 1,000 starts in one transaction, one JSON object a line: {workflow, input, "
+        "run_id, snapshot} (workflow and snapshot default to the command's); each answered",
+    )  # fmt: skip
+    start.add_argument("--scope", help="the run's tenant (QJSFLOW_SCOPE)")
+    start.add_argument(
+        "--snapshot",
+        required=True,
+        help="the snapshot: its id, a unique prefix of 8+ hex digits, or `latest`",
+    )
+    start.add_argument("--input", default="null", help="the event payload, as JSON")
+    start.add_argument("--tag", action="append", metavar="KEY=VALUE",
+                       help="a tag of the run (repeatable); list --tag finds it")  # fmt: skip
+    start.add_argument("--run-id", help="makes start idempotent")
+    start.add_argument("--priority", type=_PRIORITY, metavar="N",
+                       help="-1000 to 1000, higher first: claimed first in the scope, and "
+                       "first out of its workflow's queue")  # fmt: skip
+    start.add_argument("--flow", metavar="JSON",
+                       help="flow control for this start, in place of the workflow's own: "
+                       '{"concurrency": {"limit": 2, "key": "event.payload.id"}, ...}')  # fmt: skip
+    add_wait(start)
 
 
 def _add_worker(add: Callable[..., argparse.ArgumentParser]) -> None:

@@ -33,6 +33,7 @@ from qjsflow.runner.store import (
     WorkerRecord,
 )
 from qjsflow.runner.telemetry.metrics import METRICS
+from qjsflow.runner.tenancy.flow_gates import admit_due
 from qjsflow.runner.tenancy.scopes import split_run_key
 
 __all__ = ["Worker", "worker_command"]
@@ -147,6 +148,9 @@ class Worker:
         # (runner/operations/schedules.py), as pruning is.
         self.fire = fire
         self._next_fire = 0.0  # on the monotonic clock
+        self._next_admit = 0.0
+        self._gates_waiting = False  # whether the last look found runs still queued
+        self.admitted = 0  # queued runs this worker's looks admitted
         # Called once, when the worker is registered in the journal and about to claim runs.
         self.ready = ready
         self._reported_kills: dict[str, int] = {}
@@ -174,6 +178,7 @@ class Worker:
                     await self._report(now)
                     await self._prune(now)
                     await self._fire(now)
+                    await self._admit(now, ended=ended.is_set())
                     ended.clear()
                     claimable = await self._claim(tasks, ended, now)
                     if until_idle and not tasks and not claimable:
@@ -264,6 +269,17 @@ class Worker:
             return
         self._next_fire = time.monotonic() + self.poll_interval_s
         await self.fire(now)
+
+    async def _admit(self, now: int, *, ended: bool) -> None:
+        """Admit the queued runs whose gates have room (runner/tenancy/flow_gates.py): room
+        comes when a run of a key ends, or a window opens. Looked at once a poll interval,
+        and at once after a drive ends while the last look found runs waiting (that drive
+        may have freed a place; a worker with no gated runs pays nothing more a drive)."""
+        if time.monotonic() < self._next_admit and not (ended and self._gates_waiting):
+            return
+        self._next_admit = time.monotonic() + self.poll_interval_s
+        admitted, self._gates_waiting = await admit_due(self.store, now)
+        self.admitted += admitted
 
     async def _prune(self, now: int) -> None:
         """Under a retention setting, prune ended runs once every `every_s` (several workers

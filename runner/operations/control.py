@@ -18,6 +18,7 @@ from qjsflow.runner.engine.drive import SIGNAL_TIMER
 from qjsflow.runner.errors import RunChanged, RunClosed, RunConflict, RunNotFound
 from qjsflow.runner.store import ENDED, JournalTransaction, RunRecord, RunStatus, StepRow
 from qjsflow.runner.tenancy.budgets import Budgets
+from qjsflow.runner.tenancy.flow_gates import gate_fork, requeue
 from qjsflow.runner.tenancy.scopes import split_run_key
 from qjsflow.runner.tenancy.usage import admit
 
@@ -201,6 +202,7 @@ def restart_run(
             "kept": len(kept), "again": len(again), "previousStatus": run.status,
             "configVersion": moved.get("config_version", run.config_version)}  # fmt: skip
     tx.append_event(key, "run_restarted", now, dumps_text(data))
+    requeue(tx, key, now)  # a gated run waits for its gate again
     return len(kept), len(again)
 
 
@@ -247,6 +249,7 @@ def fork_run(
     tx.append_event(fork.run_id, "run_created", now, dumps_text({"scope": fork.scope, **data}))
     for row in kept:
         tx.copy_step(fork.run_id, row, now)
+    gate_fork(tx, source_key, fork.run_id, now)  # under the source's gate, if it has one
     forked = {"fork": split_run_key(fork.run_id)[1], "copied": len(kept), **data}
     tx.append_event(source_key, "run_forked", now, dumps_text(forked))
     return True

@@ -14,9 +14,11 @@ import re
 import secrets
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import partial
 
-from qjsflow.bridge import InvalidInput, QjsflowError, dumps_text
+from qjsflow.bridge import InvalidInput, QjsflowError, dumps_text, loads
 from qjsflow.bridge.values import from_python
+from qjsflow.bundles.flow import PRIORITY_RANGE, FlowControl, flow_from_json
 from qjsflow.runner.config import RunnerConfig
 from qjsflow.runner.errors import InvalidRunId, UnknownWorkflow
 from qjsflow.runner.operations.control import check_same_start
@@ -26,34 +28,46 @@ from qjsflow.runner.store import JournalTransaction, RunRecord, RunStatus
 from qjsflow.runner.telemetry.tracing import new_traceparent
 from qjsflow.runner.tenancy.capabilities import Reach
 from qjsflow.runner.tenancy.environment import env_of
+from qjsflow.runner.tenancy.flow_gates import gate_start
 from qjsflow.runner.tenancy.scope_config import ConfigCache
 from qjsflow.runner.tenancy.scopes import run_key, split_run_key, validate_scope
 from qjsflow.runner.tenancy.usage import admit
 from qjsflow.runner.views import StartRunInput
 
 __all__ = [
-    "MAX_BATCH", "BatchItem", "Creation", "batch_of", "checked_tags", "creation", "new_run_id",
+    "MAX_BATCH", "BatchItem", "Creation", "GatedStart", "batch_of", "checked_priority",
+    "checked_tags", "creation", "new_run_id",
 ]  # fmt: skip
 
 MAX_BATCH = 1000
 
 
+class GatedStart(Exception):
+    """A start its workflow gates, asked to be driven in its own transaction: nothing was
+    written; it is written alone (`Runner.start`), then driven if its gate admitted it."""
+
+
 @dataclass(frozen=True, slots=True)
 class Creation:
     """A start's run key, and what writes it in a transaction at a time: (the run asked
-    for, None when it was created or else the run that already had its id)."""
+    for, None when it was created or else the run that answers it: the one that already
+    had its id, or the pending run a debounced start was merged into). With `inline`, a
+    start its workflow gates raises `GatedStart` before writing anything."""
 
     run_key: str
-    write: Callable[[JournalTransaction, int], tuple[RunRecord, RunRecord | None]]
+    write: Callable[[JournalTransaction, int, bool], tuple[RunRecord, RunRecord | None]]
 
-    def __call__(self, tx: JournalTransaction, now: int) -> tuple[RunRecord, RunRecord | None]:
-        return self.write(tx, now)
+    def __call__(
+        self, tx: JournalTransaction, now: int, *, inline: bool = False
+    ) -> tuple[RunRecord, RunRecord | None]:
+        return self.write(tx, now, inline)
 
 
 @dataclass(frozen=True, slots=True)
 class BatchItem:
-    """One start of a batch: `created`, `existed` (the same start made before) or
-    `refused` (with why: nothing of it was written)."""
+    """One start of a batch: `created`, `existed` (the same start made before),
+    `debounced` (merged into the pending run `run_id`) or `refused` (with why: nothing of it
+    was written)."""
 
     index: int
     outcome: str
@@ -98,14 +112,22 @@ def creation(request: StartRunInput, *, config: RunnerConfig, configs: ConfigCac
     encoded_input = from_python(request.input, max_bytes=limit, what="the run input")
     traceparent = new_traceparent(request.traceparent)
     tags = checked_tags(request.tags)
+    asked_flow = None if request.flow is None else _flow(request.flow, "the start's flow")
+    priority = checked_priority(request.priority)
 
-    def create(tx: JournalTransaction, now: int) -> tuple[RunRecord, RunRecord | None]:
+    def create(
+        tx: JournalTransaction, now: int, inline: bool
+    ) -> tuple[RunRecord, RunRecord | None]:
         settings = start_settings(tx, scope, config, configs)
         snapshot = snapshot_in(tx, reference=request.snapshot_id, scope=scope)
-        entries = {w.workflow: w.entry_path for w in snapshot.workflows}
-        entry_path = entries.get(request.workflow)
-        if entry_path is None or request.entry_path not in (None, entry_path):
+        entries = {w.workflow: w for w in snapshot.workflows}
+        found = entries.get(request.workflow)
+        if found is None or request.entry_path not in (None, found.entry_path):
             raise UnknownWorkflow(request.workflow, sorted(entries))
+        entry_path = found.entry_path
+        flow = asked_flow
+        if flow is None and found.flow is not None:
+            flow = _flow(loads(found.flow), "the stored flow control")
         bindings_text = from_python(
             env_of(settings.environment, request.persisted_bindings,
                    Reach(snapshot.capabilities, settings.policy).binding_allowed,
@@ -120,17 +142,50 @@ def creation(request: StartRunInput, *, config: RunnerConfig, configs: ConfigCac
             created_at=now, updated_at=now, wake_at=None, waiting_for=None, cpu_used_s=0.0,
             logs_count=0, cancel_requested=False, traceparent=traceparent,
             config_version=settings.version,
+            priority=priority if priority is not None else 0 if flow is None else flow.priority,
         )  # fmt: skip
-        if settings.budgets is not None and tx.get_run(run_id) is None:
+        existing = tx.get_run(run_id)
+        if settings.budgets is not None and existing is None:
             admit(tx, scope, settings.budgets, new_live_run=True)
+        if flow is not None and flow.gated:
+            if existing is not None:
+                return record, existing
+            if inline:
+                raise GatedStart(run_id)
+            written = partial(_created, tx, scope=scope, tags=tags, now=now)
+            gated = gate_start(tx, record, flow, request.input, now=now, created=written)
+            return (record, gated.run) if not gated.created else (gated.run, None)
         if tx.insert_run(record):
-            tx.append_event(run_id, "run_created", now, dumps_text({"scope": scope}))
-            if tags:
-                tx.insert_tags(run_id, tags)
+            _created(tx, record, scope=scope, tags=tags, now=now)
             return record, None
         return record, tx.get_run(run_id)
 
     return Creation(run_id, create)
+
+
+def _created(
+    tx: JournalTransaction, record: RunRecord, *, scope: str, tags: Mapping[str, str], now: int
+) -> None:
+    tx.append_event(record.run_id, "run_created", now, dumps_text({"scope": scope}))
+    if tags:
+        tx.insert_tags(record.run_id, tags)
+
+
+def _flow(document: object, where: str) -> FlowControl:
+    try:
+        return flow_from_json(document, where)
+    except ValueError as error:
+        raise InvalidInput(str(error)) from None
+
+
+def checked_priority(priority: object) -> int | None:
+    """A start's priority, checked (`InvalidInput` naming the range)."""
+    low, high = PRIORITY_RANGE
+    if priority is None:
+        return None
+    if isinstance(priority, bool) or not isinstance(priority, int) or not low <= priority <= high:
+        raise InvalidInput(f"priority is a whole number from {low} to {high}")
+    return priority
 
 
 def batch_of(
@@ -155,13 +210,15 @@ def batch_of(
             try:
                 with tx.savepoint():
                     wanted, existing = made(tx, now)
-                    if existing is not None:
+                    if existing is not None and existing.run_id == wanted.run_id:
                         check_same_start(existing, wanted)
             except QjsflowError as error:
                 items.append(BatchItem(index, "refused", error=str(error)[:300]))
                 continue
-            outcome = "created" if existing is None else "existed"
-            items.append(BatchItem(index, outcome, split_run_key(wanted.run_id)[1]))
+            answer = wanted if existing is None else existing
+            outcome = ("created" if existing is None else
+                       "existed" if existing.run_id == wanted.run_id else "debounced")  # fmt: skip
+            items.append(BatchItem(index, outcome, split_run_key(answer.run_id)[1]))
         return items
 
     return run_all

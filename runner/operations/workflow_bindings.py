@@ -43,8 +43,8 @@ class Runner(Protocol):
 # A run's status as Cloudflare's `InstanceStatus.status` names it.
 CLOUDFLARE_STATUS = {
     "running": "running", "sleeping": "waiting", "waiting": "waiting", "blocked": "running",
-    "paused": "paused", "throttled": "queued", "completed": "complete", "failed": "errored",
-    "cancelled": "terminated", "terminated": "terminated",
+    "paused": "paused", "throttled": "queued", "queued": "queued", "completed": "complete",
+    "failed": "errored", "cancelled": "terminated", "terminated": "terminated",
 }  # fmt: skip
 _MAX_BATCH = 100  # Cloudflare's createBatch limit
 

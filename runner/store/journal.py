@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from qjsflow.bridge import dumps_text, loads
 from qjsflow.bridge.digest import bundle_digest
-from qjsflow.bundles.manifest import Capabilities, capabilities_from_json
+from qjsflow.bundles.manifest import Capabilities, WorkflowSettings, capabilities_from_json
 from qjsflow.runner.errors import StoredCodeDamaged
 from qjsflow.runner.store.lease_types import LeaseMode
 from qjsflow.runner.store.records import (
@@ -64,6 +64,7 @@ class WorkflowRecord:
     entry_path: str
     export: str = "default"  # the export of the entry file that is this workflow
     binding: str | None = None  # its name in env (`env.MY_WORKFLOW`), from the wrangler file
+    flow: str | None = None  # its flow control as declared (bundles/flow.py), JSON
 
 
 @dataclass(frozen=True, slots=True)
@@ -238,6 +239,7 @@ class JournalStore(JournalCore):
                 b.export,
                 b.source_map,
                 b.binding,
+                _flow_text(snapshot.settings.get(b.workflow)),
             )
             for b in snapshot.bundles
         ]
@@ -467,7 +469,8 @@ def claim_query(clock: str) -> str:
     limit, the row limit."""
     return (
         "SELECT run_id, scope, turn FROM (SELECT run_id, scope, updated_at,"
-        " row_number() OVER (PARTITION BY scope ORDER BY updated_at, run_id) AS turn"
+        " priority, row_number() OVER (PARTITION BY scope"
+        "  ORDER BY priority DESC, updated_at, run_id) AS turn"
         " FROM runs r"
         # Only runs that can be claimable are looked at, each found through an index (a due
         # timer, `running`, a cancel asked): not every run that has not ended.
@@ -479,7 +482,7 @@ def claim_query(clock: str) -> str:
         " AND (cancel_requested = 1 OR status <> 'paused' AND (status = 'running'"
         "  OR EXISTS (SELECT 1 FROM timers t WHERE t.run_id = r.run_id AND t.due_at <= ?"
         f"   AND {WAKING_TIMER_SQL})))"
-        ") due WHERE turn <= ? ORDER BY turn, updated_at, run_id LIMIT ?"
+        ") due WHERE turn <= ? ORDER BY turn, priority DESC, updated_at, run_id LIMIT ?"
     )
 
 
@@ -491,7 +494,7 @@ def snapshot_records(rows: Iterable[Any]) -> list[SnapshotRecord]:
     return [
         SnapshotRecord(
             scope_id, snapshot, float(group[0][2]),
-            tuple(WorkflowRecord(str(r[3]), str(r[4]), str(r[5]), r[7]) for r in group),
+            tuple(WorkflowRecord(str(r[3]), str(r[4]), str(r[5]), r[7], r[9]) for r in group),
             _capabilities(group[0][6]), None if group[0][8] is None else loads(str(group[0][8])),
         )
         for (scope_id, snapshot), group in grouped.items()
@@ -503,3 +506,7 @@ def _capabilities(stored: object) -> Capabilities | None:
     if stored is None:
         return None
     return capabilities_from_json(loads(str(stored)), "the stored capabilities")
+
+
+def _flow_text(settings: WorkflowSettings | None) -> str | None:
+    return None if settings is None or settings.flow is None else settings.flow.to_json()

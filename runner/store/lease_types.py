@@ -79,10 +79,10 @@ class LeaseLost(QjsflowError):
 
 
 # A drive's beginning marks its run `running` (no error, updated now) in the statement that
-# takes the lease, unless a cancel or a pause was asked: those the beginning handles itself
-# (runner/engine/drive/beginning.py, begin_drive), which then finds the run as it was. One
-# parameter: now.
-RUNNABLE = "cancel_requested = 0 AND pause_requested = 0"
+# takes the lease, unless a cancel or a pause was asked, or the run is queued (its gate has
+# not admitted it): those the beginning handles itself (runner/engine/drive/beginning.py,
+# begin_drive), which then finds the run as it was. One parameter: now.
+RUNNABLE = "cancel_requested = 0 AND pause_requested = 0 AND status <> 'queued'"
 BEGIN_DRIVE_SQL = (
     f", status = CASE WHEN {RUNNABLE} THEN 'running' ELSE status END"
     f", error = CASE WHEN {RUNNABLE} THEN NULL ELSE error END"

@@ -143,6 +143,44 @@ RUN_TAGS = """CREATE TABLE run_tags (
 CREATE INDEX run_tags_by_value ON run_tags (key, value, run_id)"""
 
 
+def flow_control(integer: str) -> str:
+    """Flow control (runner/operations/flow.py): each gated run's keys and limits, when it
+    was queued and admitted, whether it has ended (`live`), and until when its gate counts
+    it (`counts_until`: for ever while live, then to the end of its rate window, if it has
+    one); a row per gated workflow that admissions lock and workers look
+    at (`waiting` runs, `next_at` when time alone may admit one). A run's priority orders
+    its scope's claims and its workflow's queue."""
+    return f"""ALTER TABLE runs ADD COLUMN priority {integer} NOT NULL DEFAULT 0;
+ALTER TABLE bundles ADD COLUMN flow TEXT;
+CREATE TABLE run_flow (
+    run_id TEXT PRIMARY KEY REFERENCES runs (run_id),
+    scope TEXT NOT NULL,
+    workflow TEXT NOT NULL,
+    concurrency_key TEXT,
+    concurrency_limit {integer},
+    singleton_key TEXT,
+    rate_key TEXT,
+    rate_limit {integer},
+    rate_period_ms {integer},
+    debounce_key TEXT,
+    not_before {integer},
+    queued_at {integer} NOT NULL,
+    queue_seq {integer} NOT NULL,
+    admitted_at {integer},
+    live {integer} NOT NULL DEFAULT 1,
+    counts_until {integer} NOT NULL
+);
+CREATE INDEX run_flow_by_gate ON run_flow (scope, workflow, counts_until);
+CREATE TABLE flow_gates (
+    scope TEXT NOT NULL,
+    workflow TEXT NOT NULL,
+    waiting {integer} NOT NULL DEFAULT 0,
+    next_at {integer},
+    PRIMARY KEY (scope, workflow)
+);
+CREATE INDEX flow_gates_waiting ON flow_gates (next_at) WHERE waiting > 0"""
+
+
 def scope_configs(integer: str) -> str:
     return f"""CREATE TABLE scope_configs (
     scope TEXT NOT NULL,
@@ -416,6 +454,7 @@ MIGRATIONS: tuple[tuple[int, str, str], ...] = (
     (22, "a project's wrangler vars, the defaults of its runs' env", SNAPSHOT_VARS),
     (23, "schedules: cron or interval firings, each run started once", schedules("INTEGER")),
     (24, "runs' tags, found through an index", RUN_TAGS),
+    (25, "flow control: queued runs, their keys and gates; priorities", flow_control("INTEGER")),
 )
 
 

@@ -19,6 +19,7 @@ from qjsflow.runner.store.migrations import (
     WORKERS,
     WORKFLOW_BINDINGS,
     Migration,
+    flow_control,
     replay_clock,
     schedules,
     scope_configs,
@@ -153,4 +154,5 @@ PG_MIGRATIONS: tuple[Migration, ...] = (
     (17, "a project's wrangler vars (SQLite migration 22)", SNAPSHOT_VARS),
     (18, "schedules (SQLite migration 23)", schedules("BIGINT")),
     (19, "runs' tags (SQLite migration 24)", RUN_TAGS),
+    (20, "flow control (SQLite migration 25)", flow_control("BIGINT")),
 )

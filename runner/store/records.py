@@ -44,7 +44,8 @@ __all__ = [
 class RunStatus(enum.StrEnum):
     """Where a run is. "blocked": a tool it calls is bound in no process that drove it
     (`waiting_for` names it); "paused": an operator paused it, it waits for `resume`;
-    "throttled": its scope spent a budget (`waiting_for` names it) until the window ends."""
+    "throttled": its scope spent a budget (`waiting_for` names it) until the window ends;
+    "queued": its workflow's flow control holds it until a gate admits it (then "running")."""
 
     running = "running"
     sleeping = "sleeping"
@@ -52,6 +53,7 @@ class RunStatus(enum.StrEnum):
     blocked = "blocked"
     paused = "paused"
     throttled = "throttled"
+    queued = "queued"
     completed = "completed"
     failed = "failed"
     cancelled = "cancelled"
@@ -76,9 +78,11 @@ ENDED_SQL = "(" + ", ".join(f"'{status}'" for status in sorted(ENDED)) + ")"
 # The timer of a `throttled` run (runner/tenancy/budgets.py): the only one that may wake it,
 # when the budget its scope spent has room again.
 THROTTLE_TIMER = "throttle"
-# A timer that may wake a run of the given alias `r`, joined as `t`: not a paused run's, and
-# only its throttle timer for a throttled run.
-WAKING_TIMER_SQL = f"(r.status <> 'throttled' OR t.step_key = '{THROTTLE_TIMER}')"
+# A timer that may wake a run of the given alias `r`, joined as `t`: not a paused run's, only
+# its throttle timer for a throttled run, and none of a queued run's (its gate admits it).
+WAKING_TIMER_SQL = (
+    f"(r.status <> 'queued' AND (r.status <> 'throttled' OR t.step_key = '{THROTTLE_TIMER}'))"
+)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -112,6 +116,8 @@ class RunRecord:
     # `terminate --rollback` asked (the operator's message): its next drive runs the run's
     # rollbacks, then ends it `terminated` (sandbox/prelude/52-rollbacks.js).
     rollback_requested: str | None = None
+    # Higher is claimed first within its scope, and leaves its workflow's queue first.
+    priority: int = 0
 
 
 # The run's columns, in the order of its fields: the journal's `runs` table and this record

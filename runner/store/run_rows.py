@@ -38,10 +38,12 @@ _RUN_UPDATABLE = {
     "status", "output", "error", "updated_at", "wake_at", "waiting_for", "cpu_used_s",
     "logs_count", "cancel_requested", "sql_used_s", "executor_deaths", "error_stack",
     "pause_requested", "generation", "input", "persisted_bindings", "snapshot_id", "entry_path",
-    "config_version", "rollback_requested",
+    "config_version", "rollback_requested", "priority",
 }  # fmt: skip
 # The tables holding a run's rows besides `runs` itself.
-RUN_TABLES = ("steps", "events", "inbox", "timers", "tool_calls", "logs", "run_tags")
+RUN_TABLES = (
+    "steps", "events", "inbox", "timers", "tool_calls", "logs", "run_tags", "run_flow",
+)  # fmt: skip
 
 
 # A scope's usage to add, (measure, window start, amount) rows, and the windows to forget.

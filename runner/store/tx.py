@@ -2,7 +2,8 @@
 
 Its statements are in layers, each a class over the one before: runs and usage
 (runner/store/run_rows.py), leases (runner/store/leases.py), steps (runner/store/step_rows.py),
-then here events, timers, inbox, tool calls, logs, snapshots and retention.
+flow control (runner/store/flow_rows.py), then here events, timers, inbox, tool calls, logs,
+snapshots and retention.
 
 The run lifecycle (runner/engine/host.py, runner/engine/drive/, runner/runner.py)
 decides; this module only reads and writes. Its methods are synchronous: a whole transaction
@@ -18,6 +19,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 from qjsflow.bridge import dumps_text
+from qjsflow.runner.store.flow_rows import FlowStatements
 from qjsflow.runner.store.lease_types import Lease, LeaseLost, lease_now
 from qjsflow.runner.store.records import (
     InboxRecord,
@@ -31,7 +33,7 @@ from qjsflow.runner.store.run_rows import (
     run_record,
     write_batch_usage,
 )
-from qjsflow.runner.store.step_rows import STEP_COLUMNS, SettledStep, StepStatements
+from qjsflow.runner.store.step_rows import STEP_COLUMNS, SettledStep
 
 __all__ = [
     "RUN_COLUMNS",
@@ -56,7 +58,7 @@ SCHEDULE_COLUMNS = (
 )
 
 
-class JournalTransaction(StepStatements):
+class JournalTransaction(FlowStatements):
     _savepoints = 0  # parts made in this transaction (`savepoint`)
 
     @contextlib.contextmanager
@@ -80,8 +82,8 @@ class JournalTransaction(StepStatements):
         created_at: float,
         # files, bytes, file list, capabilities, the project's vars (JSON)
         facts: tuple[int, int, str, str | None, str | None],
-        # workflow, entry, code, digest, export, source map, env binding
-        bundles: list[tuple[str, str, str, str, str, str, str | None]],
+        # workflow, entry, code, digest, export, source map, env binding, flow control
+        bundles: list[tuple[str, str, str, str, str, str, str | None, str | None]],
     ) -> bool:
         """First writer wins: False (and no bundle written) when the snapshot exists."""
         row = self._one(
@@ -95,7 +97,7 @@ class JournalTransaction(StepStatements):
         self._db.executemany(
             "INSERT INTO bundles"
             " (scope, snapshot_id, workflow, entry_path, code, code_sha256, export_name,"
-            " source_map, binding) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            " source_map, binding, flow) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             [(scope, snapshot_id, *bundle) for bundle in bundles],
         )
         return True
@@ -181,7 +183,7 @@ class JournalTransaction(StepStatements):
                 args += [len(value), value] if clause.startswith("substr") else [value]
         rows: list[Any] = self._db.execute(
             "SELECT s.scope, s.snapshot_id, s.created_at, b.workflow, b.entry_path, b.export_name,"
-            " s.capabilities, b.binding, s.vars"
+            " s.capabilities, b.binding, s.vars, b.flow"
             " FROM (SELECT * FROM snapshots s"
             + (" WHERE " + " AND ".join(where) if where else "")
             + " ORDER BY created_at DESC, snapshot_id LIMIT ?) s"

@@ -116,13 +116,13 @@ def read_begin(
     """A drive's beginning read without taking the lease (`writes=False`): the run, its
     journal, and a lease to take later (`take_read`) at the epoch after the one read. None
     when the beginning must be written now (`take_and_begin`): there is no such run, it has
-    ended or is paused, a cancel or a pause is asked, a driver holds (or held) its lease, or
+    ended, is paused or queued, a cancel or a pause is asked, a driver holds (or held) its lease, or
     its configuration version sets budgets (looked at as its drive begins, under the lease)."""
     found = tx.unleased_run(run_id, WAKE_UPS)
     if found is None:
         return None
     run, epoch, woken = found.run, found.epoch, found.woken
-    if run.status in TERMINAL or run.status == RunStatus.paused:
+    if run.status in TERMINAL or run.status in (RunStatus.paused, RunStatus.queued):
         return None
     if run.cancel_requested or run.pause_requested:
         return None
@@ -204,7 +204,7 @@ def begin_drive(
     configs: ConfigCache | None = None,
 ) -> Begun | RunRecord:
     """Mark the run running and load its journal: one transaction, one query for the journal.
-    A run that is over (or cancelled now), paused, or whose scope has spent a budget is
+    A run that is over (or cancelled now), queued, paused, or whose scope has spent a budget is
     released and returned instead. A run this transaction created (`start`) has no journal,
     timer or open step yet: none is looked for; nor a journal or open step for a run that had
     no step as its lease was taken (a run never driven, as most a worker claims)."""
@@ -214,6 +214,8 @@ def begin_drive(
     if run.status in TERMINAL or run.cancel_requested:
         if run.status not in TERMINAL:
             cancel(tx, run.run_id, now, {"updated_at": now})
+        return release(tx, lease)
+    if run.status == RunStatus.queued:  # its gate admits it (runner/tenancy/flow_gates.py)
         return release(tx, lease)
     if run.pause_requested:
         park_paused(tx, run, now)
