@@ -157,7 +157,7 @@ class RunReads:
         return [run_view(run) for run in runs]
 
     async def tags(self, run_id: str, *, scope: str) -> builtins.list[tuple[str, str]]:
-        """The run's tags, as its start gave them."""
+        """The run's tags, as its start gave them and its code set them (`setTags`)."""
         found = await self._store.tags_of((await self._run(run_id, scope)).run_id)
         return sorted(found.items())
 

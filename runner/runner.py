@@ -42,7 +42,7 @@ from qjsflow.runner.operations.fork_check import check_fork
 from qjsflow.runner.operations.inspect import describe_exports
 from qjsflow.runner.operations.migrate import MigrationReport, migrate_runs
 from qjsflow.runner.operations.retention import Pruned, prune
-from qjsflow.runner.operations.schedules import Schedules
+from qjsflow.runner.operations.schedules import Schedules, declared_schedules
 from qjsflow.runner.operations.scope_configs import (
     ScopeConfigs,
     move_to_config,
@@ -176,8 +176,9 @@ class Runner(Schedules, ScopeConfigs, RunReads):
             for bundle in snapshot.bundles
         }
         snapshot = name_workflows(snapshot, exports)
+        declared_schedules(snapshot.declared, snapshot.settings)  # checked before it is stored
         created = await self._store.insert_snapshot(scope, snapshot, self.config.clock())
-        await self.register_schedules(scope, snapshot.declared)  # wrangler's cron triggers
+        await self.register_schedules(scope, snapshot.declared, snapshot.settings)
         record = await self._store.find_snapshot(scope, snapshot.snapshot_id)
         assert record is not None, "a snapshot just stored must be found"
         return published_result(record, created=created, warnings=snapshot.warnings)

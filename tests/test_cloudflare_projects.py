@@ -13,6 +13,7 @@ import pytest
 from qjsflow import WorkflowBinding
 from qjsflow.bundles import SourceTreeError
 from qjsflow.runner import Runner, StartRunInput
+from qjsflow.runner.errors import FatalToolError
 
 WRANGLER_JSONC = """/**
  * Wrangler's own comment block, as `npm create cloudflare` writes it.
@@ -275,7 +276,8 @@ export class Parent extends WorkflowEntrypoint {
     const named = await this.env.CHILD.create({ id: "named-child", params: { n: 0, wait: true } });
     await named.sendEvent({ type: "go", payload: 5 });
     const second = await waitForInstance(step, named, { firstMs: 10 });
-    return { id: child.id, ended, second };
+    const batch = await this.env.CHILD.createBatch([{ params: { n: 1 } }, { id: "batch-2", params: { n: 2 } }]);
+    return { id: child.id, ended, second, batch: batch.map((made) => made.id) };
   }
 }
 
@@ -308,7 +310,9 @@ async def test_workflow_bindings_create_children_once_and_wait_for_them(
     assert done.output["second"]["output"] == 5
     children = await runner.list(scope="cf", workflow="child")
     # One instance per create, though the parent's body ran again on each of its drives.
-    assert sorted(r.run_id for r in children) == sorted([child_id, "named-child"])
+    batch = done.output["batch"]
+    assert batch[1] == "batch-2"
+    assert sorted(r.run_id for r in children) == sorted([child_id, "named-child", *batch])
     # A create made again after a crash (the same call of the same run) finds its instance.
     from qjsflow.runner.operations.workflow_bindings import serve_call  # noqa: PLC0415
 
@@ -316,9 +320,16 @@ async def test_workflow_bindings_create_children_once_and_wait_for_them(
         "binding": "CHILD", "op": "create", "params": {"n": 21}, "call": "CHILD.create#1",
     })  # fmt: skip
     assert again == {"id": child_id}
-    assert len(await runner.list(scope="cf", workflow="child")) == 2
-    status = await WorkflowBinding(runner, "cf", "child").get(child_id)
+    assert len(await runner.list(scope="cf", workflow="child")) == 4
+    binding = WorkflowBinding(runner, "cf", "child")
+    status = await binding.get(child_id)
     assert await status.status() == {"status": "complete", "output": 42, "error": None}
+    # createBatch is one batch of starts: the same start again is the instance it made; an
+    # item whose id another start took is refused, naming it.
+    same = await binding.create_batch([{"id": "batch-2", "params": {"n": 2}}])
+    assert [made.id for made in same] == ["batch-2"]
+    with pytest.raises(FatalToolError, match="createBatch item 1: run 'batch-2' already exists"):
+        await binding.create_batch([{"id": "batch-3", "params": {}}, {"id": "batch-2"}])
 
 
 async def test_a_real_sized_sdk_of_many_files_publishes(runner: Runner, tmp_path: Path) -> None:

@@ -77,7 +77,8 @@ async def _seed(db: Path | str, scope_root: Path) -> None:
                                                      "workflows/hostile.ts": HOSTILE,
                                                      "workflows/flaky.ts": FLAKY})  # fmt: skip
             for name, workflow in (("r1", "flow"), ("evil", "hostile"), ("flaky", "flaky")):
-                request = StartRunInput(scope, workflow, published.snapshot_id, {"n": 7}, name)
+                request = StartRunInput(scope, workflow, published.snapshot_id, {"n": 7}, name,
+                                        tags={"team": "red"} if name == "r1" else None)  # fmt: skip
                 await runner.start(request)
         for scope in ("acme", "other"):  # a schedule each, far from firing
             await runner.set_schedule(scope, f"{scope}-nightly", "flow",
@@ -185,6 +186,25 @@ def test_a_scope_token_sees_its_scope_only(console: Console) -> None:
         assert client.get("/api/runs/acme/r1").json()["run"]["status"] == "waiting"
     with _client(console) as client:
         assert {run["scope"] for run in client.get("/api/runs").json()["runs"]} == {"acme", "other"}
+
+
+def test_runs_are_filtered_by_tag_and_schedule_and_the_next_page_keeps_the_filters(
+    console: Console,
+) -> None:
+    with _client(console) as client:
+        tagged = client.get("/api/runs", params={"tag": "team=red"}).json()["runs"]
+        assert sorted((run["scope"], run["run_id"]) for run in tagged) == [
+            ("acme", "r1"), ("other", "r1")]  # fmt: skip
+        assert client.get("/api/runs", params={"tag": "team=blue"}).json()["runs"] == []
+        assert client.get("/api/runs", params={"schedule": "acme-nightly"}).json()["runs"] == []
+        assert client.get("/api/runs", params={"tag": "team"}).status_code == 400
+        page = client.get("/runs", params={"tag": "team=red", "status": "waiting"}).text
+        assert 'value="team=red"' in page
+        assert "/runs/acme/r1" in page
+        assert "/runs/acme/flaky" not in page
+    with _client(console, ACME_TOKEN) as client:
+        tagged = client.get("/api/runs", params={"tag": "team=red"}).json()["runs"]
+        assert [(run["scope"], run["run_id"]) for run in tagged] == [("acme", "r1")]
 
 
 def test_the_workers_page_shows_operators_the_workers_and_tenants_nothing(

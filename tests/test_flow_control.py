@@ -269,3 +269,47 @@ def test_the_command_line_gives_priority_and_flow_and_refuses_with_exit_2(
             done = cli.run(*start, *bad)
             assert done.returncode == 2
             assert ("priority" in done.stderr) or ("concurrency" in done.stderr)
+
+
+async def test_qjsflow_json_declares_schedules_checked_before_publishing(runner: Runner) -> None:
+    manifest = {"workflows": {"job": {"schedules": [
+        {"name": "nightly", "cron": "0 3 * * *", "timezone": "Europe/Paris", "input": 1},
+        {"every_s": 60, "overlap": "allow_all"}]}}}  # fmt: skip
+    await runner.publish(
+        "acme", {"workflows/job.ts": QUICK, "qjsflow.json": orjson.dumps(manifest).decode()}
+    )
+    shown = {s.name: s for s in await runner.schedules(scope="acme")}
+    assert sorted(shown) == ["job-2", "nightly"]
+    assert shown["nightly"].spec["timezone"] == "Europe/Paris"
+    bad = {"workflows": {"job": {"schedules": [{"cron": "every day"}]}}}
+    with pytest.raises(InvalidInput, match=r"schedules\[0\]: cron 'every day'"):
+        await runner.publish("acme", {"workflows/job.ts": QUICK + "\n// changed",
+                                      "qjsflow.json": orjson.dumps(bad).decode()})  # fmt: skip
+    assert len(await runner.snapshots(scope="acme")) == 1  # nothing stored
+
+
+async def test_author_code_sets_its_runs_tags_once_and_list_finds_them(runner: Runner) -> None:
+    source = """import { setTags } from "qjsflow";
+export default async (event, step) => {
+  const first = await setTags(step, { customer: event.payload.customer, stage: "start" });
+  await step.sleep("pause", "1 second");
+  return { first, last: await setTags(step, { stage: "done" }) };
+};"""
+    manifest = '{"capabilities": {"tools": ["crm.*"]}}'  # it need not declare setTags
+    await runner.publish("acme", {"workflows/job.ts": source, "qjsflow.json": manifest})
+    run = await runner.start(StartRunInput("acme", "job", "latest", {"customer": "c-9"}))
+    assert dict(await runner.tags(run.run_id, scope="acme")) == {
+        "customer": "c-9",
+        "stage": "start",
+    }
+    await runner.serve(until_idle=True)
+    done = await runner.get(run.run_id, scope="acme")
+    assert done.output == {"first": {"customer": "c-9", "stage": "start"},
+                           "last": {"customer": "c-9", "stage": "done"}}  # fmt: skip
+    found = await runner.list(scope="acme", tags={"stage": "done"})
+    assert [r.run_id for r in found] == [run.run_id]
+    calls = await runner.list_tool_calls(run.run_id, scope="acme")
+    assert [c.address for c in calls] == ["qjsflow.tags"] * 2  # each made once, across the replay
+    bad = await runner.start(StartRunInput("acme", "job", "latest", {"customer": "x" * 300}))
+    assert bad.status == "failed"
+    assert "setTags: tag 'customer'" in (bad.error or "")

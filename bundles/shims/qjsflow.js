@@ -57,3 +57,8 @@ export async function waitForInstance(step, instance, options) {
     pause = Math.min(pause * 2, most);
   }
 }
+// Tags of this run (`qjsflow list --tag KEY=VALUE` finds it by them), set durably: a
+// journaled call, made once however often the body replays. Returns the run's tags.
+export function setTags(step, tags) {
+  return step.tool("setTags", "qjsflow.tags", { tags });
+}

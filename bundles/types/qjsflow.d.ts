@@ -114,6 +114,13 @@ declare module "qjsflow" {
     options?: { firstMs?: number; maxMs?: number },
   ): Promise<InstanceStatus<T>>;
 
+  /** Sets tags of this run (at most 20; `qjsflow list --tag KEY=VALUE` finds it by them), as
+   * a journaled call: made once however often the body replays. Resolves to all its tags. */
+  export function setTags(
+    step: WorkflowStep,
+    tags: Record<string, string>,
+  ): Promise<Record<string, string>>;
+
   /** Fails the step (or the run) at once: no retries. */
   export class FatalError extends Error {
     constructor(message?: string, options?: { cause?: unknown });

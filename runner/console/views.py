@@ -8,6 +8,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlencode
 
 from starlette.exceptions import HTTPException
 
@@ -34,6 +35,8 @@ class RunQuery:
     status: str | None
     since_hours: float | None
     cursor: str | None
+    tag: tuple[str, str] | None = None  # KEY=VALUE: runs that carry it
+    schedule: str | None = None  # the runs a schedule started (its tag `schedule`)
 
     @classmethod
     def parse(cls, params: Mapping[str, str], principal: Principal) -> RunQuery:
@@ -50,8 +53,30 @@ class RunQuery:
             raise HTTPException(400, "since_hours must be a number") from None
         if hours is not None and not (math.isfinite(hours) and hours > 0):
             raise HTTPException(400, "since_hours must be more than 0")
+        tag_text = params.get("tag") or None
+        tag = None
+        if tag_text is not None:
+            key, equals, value = tag_text.partition("=")
+            if not equals or not key:
+                raise HTTPException(400, "tag is KEY=VALUE")
+            tag = (key, value)
         return cls(principal.scope or asked, params.get("workflow") or None, status, hours,
-                   params.get("cursor") or None)  # fmt: skip
+                   params.get("cursor") or None, tag, params.get("schedule") or None)  # fmt: skip
+
+    @property
+    def tags(self) -> dict[str, str] | None:
+        wanted = dict([self.tag] if self.tag else [])
+        if self.schedule is not None:
+            wanted["schedule"] = self.schedule
+        return wanted or None
+
+    @property
+    def link(self) -> str:
+        """The query as a page's parameters (a cursor's link keeps the filters)."""
+        shown = {"scope": self.scope, "workflow": self.workflow, "status": self.status,
+                 "since_hours": self.since_hours, "schedule": self.schedule,
+                 "tag": None if self.tag is None else "=".join(self.tag)}  # fmt: skip
+        return urlencode({key: value for key, value in shown.items() if value is not None})
 
 
 async def list_runs(runner: Runner, query: RunQuery) -> dict[str, Any]:
@@ -60,6 +85,7 @@ async def list_runs(runner: Runner, query: RunQuery) -> dict[str, Any]:
         page = await runner.list(
             scope=query.scope or ALL_SCOPES, workflow=query.workflow, status=query.status,
             limit=_PAGE + 1, newest_first=True, since=since, cursor=query.cursor,
+            tags=query.tags,
         )  # fmt: skip
     except InvalidInput as error:
         raise HTTPException(400, str(error)) from None

@@ -60,6 +60,7 @@ from qjsflow.runner.tenancy.cloudflare_bindings import (
 )
 from qjsflow.runner.tenancy.egress import FETCH_ADDRESS, fetch
 from qjsflow.runner.tenancy.environment import MissingSecret, reveal
+from qjsflow.runner.tenancy.run_tags import TAGS_ADDRESS, tags_tool
 from qjsflow.runner.tenancy.scopes import split_run_key
 
 __all__ = ["PARKED", "DriveHost"]
@@ -243,6 +244,8 @@ class DriveHost(JournalOps):
             return self._fetch
         if address == WORKFLOW_ADDRESS:
             return self.children
+        if address == TAGS_ADDRESS:
+            return functools.partial(tags_tool, self.store, self.run_id)
         local = {KV_ADDRESS: kv_tool, QUEUE_ADDRESS: queue_tool, R2_ADDRESS: r2_tool}.get(address)
         return (
             None

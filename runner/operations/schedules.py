@@ -19,6 +19,7 @@ from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from qjsflow.bridge import InvalidInput, loads
+from qjsflow.bundles.manifest import WorkflowSettings
 from qjsflow.bundles.wrangler import DeclaredWorkflow
 from qjsflow.runner.config import RunnerConfig
 from qjsflow.runner.errors import RunClosed, RunConflict, RunNotFound, UnknownWorkflow
@@ -33,7 +34,11 @@ from qjsflow.runner.telemetry.metrics import METRICS
 from qjsflow.runner.tenancy.scopes import ALL_SCOPES, AllScopes, validate_scope
 from qjsflow.runner.views import TERMINAL, RunView, StartRunInput
 
-__all__ = ["ScheduleView", "Schedules"]
+__all__ = [
+    "ScheduleView",
+    "Schedules",
+    "declared_schedules",
+]
 
 _DUE_PER_LOOK = 100
 
@@ -126,15 +131,17 @@ class Schedules:
         return await self.schedule(scope, name)
 
     async def register_schedules(
-        self, scope: str, declared: Mapping[str, Sequence[DeclaredWorkflow]]
+        self,
+        scope: str,
+        declared: Mapping[str, Sequence[DeclaredWorkflow]],
+        settings: Mapping[str, WorkflowSettings],
     ) -> None:
-        """A published project's cron triggers (wrangler's `workflows[].schedules`, UTC): the
-        schedules `WORKFLOW-1`, `WORKFLOW-2`, ... of the scope, on its latest snapshot."""
-        for workflows in declared.values():
-            for workflow in workflows:
-                for n, cron in enumerate(workflow.schedules, start=1):
-                    await self.set_schedule(scope, f"{workflow.name}-{n}", workflow.name,
-                                            {"cron": cron})  # fmt: skip
+        """A published project's schedules, on its latest snapshot: wrangler's cron triggers
+        (`workflows[].schedules`, UTC) as `WORKFLOW-1`, `WORKFLOW-2`, ...; `qjsflow.json`'s
+        (`workflows.NAME.schedules`, each with its settings) by their `name`, else so."""
+        for name, settings_of in declared_schedules(declared, settings):
+            workflow, document = settings_of
+            await self.set_schedule(scope, name, workflow, document)
 
     async def schedules(self, *, scope: str | AllScopes) -> builtins.list[ScheduleView]:
         chosen = None if scope is ALL_SCOPES else validate_scope(scope)
@@ -273,3 +280,29 @@ def _advance(
         row.scope, row.name, seen=(row.next_at, row.buffered_at), next_at=next_at,
         last_run=last_run, buffered_at=buffered_at, fired=fired, skipped=skipped, now=now,
     )  # fmt: skip
+
+
+def declared_schedules(
+    declared: Mapping[str, Sequence[DeclaredWorkflow]], settings: Mapping[str, WorkflowSettings]
+) -> list[tuple[str, tuple[str, Mapping[str, Any]]]]:
+    """(schedule name, (workflow, settings)) a project declares, each checked
+    (`InvalidInput` naming the first problem, before anything is published)."""
+    found: list[tuple[str, tuple[str, Mapping[str, Any]]]] = []
+    for workflows in declared.values():
+        for workflow in workflows:
+            for n, cron in enumerate(workflow.schedules, start=1):
+                found.append((f"{workflow.name}-{n}", (workflow.name, {"cron": cron})))
+    for workflow_name, declared_settings in settings.items():
+        for n, document in enumerate(declared_settings.schedules, start=1):
+            name = document.get("name", f"{workflow_name}-{n}")
+            where = f"qjsflow.json: workflows.{workflow_name}.schedules[{n - 1}]"
+            if not isinstance(name, str) or not SCHEDULE_NAME.fullmatch(name):
+                raise InvalidInput(f"{where}: name is 1-64 of A-Z, a-z, 0-9, _ and -")
+            rest = {key: value for key, value in document.items() if key != "name"}
+            parse_schedule(rest, where)
+            found.append((name, (workflow_name, rest)))
+    names = [name for name, _ in found]
+    twice = sorted({name for name in names if names.count(name) > 1})
+    if twice:
+        raise InvalidInput(f"the project declares the schedule {twice[0]!r} twice")
+    return found

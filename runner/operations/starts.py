@@ -10,7 +10,6 @@ start made before), or refused and why; a refused item writes nothing and stops 
 
 from __future__ import annotations
 
-import re
 import secrets
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -29,6 +28,7 @@ from qjsflow.runner.telemetry.tracing import new_traceparent
 from qjsflow.runner.tenancy.capabilities import Reach
 from qjsflow.runner.tenancy.environment import env_of
 from qjsflow.runner.tenancy.flow_gates import gate_start
+from qjsflow.runner.tenancy.run_tags import checked_tags
 from qjsflow.runner.tenancy.scope_config import ConfigCache
 from qjsflow.runner.tenancy.scopes import run_key, split_run_key, validate_scope
 from qjsflow.runner.tenancy.usage import admit
@@ -36,7 +36,7 @@ from qjsflow.runner.views import StartRunInput
 
 __all__ = [
     "MAX_BATCH", "BatchItem", "Creation", "GatedStart", "batch_of", "checked_priority",
-    "checked_tags", "creation", "new_run_id",
+    "creation", "new_run_id",
 ]  # fmt: skip
 
 MAX_BATCH = 1000
@@ -73,25 +73,6 @@ class BatchItem:
     outcome: str
     run_id: str | None = None
     error: str | None = None
-
-
-_TAG_KEY = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
-_MAX_TAGS = 20
-
-
-def checked_tags(tags: Mapping[str, str] | None) -> dict[str, str]:
-    """A start's tags, checked (`InvalidInput` naming the first problem)."""
-    if not tags:
-        return {}
-    if not isinstance(tags, Mapping) or len(tags) > _MAX_TAGS:
-        raise InvalidInput(f"tags are at most {_MAX_TAGS} pairs of a key and a value")
-    for key, value in tags.items():
-        if not isinstance(key, str) or not _TAG_KEY.fullmatch(key):
-            raise InvalidInput(f"invalid tag key {str(key)[:80]!r}: use 1-64 of A-Z, a-z, 0-9, "
-                               "_, . and -")  # fmt: skip
-        if not isinstance(value, str) or len(value) > 256 or not value.isprintable():
-            raise InvalidInput(f"tag {key!r}: its value is printable text of 256 at most")
-    return dict(tags)
 
 
 def new_run_id(run_id: str | None) -> str:

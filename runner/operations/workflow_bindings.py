@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from typing import Any, Protocol
 
 from qjsflow.runner.errors import FatalToolError
+from qjsflow.runner.operations.starts import BatchItem
 from qjsflow.runner.store import SnapshotRecord
 from qjsflow.runner.tenancy.scopes import split_run_key
 from qjsflow.runner.views import RunView, StartRunInput
@@ -38,6 +39,7 @@ class Runner(Protocol):
         drive: bool = ...,
     ) -> RunView: ...  # fmt: skip
     async def find_snapshot(self, reference: str, *, scope: str) -> SnapshotRecord: ...
+    async def start_batch(self, requests: Sequence[StartRunInput]) -> list[BatchItem]: ...
 
 
 # A run's status as Cloudflare's `InstanceStatus.status` names it.
@@ -98,9 +100,19 @@ class WorkflowBinding:
         return WorkflowInstance(self.runner, self.scope, run.run_id)
 
     async def create_batch(self, items: Sequence[dict[str, Any]]) -> list[WorkflowInstance]:
+        """Cloudflare's `createBatch`: the starts in one transaction (`Runner.start_batch`);
+        an instance whose id exists with the same params is returned as it is. An item
+        refused (its id taken by another start, its params too large, its flow control)
+        fails the call naming it; the others stand."""
         if len(items) > _MAX_BATCH:
             raise FatalToolError(f"createBatch takes at most {_MAX_BATCH} instances")
-        return [await self.create(id=item.get("id"), params=item.get("params")) for item in items]
+        requests = [StartRunInput(self.scope, self.workflow, self.snapshot, item.get("params"),
+                                  item.get("id")) for item in items]  # fmt: skip
+        answered = await self.runner.start_batch(requests) if requests else []
+        refused = [item for item in answered if item.outcome == "refused"]
+        if refused:
+            raise FatalToolError(f"createBatch item {refused[0].index}: {refused[0].error}")
+        return [WorkflowInstance(self.runner, self.scope, item.run_id or "") for item in answered]
 
     async def get(self, id: str) -> WorkflowInstance:
         run = await self.runner.get(id, scope=self.scope)

@@ -516,6 +516,14 @@ class JournalTransaction(FlowStatements):
             [(run_id, key, value) for key, value in tags.items()],
         )
 
+    def put_tags(self, run_id: str, tags: Mapping[str, str]) -> None:
+        """Set tags of a run, replacing the values of keys it has."""
+        self._db.executemany(
+            "INSERT INTO run_tags (run_id, key, value) VALUES (?, ?, ?)"
+            " ON CONFLICT (run_id, key) DO UPDATE SET value = excluded.value",
+            [(run_id, key, value) for key, value in tags.items()],
+        )
+
     def tags_of(self, run_id: str) -> dict[str, str]:
         rows = self._db.execute(
             "SELECT key, value FROM run_tags WHERE run_id = ? ORDER BY key", (run_id,)

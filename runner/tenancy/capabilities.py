@@ -14,6 +14,7 @@ from qjsflow.bundles.manifest import SQL_MODES, Capabilities, exceeding
 from qjsflow.runner.errors import CapabilityRefused
 from qjsflow.runner.tenancy.cloudflare_bindings import BINDING_ADDRESSES
 from qjsflow.runner.tenancy.egress import FETCH_ADDRESS, EgressPolicy
+from qjsflow.runner.tenancy.run_tags import TAGS_ADDRESS
 
 __all__ = ["DENIED", "SQL_ADDRESS", "Reach", "check_publish"]
 
@@ -38,6 +39,8 @@ class Reach:
         if address == FETCH_ADDRESS:
             url = str(args.get("url", "")) if isinstance(args, Mapping) else ""
             return self._refusal(f"fetch {url[:200]!r}", lambda c: _fetches(c, url))
+        if address == TAGS_ADDRESS:  # labels the calling run, and nothing else
+            return None
         if address in BINDING_ADDRESSES:
             name = str(args.get("binding", "")) if isinstance(args, Mapping) else ""
             return self._refusal(f"the binding {name[:80]!r}", lambda c: c.allows_binding(name))
