@@ -13,7 +13,7 @@ from typing import Any
 
 import orjson
 
-from bench import cli, suite
+from bench import cli, flow, suite
 
 RESULTS = Path(__file__).with_name("results")
 
@@ -112,6 +112,31 @@ def _targets(results: dict[str, dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def _flow_table(results: dict[str, dict[str, Any]]) -> str:
+    """Schedules, queues and queries, each beside what it is compared with."""
+    lag, queues, queries = results["schedules"], results["queues"], results["queries"]
+    poll = lag["poll_interval_ms"]
+    rows = [
+        ("a scheduled run's start after its nominal time, p50", f"{lag['lag_p50_ms']:.0f} ms",
+         f"the worker's poll interval {poll:.0f} ms", lag["lag_p50_ms"] / poll),
+        ("the same, p99", f"{lag['lag_p99_ms']:.0f} ms",
+         f"{lag['firings']} firings, one a second", lag["lag_p99_ms"] / poll),
+        ("a start through a gate with room, driven inline",
+         f"{queues['gated_start_ms']:.2f} ms", f"ungated {queues['ungated_start_ms']:.2f} ms",
+         queues["gated_start_ms"] / queues["ungated_start_ms"]),
+        ("a run queued behind another (concurrency 1), one worker",
+         f"{queues['queued_run_ms']:.2f} ms", f"no gate {queues['unqueued_run_ms']:.2f} ms",
+         queues["queued_run_ms"] / queues["unqueued_run_ms"]),
+    ]  # fmt: skip
+    for name in ("by_tag_ms", "by_status_ms", "by_workflow_and_time_ms"):
+        shown = name.removesuffix("_ms").replace("_", " ")
+        rows.append((f"`list` of {queries['runs']:,} runs, {shown}", f"{queries[name]:.1f} ms",
+                     "goal 200 ms", queries[name] / queries["target_ms"]))  # fmt: skip
+    lines = ["| measure | result | compared with | ratio |", "|---|---:|---|---:|"]
+    lines += [f"| {name} | {value} | {base} | {ratio:.2f} |" for name, value, base, ratio in rows]
+    return "\n".join(lines)
+
+
 async def main() -> None:
     results = {
         "sequential": await suite.sequential(),
@@ -121,8 +146,12 @@ async def main() -> None:
         "memory": await suite.memory(),
         "fan_out": await suite.fan_out(),
         "cli": cli.measure(),
+        "schedules": await flow.schedule_lag(),
+        "queues": await flow.queue_overhead(),
+        "queries": await flow.list_queries(),
     }
-    table = _table(results) + "\n\n## Targets\n\n" + _targets(results)
+    table = (_table(results) + "\n\n## Targets\n\n" + _targets(results)
+             + "\n\n## Schedules, flow control, queries\n\n" + _flow_table(results))  # fmt: skip
     print(table)
     RESULTS.mkdir(exist_ok=True)
     stamp = time.strftime("%Y-%m-%d")
