@@ -212,6 +212,15 @@ def test_the_schedules_command(tmp_path: Path) -> None:
     assert "next in" in qjsflow("schedules", "unpause", "nightly", "--scope", "acme").stdout
     triggered = qjsflow("schedules", "trigger", "nightly", "--scope", "acme")
     assert "started run s-nightly-" in triggered.stdout
+    shown = qjsflow("schedules", "show", "nightly", "--scope", "acme").stdout
+    assert "last runs:" in shown
+    assert triggered.stdout.split("started run ")[1].strip() in shown  # its run, listed
+    assert shown.count("  then in ") == 2  # the two firings after the next
+    shown_json = orjson.loads(
+        qjsflow("--json", "schedules", "show", "nightly", "--scope", "acme").stdout
+    )
+    assert len(shown_json["runs"]) == 1
+    assert len(shown_json["schedule"]["upcoming"]) == 2
     for args, said in (
         (("set", "x", "--workflow", "nope", "--every", "60"), "has no workflow 'nope'"),
         (("set", "x", "--workflow", "tick", "--cron", "99 * * * *"), "not a five-field cron"),

@@ -38,6 +38,18 @@ def schedules_command(args: argparse.Namespace) -> str:
         return printable(f"schedule {args.name}: started run {found.run_id}")
     if action == "backfill":
         return printable(f"schedule {args.name}: {len(found)} firings, each started once")
+    if action != "show":
+        return _line(found)
+    lines = [_line(found["schedule"]), *(f"  then {age(at)}" for at in found["schedule"].upcoming)]
+    runs = [("RUN", "STATUS", "CREATED")]
+    runs += [(r.run_id, str(r.status), age(r.created_at)) for r in found["runs"]]
+    lines += ["last runs:" if found["runs"] else "no run yet"]
+    if found["runs"]:
+        lines += table([tuple(printable(cell) for cell in row) for row in runs])
+    return "\n".join(lines)
+
+
+def _line(found: Any) -> str:
     next_at = "-" if found.next_at is None else age(found.next_at)
     return printable(f"schedule {found.name} of scope {found.scope}: {found.workflow}, "
                      f"{_when(found.spec, found.paused)}, next {next_at}, fired {found.fired}, "
@@ -68,6 +80,17 @@ def _settings(args: argparse.Namespace) -> dict[str, Any]:
     return settings
 
 
+async def _show(args: argparse.Namespace, runner: Any) -> dict[str, Any]:
+    """The schedule, its next firings, and the last runs it started (newest first)."""
+    schedule = await runner.schedule(args.scope, args.name)
+    runs = await runner.list(scope=args.scope, tags={"schedule": args.name}, limit=_LAST_RUNS,
+                             newest_first=True)  # fmt: skip
+    return {"schedule": schedule, "runs": runs}
+
+
+_LAST_RUNS = 10
+
+
 async def _gone(args: argparse.Namespace, runner: Any) -> bool:
     if not await runner.delete_schedule(args.scope, args.name):
         raise InvalidInput(f"scope {args.scope!r} has no schedule {args.name[:80]!r}")
@@ -78,7 +101,7 @@ _ACTIONS: dict[str, Any] = {
     "list": lambda a, r: (
         r.schedules(scope=a.scope) if a.scope else r.schedules(scope=_all_scopes())
     ),
-    "show": lambda a, r: r.schedule(a.scope, a.name),
+    "show": _show,
     "set": lambda a, r: r.set_schedule(a.scope, a.name, a.workflow, _settings(a)),
     "pause": lambda a, r: r.pause_schedule(a.scope, a.name),
     "unpause": lambda a, r: r.pause_schedule(a.scope, a.name, paused=False),

@@ -59,6 +59,8 @@ class ScheduleView:
     paused: bool
     created_at: float
     updated_at: float
+    # The firings after the next one (the next three in all, while it is not paused).
+    upcoming: tuple[float, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,12 +84,18 @@ def _seconds(ms: int | None) -> float | None:
 
 
 def _view(row: Any) -> ScheduleView:
-    seconds = _seconds
+    upcoming: list[float] = []
+    at = None if row[4] is None or row[9] else int(row[4])
+    spec = ScheduleSpec.from_text(str(row[3])) if at is not None else None
+    while spec is not None and at is not None and len(upcoming) < 2:
+        at = spec.after(at)
+        if at is not None:
+            upcoming.append(at / 1000)
     return ScheduleView(
         scope=str(row[0]), name=str(row[1]), workflow=str(row[2]), spec=loads(str(row[3])),
-        next_at=seconds(row[4]), last_run=row[5], buffered_at=seconds(row[6]),
+        next_at=_seconds(row[4]), last_run=row[5], buffered_at=_seconds(row[6]),
         fired=int(row[7]), skipped=int(row[8]), paused=bool(row[9]),
-        created_at=row[10] / 1000, updated_at=row[11] / 1000,
+        created_at=row[10] / 1000, updated_at=row[11] / 1000, upcoming=tuple(upcoming),
     )  # fmt: skip
 
 

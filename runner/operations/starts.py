@@ -125,17 +125,19 @@ def creation(request: StartRunInput, *, config: RunnerConfig, configs: ConfigCac
             config_version=settings.version,
             priority=priority if priority is not None else 0 if flow is None else flow.priority,
         )  # fmt: skip
-        existing = tx.get_run(run_id)
+        gated = flow is not None and flow.gated
+        # Looked for only when it matters before the insert (which finds it otherwise).
+        existing = tx.get_run(run_id) if gated or settings.budgets is not None else None
         if settings.budgets is not None and existing is None:
             admit(tx, scope, settings.budgets, new_live_run=True)
-        if flow is not None and flow.gated:
+        if flow is not None and gated:
             if existing is not None:
                 return record, existing
             if inline:
                 raise GatedStart(run_id)
             written = partial(_created, tx, scope=scope, tags=tags, now=now)
-            gated = gate_start(tx, record, flow, request.input, now=now, created=written)
-            return (record, gated.run) if not gated.created else (gated.run, None)
+            queued = gate_start(tx, record, flow, request.input, now=now, created=written)
+            return (record, queued.run) if not queued.created else (queued.run, None)
         if tx.insert_run(record):
             _created(tx, record, scope=scope, tags=tags, now=now)
             return record, None

@@ -63,12 +63,13 @@ class FlowStatements(StepStatements):
         """Hold the workflow's gate for the rest of the transaction (made if it is new).
         Without `wait`, False when another transaction holds it (a worker's look: the holder
         admits what can be admitted)."""
-        self._db.execute(
-            "INSERT INTO flow_gates (scope, workflow) VALUES (?, ?) ON CONFLICT DO NOTHING",
-            (scope, workflow),
-        )
         lock = self._dialect.lock_run
-        if lock and not wait:
+        if wait:  # (a worker looks only at gates that exist)
+            self._db.execute(
+                "INSERT INTO flow_gates (scope, workflow) VALUES (?, ?) ON CONFLICT DO NOTHING",
+                (scope, workflow),
+            )
+        elif lock:
             lock += " SKIP LOCKED"
         row = self._one(
             f"SELECT 1 FROM flow_gates WHERE scope = ? AND workflow = ?{lock}", (scope, workflow)
