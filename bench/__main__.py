@@ -13,7 +13,7 @@ from typing import Any
 
 import orjson
 
-from bench import cli, flow, suite
+from bench import cli, flow, replicas, suite
 
 RESULTS = Path(__file__).with_name("results")
 
@@ -137,6 +137,27 @@ def _flow_table(results: dict[str, dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def _replica_table(results: dict[str, dict[str, Any]]) -> str:
+    """db.sql per statement, replicated against a local file; a new machine's catch-up."""
+    costs, caught = results["sql_statements"], results["sql_catch_up"]
+    rows = [
+        ("a write (INSERT), replicated", f"{costs['replicated_write_ms']:.2f} ms",
+         f"local file {costs['local_write_ms']:.2f} ms", costs["write_ratio"]),
+        ("a read (SELECT by key), replicated", f"{costs['replicated_read_ms']:.2f} ms",
+         f"local file {costs['local_read_ms']:.2f} ms", costs["read_ratio"]),
+        (f"catch-up of {caught['changes']:,} changes, a new machine's first read",
+         f"{caught['from_changes_s'] * 1000:.0f} ms",
+         f"a read caught up {caught['caught_up_read_s'] * 1000:.0f} ms",
+         caught["from_changes_s"] / caught["caught_up_read_s"]),
+        ("the same from an image", f"{caught['from_image_s'] * 1000:.0f} ms",
+         f"a read caught up {caught['caught_up_read_s'] * 1000:.0f} ms",
+         caught["from_image_s"] / caught["caught_up_read_s"]),
+    ]  # fmt: skip
+    lines = ["| measure | result | compared with | ratio |", "|---|---:|---|---:|"]
+    lines += [f"| {name} | {value} | {base} | {ratio:.2f} |" for name, value, base, ratio in rows]
+    return "\n".join(lines)
+
+
 async def main() -> None:
     results = {
         "sequential": await suite.sequential(),
@@ -149,9 +170,15 @@ async def main() -> None:
         "schedules": await flow.schedule_lag(),
         "queues": await flow.queue_overhead(),
         "queries": await flow.list_queries(),
+        "sql_statements": await replicas.statement_costs(),
+        "sql_catch_up": await replicas.catch_up(),
     }
-    table = (_table(results) + "\n\n## Targets\n\n" + _targets(results)
-             + "\n\n## Schedules, flow control, queries\n\n" + _flow_table(results))  # fmt: skip
+    sections = [
+        _table(results), "## Targets", _targets(results),
+        "## Schedules, flow control, queries", _flow_table(results),
+        "## db.sql replicated through the journal", _replica_table(results),
+    ]  # fmt: skip
+    table = "\n\n".join(sections)
     print(table)
     RESULTS.mkdir(exist_ok=True)
     stamp = time.strftime("%Y-%m-%d")

@@ -59,6 +59,11 @@ class RunnerConfig:
     lease_ttl_s: float = 30.0
     sql_limits: SqlLimits = field(default_factory=SqlLimits)
     scope_root: Path | None = None  # scope databases; default: "<journal>.scopes" beside it
+    # Where each scope's `db.sql` database lives: "replicated" — the journal holds it, each
+    # worker's file is a replica (runner/scopedb/replication.py) — or "local", a file on this
+    # machine. None: replicated on a PostgreSQL journal (workers on many machines), local on
+    # SQLite (one machine).
+    scope_databases: str | None = None
     # A run whose executor process dies is parked and driven again later (back-off from 30 s
     # to an hour); it fails only when its executors have died this many times.
     executor_deaths_per_run: int = 5
@@ -82,6 +87,14 @@ class RunnerConfig:
     # What each scope's snapshots may reach at most (docs/TENANCY.md, Capability manifests):
     # a manifest asking for more is refused at publish; every call is checked against both.
     scope_policies: Mapping[str, Capabilities] = field(default_factory=dict)
+
+    def scope_database_mode(self, server_journal: bool) -> str:
+        """`scope_databases`, or what it means when unset, for a journal of that kind."""
+        if self.scope_databases is None:
+            return "replicated" if server_journal else "local"
+        if self.scope_databases not in ("local", "replicated"):
+            raise ValueError("scope_databases is local or replicated")
+        return self.scope_databases
 
     def secret_providers(self) -> tuple[str, ...]:
         """Where this process's secret values come from (as `qjsflow workers` shows it)."""

@@ -107,7 +107,8 @@ class Runner(Schedules, ScopeConfigs, RunReads):
         self.config = config
         pool = ExecutorPool(config.pool)
         scope_root = config.scope_root or default_root(store.path)
-        self.scopes = ScopeDatabases(scope_root, config.sql_limits)
+        replicated = config.scope_database_mode(store.path is None) == "replicated"
+        self.scopes = ScopeDatabases(scope_root, config.sql_limits, store if replicated else None)
         # The engine under this runner: what a `Worker` serves with, and tests' seam into the
         # drive (its clock, its pool, `take_after_s`).
         self.configs = ConfigCache()  # scopes' configuration versions, parsed once

@@ -113,6 +113,14 @@ def test_doctor_reports_the_layers_of_this_machine(tmp_path: Path) -> None:
     assert report["executor"]["landlockAbi"] >= 1
     assert report["confinement"] == "best-effort"
     assert report["scope_database"]["landlockAbi"] >= 1
+    assert report["scope_databases"] == "local"  # a SQLite journal's default
+    for journal, said in (("postgresql://h/db", "replicated through the journal"),
+                          ("./j.db", "local files, one machine")):  # fmt: skip
+        shown = subprocess.run(
+            [sys.executable, "-m", "qjsflow.runner.cli", "doctor", "--db", journal],
+            cwd=tmp_path, capture_output=True, text=True, timeout=120, check=False,
+        )  # fmt: skip
+        assert f"scope databases: {said}" in shown.stdout, shown.stderr
 
 
 FOLDER_PROBE = """

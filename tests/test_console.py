@@ -216,6 +216,7 @@ def test_the_workers_page_shows_operators_the_workers_and_tenants_nothing(
         page = client.get("/workers").text
         assert worker["worker_id"] in page
         assert 'class="worker-stopped"' in page
+        assert "Scope databases (<code>db.sql</code>): local files" in page  # a SQLite journal
     with _client(console, ACME_TOKEN) as client:  # workers serve every scope: not a tenant's
         assert client.get("/api/workers").status_code == 404
         assert client.get("/workers").status_code == 404

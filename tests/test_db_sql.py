@@ -38,9 +38,14 @@ export default async (event) => {
 """
 
 
-@pytest.fixture
-async def sql_runner(tmp_path: Path, clock: FakeClock) -> AsyncIterator[Runner]:
-    config = RunnerConfig(clock=clock, pool=PoolConfig(size=1), sql_limits=SqlLimits(max_pages=64))
+@pytest.fixture(params=["local", "replicated"])
+async def sql_runner(
+    tmp_path: Path, clock: FakeClock, request: pytest.FixtureRequest
+) -> AsyncIterator[Runner]:
+    """Each hardening holds whether the scope's database is a local file or a replica of
+    the journal's (tests/test_scope_replicas.py)."""
+    config = RunnerConfig(clock=clock, pool=PoolConfig(size=1), sql_limits=SqlLimits(max_pages=64),
+                          scope_databases=request.param)  # fmt: skip
     async with Runner.open(tmp_path / "journal.db", config) as runner:
         yield runner
 

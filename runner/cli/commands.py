@@ -518,6 +518,7 @@ def _with_environment(args: argparse.Namespace) -> argparse.Namespace:
         ("tools", "QJSFLOW_TOOLS"),
         ("notify", "QJSFLOW_NOTIFY"),
         ("env", "QJSFLOW_ENV"),
+        ("scope_root", "QJSFLOW_SCOPE_ROOT"),
     ):
         if getattr(args, option) == GLOBAL_DEFAULTS[option] and os.environ.get(variable):
             setattr(args, option, os.environ[variable])

@@ -14,6 +14,7 @@ import importlib
 import os
 import sys
 from collections.abc import Awaitable, Callable, Mapping
+from pathlib import Path
 from typing import Any
 
 from qjsflow.bridge import InvalidInput
@@ -25,6 +26,7 @@ from qjsflow.runner.cli.parser import confinement_of
 from qjsflow.runner.config import RunnerConfig
 from qjsflow.runner.demo import run_demo
 from qjsflow.runner.runner import Runner
+from qjsflow.runner.store.backends import is_postgres_url
 from qjsflow.runner.tenancy.environment import ScopeSettings, load_scope_settings
 from qjsflow.sandbox import PoolConfig
 
@@ -73,6 +75,8 @@ def config_of(args: argparse.Namespace) -> RunnerConfig:
         scope_budgets=settings.budgets, scope_policies=settings.policies,
         pool=PoolConfig(confinement=confinement),
         build_limits=BuildLimits(confinement=confinement),
+        scope_root=None if args.scope_root is None else Path(args.scope_root).resolve(),
+        scope_databases=args.scope_databases,
     )  # fmt: skip
 
 
@@ -108,7 +112,9 @@ def run_command(args: argparse.Namespace) -> str | tuple[str, int]:
     if command == "doctor":
         from qjsflow.runner.operations import doctor  # noqa: PLC0415  (only this command needs it)
 
-        report = asyncio.run(doctor.diagnose(config_of(args).pool))
+        config = config_of(args)
+        mode = config.scope_database_mode(is_postgres_url(args.db))
+        report = asyncio.run(doctor.diagnose(config.pool, mode))
         return render_json(report) if args.json else doctor.render(report)
     if command == "setup-tools":
         where = setup_tools()

@@ -33,7 +33,12 @@ _SCOPE_HELP = "the run's tenant (found if only one has the run id)"
 
 
 class _Parser(argparse.ArgumentParser):
-    """argparse, but usage errors are one line on stderr and exit 2."""
+    """argparse, but usage errors are one line on stderr and exit 2, and an option is given
+    whole (`--scope` is never taken for a prefix of `--scope-root`)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs["allow_abbrev"] = False
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> Any:
         print(f"qjsflow: error: {printable(message)}", file=sys.stderr)
@@ -52,7 +57,8 @@ _PRIORITY = number(int, -1000, 1000)
 # environment gives defaults: QJSFLOW_DB, QJSFLOW_TOOLS, QJSFLOW_ENV (and QJSFLOW_SCOPE for
 # --scope).
 GLOBAL_DEFAULTS = {"db": "./qjsflow.db", "json": False, "debug": False, "lease_ttl": 30.0,
-                    "env": None, "tools": None, "notify": None, "utc": False}  # fmt: skip
+                    "env": None, "tools": None, "notify": None, "utc": False,
+                    "scope_root": None, "scope_databases": None}  # fmt: skip
 
 
 def _global_options(*, suppress: bool) -> _Parser:
@@ -90,6 +96,16 @@ def _global_options(*, suppress: bool) -> _Parser:
     )  # fmt: skip
     options.add_argument("--utc", action="store_true", default=default("utc"),
                          help="show times as UTC timestamps, not relative ones")  # fmt: skip
+    options.add_argument(
+        "--scope-root", metavar="DIR", default=default("scope_root"),
+        help="this machine's folder of scope databases (beside a SQLite journal, else "
+        "./qjsflow.scopes; QJSFLOW_SCOPE_ROOT)",
+    )  # fmt: skip
+    options.add_argument(
+        "--scope-databases", choices=("local", "replicated"), default=default("scope_databases"),
+        help="where db.sql data lives: replicated through the journal (the default on "
+        "PostgreSQL), or local files (the default on SQLite)",
+    )  # fmt: skip
     return options
 
 

@@ -292,7 +292,8 @@ class _Console:
         found = await self.runner.workers()
         if _api(request):
             return JSONResponse(views.plain(found))
-        return self.page(request, "workers.html", workers=found)
+        return self.page(request, "workers.html", workers=found,
+                         scope_databases=self.runner.scopes.mode)  # fmt: skip
 
     async def schedules(self, request: Request) -> Response:
         """Schedules: when each fires next, what it fired and skipped, the run it started

@@ -44,6 +44,7 @@ from qjsflow.runner.engine.host_journal import PARKED, JournalOps, count_step
 from qjsflow.runner.engine.steps import Answered
 from qjsflow.runner.errors import FatalToolError
 from qjsflow.runner.scopedb import SqlOutcome
+from qjsflow.runner.scopedb.replication import ChangeLost
 from qjsflow.runner.store import JournalTransaction, StepStatus
 from qjsflow.runner.telemetry import tracing
 from qjsflow.runner.telemetry.metrics import METRICS
@@ -360,17 +361,22 @@ class DriveHost(JournalOps):
         scope, used_s = begun.scope, begun.used_s
         sql_limits = self.scopes.limits
         left = sql_limits.run_budget_s - used_s
+        record = functools.partial(self._record_sql, op, key, scope)
         if left <= 0:
             budget = f"{sql_limits.run_budget_s:g} s"
             message = f"the run's SQL time budget of {budget} is used up"
-            outcome = SqlOutcome(None, "quota", message, 0.0)
-        else:
-            with tracing.call_span(self.trace, "qjsflow.db.sql", {"qjsflow.step": key}):
-                outcome = await self.scopes.execute(
-                    scope, run_id=self.run_id, call_key=self._renewed(key), sql=op.sql,
-                    params=op.params, deadline_s=min(sql_limits.deadline_s, left),
-                    read_only=self.reach.sql == "read",
-                )  # fmt: skip
+            return await record(SqlOutcome(None, "quota", message, 0.0))
+        with tracing.call_span(self.trace, "qjsflow.db.sql", {"qjsflow.step": key}):
+            return await self.scopes.call(
+                scope, run_id=self.run_id, call_key=self._renewed(key), sql=op.sql,
+                params=op.params, deadline_s=min(sql_limits.deadline_s, left),
+                read_only=self.reach.sql == "read", record=record,
+            )  # fmt: skip
+
+    async def _record_sql(self, op: DbSql, key: str, scope: str, outcome: SqlOutcome) -> Answered:
+        """The call's outcome recorded, and for a replicated scope database its change with
+        it as the scope's next version (`ChangeLost` if another writer took that version:
+        nothing of this transaction is kept)."""
         METRICS.sql_seconds.observe(outcome.elapsed_s)
         self.usage.add("steps", 1)
         self.usage.add("sql_s", outcome.elapsed_s)
@@ -379,6 +385,10 @@ class DriveHost(JournalOps):
         finished = self.now()
 
         def end(tx: JournalTransaction) -> Answered:
+            if outcome.change is not None:
+                if not tx.append_scope_change(scope, outcome.version, outcome.change, finished):
+                    raise ChangeLost(scope, outcome.version)
+                tx.charge_usage(scope, [("journal_bytes", 0, float(len(outcome.change)))])
             answer = settle(tx)
             return (PARKED, None) if self._holds(tx, op.step) else answer
 

@@ -15,8 +15,9 @@ from qjsflow.sandbox import ExecutorPool, PoolConfig
 __all__ = ["diagnose"]
 
 
-async def diagnose(pool_config: PoolConfig) -> dict[str, Any]:
-    """Starts one executor as the runner would and reads the layers it reports."""
+async def diagnose(pool_config: PoolConfig, scope_databases: str = "local") -> dict[str, Any]:
+    """Starts one executor as the runner would and reads the layers it reports;
+    `scope_databases` is where this journal's scope databases live (local or replicated)."""
     async with ExecutorPool(pool_config) as pool:
         layers = await pool.confinement()
     with tempfile.TemporaryDirectory(prefix="qjsflow-doctor-") as folder:
@@ -31,7 +32,14 @@ async def diagnose(pool_config: PoolConfig) -> dict[str, Any]:
     except QjsflowError as error:
         tools = {"error": str(error)}
     return {"confinement": pool_config.confinement, "executor": layers,
-            "scope_database": scope_layers, "toolchain": tools}  # fmt: skip
+            "scope_database": scope_layers, "scope_databases": scope_databases,
+            "toolchain": tools}  # fmt: skip
+
+
+_MODES = {
+    "local": "local files, one machine (each worker's own folder)",
+    "replicated": "replicated through the journal: each worker's file is a replica",
+}
 
 
 def render(report: dict[str, Any]) -> str:
@@ -49,6 +57,7 @@ def render(report: dict[str, Any]) -> str:
         "scope-database process Landlock: "
         + (f"on (ABI {scope_abi}: its scope folder only)" if scope_abi else "OFF")
     )
+    lines.append("scope databases: " + _MODES[report["scope_databases"]])
     if "error" in tools:
         lines.append(f"publishing: {tools['error']}")
     else:

@@ -16,13 +16,18 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import sys
+import time
 from collections import OrderedDict
+from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass
+from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from qjsflow.bridge.codec import dumps, loads
 from qjsflow.runner.scopedb.policy import SqlLimits
+from qjsflow.runner.scopedb.replication import Ask, ChangeLost, Replication
+from qjsflow.runner.store import JournalStore
 from qjsflow.runner.tenancy.scopes import validate_scope
 from qjsflow.sandbox.frames import FrameError, frame, read_frame_async
 
@@ -35,6 +40,14 @@ class SqlOutcome:
     code: str | None
     message: str | None
     elapsed_s: float
+    # Replicated (replication.py): the change to record in the journal as the scope's
+    # `version`, in the transaction that records the call (None: nothing to record).
+    change: str | None = None
+    version: int = 0
+
+
+R = TypeVar("R")
+_RETRIES = 20  # writers that each lost the scope's next version to another machine
 
 
 class _ScopeProcess:
@@ -100,9 +113,14 @@ class ScopeDatabases:
     """Author SQL, each scope in a server process of its own: a statement of one scope never
     waits for another scope's (a runaway native function call included)."""
 
-    def __init__(self, root: Path, limits: SqlLimits | None = None) -> None:
+    def __init__(
+        self, root: Path, limits: SqlLimits | None = None, store: JournalStore | None = None
+    ) -> None:
         self.root = root
         self.limits = limits or SqlLimits()
+        # With a journal store, each scope's database is a replica of the journal's (one
+        # source of truth for every machine); without, a local file (one machine).
+        self.replication = None if store is None else Replication(store, root)
         self._scopes: OrderedDict[str, _ScopeProcess] = OrderedDict()
         self.layers: dict[str, Any] = {}  # the confinement the last process reported
 
@@ -142,9 +160,113 @@ class ScopeDatabases:
         failure = reply["error"]
         return SqlOutcome(None, failure["code"], failure["message"], failure["elapsedS"])
 
+    @property
+    def mode(self) -> str:
+        return "local" if self.replication is None else "replicated"
+
+    async def call(
+        self,
+        scope: str,
+        *,
+        run_id: str,
+        call_key: str,
+        sql: str,
+        params: str,
+        deadline_s: float,
+        read_only: bool = False,
+        record: Callable[[SqlOutcome], Awaitable[R]],
+    ) -> R:
+        """`execute`, and `record` its outcome in the journal (the caller's transaction):
+        after the statement for a local file; for a replica, while it holds the statement's
+        transaction open, with its change as the scope's next version — committed on the
+        replica only once the journal has it, run again after catching up if another
+        machine took that version (`ChangeLost`)."""
+        if self.replication is None:
+            return await record(await self.execute(
+                scope, run_id=run_id, call_key=call_key, sql=sql, params=params,
+                deadline_s=deadline_s, read_only=read_only,
+            ))  # fmt: skip
+        request = {
+            "scope": validate_scope(scope), "runId": run_id, "call": call_key, "sql": sql,
+            "params": params, "deadlineS": deadline_s, "limits": asdict(self.limits),
+            "readOnly": read_only, "replicated": True,
+        }  # fmt: skip
+        slot = self._slot(scope)
+        async with slot.lock:
+            return await self._replicated(slot, scope, request, record)
+
+    async def _replicated(
+        self,
+        slot: _ScopeProcess,
+        scope: str,
+        request: dict[str, Any],
+        record: Callable[[SqlOutcome], Awaitable[R]],
+    ) -> R:
+        replication = self.replication
+        assert replication is not None
+        ask = self._replica_asker(slot, scope)
+        wait_s = request["deadlineS"] + self.limits.busy_wait_s + self.limits.kill_grace_s
+        for _ in range(_RETRIES):
+            try:
+                have = (await ask({"op": "version"}))["version"]
+                await replication.catch_up(scope, int(have), ask)
+                reply = await self._ask(slot, request, wait_s)
+            except (TimeoutError, FrameError, ConnectionError) as error:
+                await slot.stop()
+                stopped = "stopped answering" if isinstance(error, TimeoutError) else "died"
+                deadline = request["deadlineS"]
+                return await record(SqlOutcome(None, "interrupted",
+                                               f"the SQL process {stopped}", deadline))  # fmt: skip
+            if "ok" not in reply:
+                failure = reply["error"]
+                return await record(
+                    SqlOutcome(None, failure["code"], failure["message"], failure["elapsedS"])
+                )
+            held = reply["ok"]
+            change = held.get("change")
+            version = int(held["version"]) + 1
+            text = None if change is None else dumps(change).decode()
+            outcome = SqlOutcome(held["result"], None, None, held["elapsedS"], text, version)
+            if change is None:
+                return await record(outcome)
+            try:
+                recorded = await record(outcome)
+            except ChangeLost:
+                await ask({"op": "finish", "version": None})
+                continue
+            except BaseException:
+                # The journal's answer is unknown (or the drive was stopped): the held
+                # transaction goes with its process; a catch-up brings the change if the
+                # journal has it, and the call's applied record with it.
+                await slot.stop()
+                raise
+            await ask({"op": "finish", "version": version})
+            if replication.due_image(version):
+                await replication.keep_image(scope, ask, int(time.time() * 1000))
+            return recorded
+        return await record(SqlOutcome(
+            None, "busy", f"other machines wrote to the scope's database first {_RETRIES} times "
+            "in a row", 0.0))  # fmt: skip
+
+    def _replica_asker(self, slot: _ScopeProcess, scope: str) -> Ask:
+        return partial(self.ask_replica, slot, scope)
+
+    async def ask_replica(self, slot: object, scope: str, asked: dict[str, Any]) -> Any:
+        """One request to a scope's replica (replica.py), the caller holding its lock: its
+        version, a held call's end, changes to apply, an image, a restore."""
+        assert isinstance(slot, _ScopeProcess)
+        request = {"scope": scope, "limits": asdict(self.limits), "replica": asked}
+        reply = await self._ask(slot, request, 120.0)
+        if "ok" not in reply:
+            raise RuntimeError(f"the replica of scope {scope!r}: {reply['error']['message']}")
+        return reply["ok"]
+
     async def forget(self, scope: str, run_ids: list[str]) -> None:
         """Drop the applied-call records of these runs from `scope`'s database, if it has one
         (a pruned run's id used again must run its SQL anew)."""
+        if self.replication is not None:
+            await self._forget_replicated(scope, run_ids)
+            return
         if not run_ids or not self.path_of(scope).exists():
             return
         request = {"scope": scope, "forget": run_ids, "limits": asdict(self.limits)}
@@ -153,6 +275,24 @@ class ScopeDatabases:
             reply = await self._ask(slot, request, 60.0)
         if "ok" not in reply:
             raise RuntimeError(f"the scope database of {scope!r} could not forget pruned runs")
+
+    async def _forget_replicated(self, scope: str, run_ids: list[str]) -> None:
+        """Forgetting is a change like any other: every replica forgets."""
+        replication = self.replication
+        assert replication is not None
+        if not run_ids or await replication.head(scope) == 0:
+            return
+        change = dumps({"forget": run_ids}).decode()
+        slot = self._slot(scope)
+        async with slot.lock:
+            ask = self._replica_asker(slot, scope)
+            for _ in range(_RETRIES):
+                have = int((await ask({"op": "version"}))["version"])
+                have = await replication.catch_up(scope, have, ask)
+                if await replication.append(scope, have + 1, change):
+                    await replication.catch_up(scope, have, ask)
+                    return
+        raise RuntimeError(f"the scope database of {scope!r} could not forget pruned runs")
 
     async def confinement(self) -> dict[str, Any]:
         """The layers a scope-database process reports (one is started for a scope named

@@ -15,6 +15,7 @@ runs again. Otherwise the author's statement and the applied row commit together
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import sys
@@ -27,6 +28,7 @@ import apsw
 
 from qjsflow.bridge.codec import dumps, loads
 from qjsflow.bridge.values import JsValue, from_python, to_python
+from qjsflow.runner.scopedb import replica
 from qjsflow.runner.scopedb.policy import MIN_SQLITE_VERSION, SqlLimits
 from qjsflow.sandbox.confine import confine_paths
 from qjsflow.sandbox.frames import frame, read_frame_fd
@@ -60,12 +62,15 @@ class _Authorizer:
         self.refused: str | None = None
         self.read_only = read_only  # the snapshot declares `sql: read`
         self.wrote = False  # refused because the statement would write
+        self.ddl = False  # it changes the schema (replicated as the statement itself)
 
     def __call__(
         self, op: int, first: str | None, second: str | None, db: str | None, _: Any
     ) -> int:
         verdict = _authorize(op, first, second, db)
-        if verdict == apsw.SQLITE_OK and self.read_only and op not in _READS:
+        if op in _DDL or op == apsw.SQLITE_ALTER_TABLE:
+            self.ddl = True
+        if verdict == apsw.SQLITE_OK and self.read_only and op not in _READS | {apsw.SQLITE_PRAGMA}:
             verdict = apsw.SQLITE_DENY
             self.wrote = True
         if verdict != apsw.SQLITE_OK and self.refused is None:
@@ -79,6 +84,10 @@ class _Authorizer:
 
 def _authorize(op: int, first: str | None, second: str | None, db: str | None) -> int:
     if op in (apsw.SQLITE_SELECT, apsw.SQLITE_RECURSIVE):
+        return apsw.SQLITE_OK
+    if op == apsw.SQLITE_PRAGMA and first == "table_xinfo" and db == "main":
+        # Read-only: a table's columns. A replica's session reads it as a statement first
+        # writes a table (replica.py).
         return apsw.SQLITE_OK
     if op in _DML:
         if db not in (None, "main") or (first or "").lower().startswith(_PRIVATE):
@@ -130,6 +139,13 @@ class ScopeServer:
         started = time.monotonic()
         try:
             connection = self.connection(request["scope"], limits)
+            if "replica" in request:  # a replica's own business (replica.py)
+                return {"ok": self.replica(request["scope"], connection, request["replica"])}
+            if request.get("replicated"):
+                held = replica.run_held(
+                    connection, request, lambda: _run_statement(connection, request, limits)
+                )
+                return {"ok": {**held, "elapsedS": time.monotonic() - started}}
             result = _apply(connection, request, limits)
             return {"ok": {"result": result, "elapsedS": time.monotonic() - started}}
         except SqlFailure as failure:
@@ -137,6 +153,12 @@ class ScopeServer:
         except apsw.Error as error:  # opening, hardening: another process's lock, say
             translated = _translate(error, limits)
             code, message = translated.code, translated.message
+        except replica.DdlWithRows:
+            code = "not_authorized"
+            message = (
+                "a statement that changes the schema and writes rows at once (CREATE "
+                "TABLE ... AS SELECT) is not replicated: create the table, then INSERT"
+            )
         except UnicodeDecodeError:
             code = "bad_text"
             message = "a result holds text that is not valid UTF-8: CAST it to BLOB"
@@ -146,6 +168,34 @@ class ScopeServer:
             code, message = "error", f"the statement failed ({type(error).__name__})"
         return {"error": {"code": code, "message": message,
                           "elapsedS": time.monotonic() - started}}  # fmt: skip
+
+    def replica(self, scope: str, connection: apsw.Connection, asked: dict[str, Any]) -> Any:
+        """What the host asks of a replica: its version, a held call's end, the journal's
+        changes to apply, an image written to a file, or the database replaced by one."""
+        match asked.get("op"):
+            case "version":
+                with connection:
+                    return {"version": replica.replica_version(connection)}
+            case "finish":
+                replica.finish(connection, asked.get("version"))
+                return {}
+            case "apply":
+                return {"version": replica.apply_changes(
+                    connection, asked["changes"],
+                    lambda sql, params: connection.execute(sql, _params(params)),
+                )}  # fmt: skip
+            case "image":
+                return {"version": replica.image(connection, self.root / _file(asked["file"]))}
+            case "restore":
+                connection.close()
+                del self.connections[scope]
+                target = self.root / f"{scope}.sqlite"
+                for suffix in ("-wal", "-shm"):
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(f"{target}{suffix}")
+                os.replace(self.root / _file(asked["file"]), target)
+                return {}
+        raise SqlFailure("bad_request", "unknown replica request")
 
     def forget(self, request: dict[str, Any]) -> dict[str, Any]:
         """Drop the applied-call records of pruned runs (a run id used again later must not
@@ -207,7 +257,7 @@ def _apply(connection: apsw.Connection, request: dict[str, Any], limits: SqlLimi
         if applied is not None:
             connection.execute("COMMIT")
             return str(applied[0])
-        result = _run_author_statement(
+        result, _ = _run_author_statement(
             connection, request["sql"], params, limits=limits,
             deadline=time.monotonic() + float(request["deadlineS"]),  # after the lock wait
             read_only=bool(request.get("readOnly")),
@@ -228,6 +278,27 @@ def _apply(connection: apsw.Connection, request: dict[str, Any], limits: SqlLimi
         raise
 
 
+def _run_statement(
+    connection: apsw.Connection, request: dict[str, Any], limits: SqlLimits
+) -> tuple[str, bool]:
+    """A replicated call's statement, in the transaction its replica holds open."""
+    try:
+        return _run_author_statement(
+            connection, request["sql"], _params(request["params"]), limits=limits,
+            deadline=time.monotonic() + float(request["deadlineS"]),
+            read_only=bool(request.get("readOnly")),
+        )  # fmt: skip
+    except apsw.Error as error:
+        raise _translate(error, limits) from None
+
+
+def _file(name: object) -> str:
+    """A file the host names in the scope folder: a plain name, never a path."""
+    if not isinstance(name, str) or not re.fullmatch(r"\.[a-z0-9_-]{1,80}\.(image|restore)", name):
+        raise SqlFailure("bad_request", "not a replica file name")
+    return name
+
+
 def _run_author_statement(
     connection: apsw.Connection,
     sql: str,
@@ -236,7 +307,7 @@ def _run_author_statement(
     limits: SqlLimits,
     deadline: float,
     read_only: bool = False,
-) -> str:
+) -> tuple[str, bool]:
     size = len(sql.encode("utf-8", "surrogatepass"))
     if size > limits.max_sql_length:
         raise SqlFailure(
@@ -288,7 +359,9 @@ def _run_author_statement(
         "lastInsertRowid": connection.last_insert_rowid() if changes else 0,
     }
     try:
-        return from_python(result, max_bytes=limits.max_result_bytes, what="the result")
+        return from_python(result, max_bytes=limits.max_result_bytes, what="the result"), (
+            authorizer.ddl
+        )
     except ValueError:
         raise SqlFailure(
             "too_big", f"the result is larger than {limits.max_result_bytes} bytes"

@@ -181,6 +181,26 @@ CREATE TABLE flow_gates (
 CREATE INDEX flow_gates_waiting ON flow_gates (next_at) WHERE waiting > 0"""
 
 
+def scope_changes(integer: str, blob: str) -> str:
+    """Scope databases replicated through the journal (runner/scopedb/replication.py): each
+    scope's changes, numbered from 1 with no gap (a writer inserts the next number or loses),
+    and the image that replaces those before it."""
+    return f"""CREATE TABLE scope_changes (
+    scope TEXT NOT NULL,
+    version {integer} NOT NULL,
+    change TEXT NOT NULL,
+    created_at {integer} NOT NULL,
+    PRIMARY KEY (scope, version)
+);
+CREATE TABLE scope_images (
+    scope TEXT NOT NULL,
+    version {integer} NOT NULL,
+    image {blob} NOT NULL,
+    created_at {integer} NOT NULL,
+    PRIMARY KEY (scope, version)
+)"""
+
+
 def scope_configs(integer: str) -> str:
     return f"""CREATE TABLE scope_configs (
     scope TEXT NOT NULL,
@@ -455,6 +475,7 @@ MIGRATIONS: tuple[tuple[int, str, str], ...] = (
     (23, "schedules: cron or interval firings, each run started once", schedules("INTEGER")),
     (24, "runs' tags, found through an index", RUN_TAGS),
     (25, "flow control: queued runs, their keys and gates; priorities", flow_control("INTEGER")),
+    (26, "scope databases' changes and images, for replicas", scope_changes("INTEGER", "BLOB")),
 )
 
 

@@ -22,6 +22,7 @@ from qjsflow.runner.store.migrations import (
     flow_control,
     replay_clock,
     schedules,
+    scope_changes,
     scope_configs,
     scope_secrets,
     scoped_run_keys,
@@ -155,4 +156,5 @@ PG_MIGRATIONS: tuple[Migration, ...] = (
     (18, "schedules (SQLite migration 23)", schedules("BIGINT")),
     (19, "runs' tags (SQLite migration 24)", RUN_TAGS),
     (20, "flow control (SQLite migration 25)", flow_control("BIGINT")),
+    (21, "scope databases' changes (SQLite migration 26)", scope_changes("BIGINT", "BYTEA")),
 )

@@ -2,7 +2,8 @@
 
 Its statements are in layers, each a class over the one before: runs and usage
 (runner/store/run_rows.py), leases (runner/store/leases.py), steps (runner/store/step_rows.py),
-flow control (runner/store/flow_rows.py), then here events, timers, inbox, tool calls, logs,
+flow control (runner/store/flow_rows.py), replicated scope databases
+(runner/store/scope_change_rows.py), then here events, timers, inbox, tool calls, logs,
 snapshots and retention.
 
 The run lifecycle (runner/engine/host.py, runner/engine/drive/, runner/runner.py)
@@ -19,7 +20,6 @@ from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 from qjsflow.bridge import dumps_text
-from qjsflow.runner.store.flow_rows import FlowStatements
 from qjsflow.runner.store.lease_types import Lease, LeaseLost, lease_now
 from qjsflow.runner.store.records import (
     InboxRecord,
@@ -33,6 +33,7 @@ from qjsflow.runner.store.run_rows import (
     run_record,
     write_batch_usage,
 )
+from qjsflow.runner.store.scope_change_rows import ScopeChangeStatements
 from qjsflow.runner.store.step_rows import STEP_COLUMNS, SettledStep
 
 __all__ = [
@@ -58,7 +59,7 @@ SCHEDULE_COLUMNS = (
 )
 
 
-class JournalTransaction(FlowStatements):
+class JournalTransaction(ScopeChangeStatements):
     _savepoints = 0  # parts made in this transaction (`savepoint`)
 
     @contextlib.contextmanager
