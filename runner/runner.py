@@ -503,6 +503,7 @@ class Runner(Schedules, ScopeConfigs, RunReads):
         bindings: Bindings | None = None,
         idle_horizon_s: float = IDLE_HORIZON_MS / 1000,
         ready: Callable[[], None] | None = None,
+        poll_interval_s: float = 0.2,
     ) -> int:
         """The worker loops (timers, recovery, signals) until `stop` is set, or until idle:
         nothing in progress and no timer due within `idle_horizon_s`. Returns how many drives
@@ -512,6 +513,7 @@ class Runner(Schedules, ScopeConfigs, RunReads):
             self.driver,
             bindings or self.config.bindings,
             concurrency=concurrency,
+            poll_interval_s=poll_interval_s,
             idle_horizon_ms=int(idle_horizon_s * 1000),
             prune=self._prune_retained,
             fire=self.fire_schedules,

@@ -139,7 +139,7 @@ async def _serve(args: argparse.Namespace, runner: Runner) -> int:
     try:
         drove = await runner.serve(
             until_idle=args.until_idle, concurrency=args.concurrency, stop=stop,
-            idle_horizon_s=args.idle_window, ready=ready,
+            idle_horizon_s=args.idle_window, ready=ready, poll_interval_s=args.poll,
         )  # fmt: skip
         if args.until_idle:
             print(f"qjsflow worker: idle; {await _left(runner)}", file=sys.stderr, flush=True)

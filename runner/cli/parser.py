@@ -216,6 +216,11 @@ def _add_worker(add: Callable[..., argparse.ArgumentParser]) -> None:
         help="with --until-idle, the timers it still waits for: those due within this (1)",
     )  # fmt: skip
     worker.add_argument("--concurrency", type=_DRIVES, default=8, help="drives at once (8)")
+    worker.add_argument(
+        "--poll", type=number(float, 0.01, 3600.0), default=0.2, metavar="SECONDS",
+        help="how often it looks for work it was not told of (0.2); on PostgreSQL starts, "
+        "events and admissions wake it at once, and the poll is a backstop",
+    )  # fmt: skip
     worker.add_argument("-v", "--verbose", action="store_true",
                         help="print one line per drive on stderr")  # fmt: skip
     worker.add_argument(

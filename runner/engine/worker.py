@@ -170,6 +170,9 @@ class Worker:
         # Set when a drive ends, cleared as the worker looks for runs to claim: a drive that
         # ends at any moment after that look wakes the pause that follows it.
         ended = asyncio.Event()
+        # Told by the journal of runs made claimable elsewhere (PostgreSQL's NOTIFY): it looks
+        # at once, as after a drive's end; the poll stays a backstop.
+        listening = self.store.listen(ended.set)
         try:
             while not stop.is_set():
                 try:
@@ -191,6 +194,10 @@ class Worker:
                 if self.backoff.pending is not None:
                     await self._back_off(None, stop)
         finally:
+            if listening is not None:
+                listening.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await listening
             await self._shut_down(tasks)
             if self._next_beat is not None:
                 with contextlib.suppress(JournalUnavailable):
@@ -441,6 +448,7 @@ def worker_command(
     lease_ttl_s: float | None = None,
     until_idle: bool = False,
     concurrency: int | None = None,
+    poll_s: float | None = None,
 ) -> list[str]:
     """The argv of a `qjsflow worker` process on this interpreter (for the demo, the crash
     tests and the benchmarks, which run workers as real processes)."""
@@ -454,6 +462,8 @@ def worker_command(
         command.append("--until-idle")
     if concurrency is not None:
         command += ["--concurrency", str(concurrency)]
+    if poll_s is not None:
+        command += ["--poll", str(poll_s)]
     return command
 
 

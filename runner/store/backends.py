@@ -53,6 +53,10 @@ class Backend(Protocol):
     async def close(self) -> None: ...
 
     @property
+    def wake_source(self) -> str | None:
+        """Where a worker listens for runs made claimable (None: it polls)."""
+
+    @property
     def marks(self) -> bool: ...
 
     @property
@@ -84,6 +88,7 @@ _SQLITE_TRANSIENT = (
 class SqliteBackend:
     dialect = SQLITE
     marks = True  # `mark`: its WAL-index header
+    wake_source = None  # workers on one machine poll its file
     marks_commits = False  # a local COMMIT is answered or the process is gone with it
 
     def is_transient(self, error: BaseException) -> bool:
@@ -338,6 +343,12 @@ class PostgresBackend:
         self._url = url
         self._connection: _PgConnection | None = None  # made by the first job, on the thread
         self._thread = JobThread("qjsflow-pg")
+
+    @property
+    def wake_source(self) -> str:
+        """The server a worker LISTENs on (runner/store/wakeups.py), bounded as its journal
+        connection is."""
+        return _bounded(self._url)
 
     @classmethod
     async def open(cls, url: str, *, create: bool = True) -> PostgresBackend:

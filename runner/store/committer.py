@@ -29,6 +29,7 @@ from qjsflow.runner.store.tx import (
     UsageCharge,
     write_batch_usage,
 )
+from qjsflow.runner.store.wakeups import listen_for_wakeups
 from qjsflow.runner.store.wal_mark import follows
 from qjsflow.runner.telemetry.metrics import METRICS
 
@@ -234,6 +235,14 @@ class JournalCore:
         """Tell `callback` every statement a SQLite journal's connection runs from now, on the
         thread that runs it (None: stop); for diagnosis and tests. A server journal refuses."""
         self._backend.trace(callback)
+
+    def listen(self, on_wake: Callable[[], None]) -> asyncio.Task[None] | None:
+        """Call `on_wake` whenever a transaction anywhere makes a run claimable, until the task
+        returned is cancelled (runner/store/wakeups.py); None where workers poll instead."""
+        source = self._backend.wake_source
+        if source is None:
+            return None
+        return asyncio.get_running_loop().create_task(listen_for_wakeups(source, on_wake))
 
     def own_files(self) -> tuple[Path, ...]:
         """The journal's own file (SQLite), which a publish of a folder holding it never reads."""

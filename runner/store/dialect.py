@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["POSTGRES", "SQLITE", "Dialect"]
+__all__ = ["POSTGRES", "SQLITE", "WAKE_CHANNEL", "Dialect"]
+
+WAKE_CHANNEL = "qjsflow_work"  # PostgreSQL's LISTEN/NOTIFY channel of runs made claimable
 
 
 @dataclass(frozen=True, slots=True)
@@ -26,6 +28,9 @@ class Dialect:
     # each migration's transaction after `begin` (locks, the version table).
     has_version_table: str = ""
     migration_prologue: tuple[str, ...] = ()
+    # What a transaction that makes a run claimable runs, to wake the workers waiting on the
+    # journal (delivered at its commit; "" where workers on one machine poll a local file).
+    wake: str = ""
 
 
 SQLITE = Dialect(
@@ -51,6 +56,7 @@ POSTGRES = Dialect(
     list_tables="SELECT tablename FROM pg_tables WHERE schemaname = current_schema()",
     lease_clock="(extract(epoch FROM clock_timestamp()) * 1000)::bigint",
     has_version_table="SELECT 1 WHERE to_regclass('schema_migrations') IS NOT NULL",
+    wake=f"NOTIFY {WAKE_CHANNEL}",
     migration_prologue=(
         f"SELECT pg_advisory_xact_lock({0x716A73666C6F77})",  # "qjsflow": openers take turns
         "CREATE TABLE IF NOT EXISTS schema_migrations ("

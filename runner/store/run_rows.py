@@ -188,6 +188,15 @@ class TransactionBase:
         # Usage charged by a job of a group commit, written at the batch's end (`write_usage`)
         # when the batch collects it; None: written at once.
         self.usage: list[UsageCharge] | None = None
+        self._woke = False  # whether it told waiting workers of a claimable run
+
+    def wake_workers(self) -> None:
+        """Tell the workers waiting on the journal that a run may be claimable, as this
+        transaction commits (PostgreSQL's NOTIFY: once a transaction; nothing on SQLite,
+        whose workers share one machine and poll its file)."""
+        if self._dialect.wake and not self._woke:
+            self._db.execute(self._dialect.wake)
+            self._woke = True
 
     def collect_usage(self) -> list[UsageCharge]:
         """Collect what this transaction charges (written at its batch's end) rather than
@@ -342,6 +351,7 @@ class RunStatements(TransactionBase):
         if row is None:
             return False
         self.runs_written = True
+        self.wake_workers()  # a new run: a worker drives it
         self._locked.add(run.run_id)
         self._created.add(run.run_id)
         self._runs[run.run_id] = as_read(run)
@@ -357,6 +367,8 @@ class RunStatements(TransactionBase):
             f"UPDATE runs SET {assignments(fields)} WHERE run_id = ?",
             (*fields.values(), run_id),
         )
+        if fields.get("status") == "running" or fields.get("cancel_requested") == 1:
+            self.wake_workers()  # made runnable (admitted, resumed, restarted) or cancelled
         self.runs_written = True
         self._locked.add(run_id)  # the update locked its row
         if known is not None:

@@ -318,6 +318,8 @@ class JournalTransaction(ScopeChangeStatements):
             " due_at = excluded.due_at",
             (run_id, step_key, kind, due_at),
         )
+        if kind == "signal":  # due now: an event came, a rollback was asked
+            self.wake_workers()
 
     def delete_timer(self, run_id: str, step_key: str) -> None:
         self._db.execute("DELETE FROM timers WHERE run_id = ? AND step_key = ?", (run_id, step_key))
