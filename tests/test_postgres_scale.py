@@ -10,6 +10,8 @@ import pytest
 
 from qjsflow.runner import Runner, RunnerConfig, StartRunInput
 from qjsflow.runner.engine.worker import worker_command
+from qjsflow.runner.store.dialect import POSTGRES
+from qjsflow.runner.store.journal import claim_query
 from qjsflow.sandbox import PoolConfig
 from tests.conftest import PROJECT_ROOT
 from tests.postgres import PostgresServer
@@ -69,3 +71,41 @@ async def test_four_workers_drive_1000_runs_once_each(postgres: PostgresServer) 
             "SELECT count(DISTINCT data) FROM events WHERE type = 'drive_started'"
         ).fetchone()
         assert drivers == (4,), "all four workers did work"
+
+
+async def test_the_claim_query_uses_its_indexes_at_100000_runs(postgres: PostgresServer) -> None:
+    """A claim looks only at runs that can be due — through the timers' due index, the
+    index of runs by status, and that of cancels asked — never at every run the journal
+    holds: its plan at 100,000 runs (a few hundred of them due) has no scan of `runs`."""
+    url = postgres.new_database()
+    async with Runner.open(url, RunnerConfig(pool=PoolConfig(size=1))) as runner:
+        published = await runner.publish("acme", {"workflows/ten.ts": TEN_STEPS})
+        await runner.start(StartRunInput("acme", "ten", published.snapshot_id, {"n": 0}, "r0"),
+                           drive=False)  # fmt: skip
+    with psycopg.connect(url, autocommit=True) as connection:
+        columns = [row[0] for row in connection.execute(
+            "SELECT column_name FROM information_schema.columns WHERE table_name = 'runs'"
+            " ORDER BY ordinal_position").fetchall()]  # fmt: skip
+        copied = ", ".join(
+            "'acme/c' || n" if c == "run_id" else
+            "CASE WHEN n % 500 = 0 THEN 'running' WHEN n % 7 = 0 THEN 'sleeping'"
+            " ELSE 'completed' END" if c == "status" else c
+            for c in columns
+        )  # fmt: skip
+        connection.execute(
+            f"INSERT INTO runs ({', '.join(columns)}) SELECT {copied}"
+            " FROM runs, generate_series(1, 100000) AS n WHERE run_id = 'acme/r0'"
+        )
+        connection.execute(
+            "INSERT INTO timers (run_id, step_key, kind, due_at) SELECT run_id, 'sleep', 'sleep',"
+            " 4000000000000 FROM runs WHERE status = 'sleeping'"
+        )
+        connection.execute("ANALYZE")
+        now = 1_800_000_000_000
+        plan = "\n".join(row[0] for row in connection.execute(
+            "EXPLAIN " + claim_query(POSTGRES.lease_clock or "").replace("?", "%s"),
+            (now, now, 100, 100)).fetchall())  # fmt: skip
+    assert "Seq Scan on runs" not in plan, plan
+    assert "runs_unleased" in plan, plan  # runs by status: the running ones
+    assert "timers_by_due" in plan, plan
+    assert "Seq Scan on timers" not in plan, plan
