@@ -29,6 +29,7 @@ bench: setup
 	.venv/bin/python -m pip install -q --disable-pip-version-check --config-settings editable_mode=strict -e '.[bench]'
 	.venv/bin/python -m bench
 	.venv/bin/python -m bench.sandbox
+	.venv/bin/python -m bench.postgres
 	.venv/bin/python -m bench.scaleout
 	.venv/bin/python -m bench.console
 	.venv/bin/python -m bench.tracing

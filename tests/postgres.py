@@ -57,15 +57,20 @@ def _as_postgres(*command: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-def _server_options(folder: str, port: int, listen: str = "127.0.0.1") -> str:
-    """Loopback only. No fsync: the tests restart and kill servers but never lose power, and
-    a synced CREATE DATABASE per test was a third of the fast tier's PostgreSQL time."""
-    durability = "-c fsync=off -c synchronous_commit=off -c full_page_writes=off"
+def _server_options(
+    folder: str, port: int, listen: str = "127.0.0.1", *, durable: bool = False
+) -> str:
+    """Loopback only. No fsync (unless `durable`, for the benchmarks): the tests restart and
+    kill servers but never lose power, and a synced CREATE DATABASE per test was a third of
+    the fast tier's PostgreSQL time."""
+    durability = "" if durable else "-c fsync=off -c synchronous_commit=off -c full_page_writes=off"
     return f"-h {listen} -p {port} -k {folder} -c max_connections=200 {durability}"
 
 
 @contextlib.contextmanager
-def postgres_server(*, own: bool = False, also_on: str | None = None) -> Iterator[PostgresServer]:
+def postgres_server(
+    *, own: bool = False, also_on: str | None = None, durable: bool = False
+) -> Iterator[PostgresServer]:
     """A server for the session (`own`: a fresh one, never the developer's, for tests that
     restart it; `also_on`: an address of a test host of the test's own, e.g. a network
     namespace's peer, where it listens too and trusts that /24)."""
@@ -88,7 +93,7 @@ def postgres_server(*, own: bool = False, also_on: str | None = None) -> Iterato
         network = also_on.rsplit(".", 1)[0] + ".0/24"
         with open(os.path.join(data, "pg_hba.conf"), "a", encoding="utf-8") as hba:
             hba.write(f"host all all {network} trust\n")
-    options = _server_options(folder, server.port, listen)
+    options = _server_options(folder, server.port, listen, durable=durable)
     _as_postgres(
         f"{bin_dir}/pg_ctl", "-D", data, "-o", options, "-l", f"{folder}/log", "-w", "start"
     )
