@@ -121,6 +121,7 @@ def test_doctor_reports_the_layers_of_this_machine(tmp_path: Path) -> None:
             cwd=tmp_path, capture_output=True, text=True, timeout=120, check=False,
         )  # fmt: skip
         assert f"scope databases: {said}" in shown.stdout, shown.stderr
+        assert ("2 a worker" in shown.stdout) == journal.startswith("postgresql:")
 
 
 FOLDER_PROBE = """

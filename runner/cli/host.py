@@ -113,8 +113,9 @@ def run_command(args: argparse.Namespace) -> str | tuple[str, int]:
         from qjsflow.runner.operations import doctor  # noqa: PLC0415  (only this command needs it)
 
         config = config_of(args)
-        mode = config.scope_database_mode(is_postgres_url(args.db))
-        report = asyncio.run(doctor.diagnose(config.pool, mode))
+        server = is_postgres_url(args.db)
+        mode = config.scope_database_mode(server)
+        report = asyncio.run(doctor.diagnose(config.pool, mode, server_journal=server))
         return render_json(report) if args.json else doctor.render(report)
     if command == "setup-tools":
         where = setup_tools()

@@ -15,7 +15,9 @@ from qjsflow.sandbox import ExecutorPool, PoolConfig
 __all__ = ["diagnose"]
 
 
-async def diagnose(pool_config: PoolConfig, scope_databases: str = "local") -> dict[str, Any]:
+async def diagnose(
+    pool_config: PoolConfig, scope_databases: str = "local", *, server_journal: bool = False
+) -> dict[str, Any]:
     """Starts one executor as the runner would and reads the layers it reports;
     `scope_databases` is where this journal's scope databases live (local or replicated)."""
     async with ExecutorPool(pool_config) as pool:
@@ -33,6 +35,7 @@ async def diagnose(pool_config: PoolConfig, scope_databases: str = "local") -> d
         tools = {"error": str(error)}
     return {"confinement": pool_config.confinement, "executor": layers,
             "scope_database": scope_layers, "scope_databases": scope_databases,
+            "journal": "postgresql" if server_journal else "sqlite",
             "toolchain": tools}  # fmt: skip
 
 
@@ -58,6 +61,9 @@ def render(report: dict[str, Any]) -> str:
         + (f"on (ABI {scope_abi}: its scope folder only)" if scope_abi else "OFF")
     )
     lines.append("scope databases: " + _MODES[report["scope_databases"]])
+    if report["journal"] == "postgresql":
+        lines.append("PostgreSQL connections: 2 a worker (its journal, its wake-ups), 1 for "
+                     "each other process (docs/OPERATIONS.md)")  # fmt: skip
     if "error" in tools:
         lines.append(f"publishing: {tools['error']}")
     else:
