@@ -14,15 +14,13 @@ from __future__ import annotations
 
 import asyncio
 import statistics
-import subprocess
-import sys
 import tempfile
-import textwrap
 import time
 from typing import Any
 
 import psycopg
 
+from bench.baselines import dbos
 from bench.common import TEN_STEPS, median
 from qjsflow.runner import Bindings, Runner, RunnerConfig, StartRunInput
 from qjsflow.sandbox import PoolConfig
@@ -114,66 +112,6 @@ async def qjsflow_wake_ms(url: str) -> float:
         stop.set()
         await serving
     return statistics.median(latencies)
-
-
-DBOS_SCRIPT = textwrap.dedent(
-    """
-    import sys, time, logging, threading
-    logging.disable(logging.CRITICAL)
-    from dbos import DBOS
-    url, mode, count = sys.argv[1], sys.argv[2], int(sys.argv[3])
-    DBOS(config={"name": "bench", "system_database_url": url, "run_admin_server": False})
-
-    @DBOS.step()
-    def step(i):
-        return {"i": i, "ok": True}
-
-    @DBOS.workflow()
-    def flow(n):
-        return sum(step(i)["i"] for i in range(10))
-
-    @DBOS.workflow()
-    def waiter():
-        sent = DBOS.recv("go", timeout_seconds=60)
-        return step_time(sent)
-
-    @DBOS.step()
-    def step_time(sent):
-        return time.time() * 1000 - sent
-
-    DBOS.launch()
-    if mode == "sequential":
-        started = time.perf_counter()
-        for n in range(count):
-            flow(n)
-        print(time.perf_counter() - started)
-    elif mode == "flight":
-        started = time.perf_counter()
-        handles = [DBOS.start_workflow(flow, n) for n in range(count)]
-        for handle in handles:
-            handle.get_result()
-        print(time.perf_counter() - started)
-    else:
-        found = []
-        for n in range(count):
-            handle = DBOS.start_workflow(waiter)
-            time.sleep(0.2)  # the workflow reaches its recv (DBOS says nothing of it)
-            DBOS.send(handle.get_workflow_id(), time.time() * 1000, "go")
-            found.append(handle.get_result())
-        found.sort()
-        print(found[len(found) // 2])
-    DBOS.destroy()
-    """
-)
-
-
-def dbos(url: str, mode: str, count: int) -> float:
-    with tempfile.TemporaryDirectory() as folder:
-        done = subprocess.run(
-            [sys.executable, "-c", DBOS_SCRIPT, url, mode, str(count)],
-            cwd=folder, capture_output=True, text=True, timeout=900, check=True,
-        )  # fmt: skip
-    return float(done.stdout.strip().splitlines()[-1])
 
 
 def main(repeats: int = 3) -> dict[str, Any]:

@@ -20,7 +20,10 @@ from typing import Any
 
 import apsw
 
-__all__ = ["DdlWithRows", "apply_changes", "finish", "image", "replica_version", "run_held"]
+__all__ = [
+    "DdlWithRows", "applied_result", "apply_changes", "finish", "image", "replica_version",
+    "run_held",
+]  # fmt: skip
 
 _REPLICA = "_qjsflow_replica"
 _PRIVATE = "_qjsflow"
@@ -41,6 +44,14 @@ def replica_version(connection: apsw.Connection) -> int:
     return _integer(rows[0][0])
 
 
+def applied_result(connection: apsw.Connection, run_id: str, call: str) -> str | None:
+    """The stored result of a call this database applied already (None: not applied)."""
+    rows = connection.execute(
+        "SELECT result FROM _qjsflow_applied WHERE run_id = ? AND call_key = ?", (run_id, call)
+    ).fetchall()
+    return str(rows[0][0]) if rows else None
+
+
 def run_held(
     connection: apsw.Connection,
     request: dict[str, Any],
@@ -54,13 +65,10 @@ def run_held(
     connection.execute("BEGIN IMMEDIATE")
     try:
         version = replica_version(connection)
-        applied = connection.execute(
-            "SELECT result FROM _qjsflow_applied WHERE run_id = ? AND call_key = ?",
-            (run_id, call),
-        ).fetchone()
+        applied = applied_result(connection, run_id, call)
         if applied is not None:
             connection.execute("COMMIT")
-            return {"result": str(applied[0]), "change": None, "version": version}
+            return {"result": applied, "change": None, "version": version}
         session = apsw.Session(connection, "main")
         session.config(apsw.SQLITE_SESSION_OBJCONFIG_ROWID, 1)
         session.table_filter(lambda name: not name.lower().startswith(_PRIVATE))

@@ -250,13 +250,10 @@ def _apply(connection: apsw.Connection, request: dict[str, Any], limits: SqlLimi
     params = _params(request["params"])
     try:
         connection.execute("BEGIN IMMEDIATE")  # waits for another process's lock (bounded)
-        applied = connection.execute(
-            "SELECT result FROM _qjsflow_applied WHERE run_id = ? AND call_key = ?",
-            (run_id, call),
-        ).fetchone()
+        applied = replica.applied_result(connection, run_id, call)
         if applied is not None:
             connection.execute("COMMIT")
-            return str(applied[0])
+            return applied
         result, _ = _run_author_statement(
             connection, request["sql"], params, limits=limits,
             deadline=time.monotonic() + float(request["deadlineS"]),  # after the lock wait
