@@ -43,7 +43,7 @@ from qjsflow.runner.engine import steps
 from qjsflow.runner.engine.host_journal import PARKED, JournalOps, count_step
 from qjsflow.runner.engine.steps import Answered
 from qjsflow.runner.errors import FatalToolError
-from qjsflow.runner.scopedb import SqlOutcome
+from qjsflow.runner.scopedb import SqlCall, SqlOutcome
 from qjsflow.runner.scopedb.replication import ChangeLost
 from qjsflow.runner.store import JournalTransaction, StepStatus
 from qjsflow.runner.telemetry import tracing
@@ -367,11 +367,11 @@ class DriveHost(JournalOps):
             message = f"the run's SQL time budget of {budget} is used up"
             return await record(SqlOutcome(None, "quota", message, 0.0))
         with tracing.call_span(self.trace, "qjsflow.db.sql", {"qjsflow.step": key}):
-            return await self.scopes.call(
-                scope, run_id=self.run_id, call_key=self._renewed(key), sql=op.sql,
-                params=op.params, deadline_s=min(sql_limits.deadline_s, left),
-                read_only=self.reach.sql == "read", record=record,
-            )  # fmt: skip
+            deadline_s = min(sql_limits.deadline_s, left)
+            read_only = self.reach.sql == "read"
+            statement = SqlCall(self.run_id, self._renewed(key), op.sql, op.params, deadline_s,
+                                read_only)  # fmt: skip
+            return await self.scopes.call(scope, statement, record=record)
 
     async def _record_sql(self, op: DbSql, key: str, scope: str, outcome: SqlOutcome) -> Answered:
         """The call's outcome recorded, and for a replicated scope database its change with

@@ -31,7 +31,7 @@ from qjsflow.runner.store import JournalStore
 from qjsflow.runner.tenancy.scopes import validate_scope
 from qjsflow.sandbox.frames import FrameError, frame, read_frame_async
 
-__all__ = ["ScopeDatabases", "SqlOutcome", "default_root"]
+__all__ = ["ScopeDatabases", "SqlCall", "SqlOutcome", "default_root"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,6 +44,27 @@ class SqlOutcome:
     # `version`, in the transaction that records the call (None: nothing to record).
     change: str | None = None
     version: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class SqlCall:
+    """One author statement to run: the call it is (`run_id`, `call_key`), its text and
+    parameters (encoded), its deadline, and whether the snapshot may only read."""
+
+    run_id: str
+    call_key: str
+    sql: str
+    params: str
+    deadline_s: float
+    read_only: bool = False
+
+    def request(self, scope: str, limits: SqlLimits) -> dict[str, Any]:
+        """The server's request for it (runner/scopedb/server.py)."""
+        return {
+            "scope": scope, "runId": self.run_id, "call": self.call_key, "sql": self.sql,
+            "params": self.params, "deadlineS": self.deadline_s, "limits": asdict(limits),
+            "readOnly": self.read_only,
+        }  # fmt: skip
 
 
 R = TypeVar("R")
@@ -140,11 +161,8 @@ class ScopeDatabases:
     ) -> SqlOutcome:
         """Run one author statement in `scope`'s database, at most once per `call_key`; with
         `read_only`, a statement that would write is refused (`capability_denied`)."""
-        validate_scope(scope)  # before any file is touched
-        request = {
-            "scope": scope, "runId": run_id, "call": call_key, "sql": sql, "params": params,
-            "deadlineS": deadline_s, "limits": asdict(self.limits), "readOnly": read_only,
-        }  # fmt: skip
+        statement = SqlCall(run_id, call_key, sql, params, deadline_s, read_only)
+        request = statement.request(validate_scope(scope), self.limits)  # before any file
         slot = self._slot(scope)
         async with slot.lock:
             try:
@@ -167,13 +185,8 @@ class ScopeDatabases:
     async def call(
         self,
         scope: str,
+        statement: SqlCall,
         *,
-        run_id: str,
-        call_key: str,
-        sql: str,
-        params: str,
-        deadline_s: float,
-        read_only: bool = False,
         record: Callable[[SqlOutcome], Awaitable[R]],
     ) -> R:
         """`execute`, and `record` its outcome in the journal (the caller's transaction):
@@ -183,14 +196,11 @@ class ScopeDatabases:
         machine took that version (`ChangeLost`)."""
         if self.replication is None:
             return await record(await self.execute(
-                scope, run_id=run_id, call_key=call_key, sql=sql, params=params,
-                deadline_s=deadline_s, read_only=read_only,
+                scope, run_id=statement.run_id, call_key=statement.call_key, sql=statement.sql,
+                params=statement.params, deadline_s=statement.deadline_s,
+                read_only=statement.read_only,
             ))  # fmt: skip
-        request = {
-            "scope": validate_scope(scope), "runId": run_id, "call": call_key, "sql": sql,
-            "params": params, "deadlineS": deadline_s, "limits": asdict(self.limits),
-            "readOnly": read_only, "replicated": True,
-        }  # fmt: skip
+        request = {**statement.request(validate_scope(scope), self.limits), "replicated": True}
         slot = self._slot(scope)
         async with slot.lock:
             return await self._replicated(slot, scope, request, record)
