@@ -32,7 +32,7 @@ ORDERS = """import { db } from "qjsflow";
 export default async (event, step) => {
   await db.sql("CREATE TABLE IF NOT EXISTS orders (id INTEGER PRIMARY KEY, item TEXT)");
   await db.sql("INSERT INTO orders (item) VALUES (?)", [event.payload.item]);
-  if (event.payload.sleep) await step.sleep("between machines", "1 second");
+  if (event.payload.sleep) await step.sleep("between machines", "2 seconds");
   const seen = await db.sql("SELECT item FROM orders ORDER BY id");
   return seen.rows.map((row) => row.item);
 };"""
@@ -68,9 +68,11 @@ def digest(path: Path) -> str:
     return found.hexdigest()
 
 
-async def test_a_run_writes_on_one_machine_and_reads_on_another(tmp_path: Path) -> None:
-    """SQLite journal, replicated mode asked: two runners, a scope folder each."""
-    db = tmp_path / "journal.db"
+async def test_a_run_writes_on_one_machine_and_reads_on_another(
+    journal: str, tmp_path: Path
+) -> None:
+    """Two runners, a scope folder each (on SQLite, replicated mode asked)."""
+    db = journal
     async with Runner.open(db, _config(tmp_path / "a")) as a:
         await a.publish("acme", {"workflows/orders.ts": ORDERS, "qjsflow.json": MANIFEST})
         first = await a.start(StartRunInput("acme", "orders", "latest", {"item": "tea"}))
@@ -91,9 +93,9 @@ async def test_a_run_writes_on_one_machine_and_reads_on_another(tmp_path: Path) 
 
 
 async def test_a_wiped_folder_is_rebuilt_from_an_image_and_the_changes_after_it(
-    tmp_path: Path,
+    journal: str, tmp_path: Path
 ) -> None:
-    db = tmp_path / "journal.db"
+    db = journal
     async with Runner.open(db, _config(tmp_path / "a")) as a:
         assert a.scopes.replication is not None
         a.scopes.replication.image_every = 5
@@ -194,13 +196,19 @@ async def test_postgres_workers_share_one_database_and_increments_apply_once(
     async with Runner.open(db, _config(tmp_path / "api")) as api:
         await api.publish("acme", {"workflows/orders.ts": ORDERS, "workflows/counter.ts": COUNTER,
                                    "qjsflow.json": MANIFEST})  # fmt: skip
+        # A write on machine A, a sleep, and the read on machine B: A is stopped while the
+        # run sleeps, and B, with a folder of its own, resumes it.
         a = _worker(db, tmp_path / "a", "--concurrency", "1")
+        moved = await api.start(StartRunInput("acme", "orders", "latest",
+                                              {"item": "tea", "sleep": True}), drive=False)  # fmt: skip
+        asleep = await api.wait_suspended(moved.run_id, scope="acme", timeout_s=120)
+        assert asleep.status == "sleeping"
+        _stop(a)
         b = _worker(db, tmp_path / "b", "--concurrency", "1")
         try:
-            # A write on one machine, a sleep, and the read wherever it resumes.
-            moved = await api.start(StartRunInput("acme", "orders", "latest",
-                                                  {"item": "tea", "sleep": True}), drive=False)  # fmt: skip
-            assert (await _ended(api, moved.run_id)).output == ["tea"]
+            resumed = await _ended(api, moved.run_id)
+            assert resumed.output == ["tea"]  # B read the row A wrote, from the journal
+            a = _worker(db, tmp_path / "a", "--concurrency", "1")
             counting = [
                 await api.start(
                     StartRunInput("acme", "counter", "latest", {"times": 500}), drive=False
