@@ -6,6 +6,7 @@ test_flow_workers.py."""
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 from typing import Any
 
@@ -13,8 +14,9 @@ import orjson
 import pytest
 
 from qjsflow.bridge import InvalidInput
-from qjsflow.runner import Bindings, Runner, StartRunInput
+from qjsflow.runner import Bindings, Runner, RunnerConfig, StartRunInput
 from qjsflow.runner.errors import FlowRefused
+from qjsflow.sandbox import PoolConfig
 from tests.conftest import FakeClock
 from tests.test_cli import Cli
 
@@ -313,3 +315,22 @@ export default async (event, step) => {
     bad = await runner.start(StartRunInput("acme", "job", "latest", {"customer": "x" * 300}))
     assert bad.status == "failed"
     assert "setTags: tag 'customer'" in (bad.error or "")
+
+
+async def test_concurrent_starts_from_two_processes_admit_within_the_limit(
+    journal: str, tmp_path: Path
+) -> None:
+    """Starts that race from two runners (two connections: on PostgreSQL two transactions at
+    once) are counted under the workflow's gate one after the other: the limit holds."""
+    config = RunnerConfig(pool=PoolConfig(size=1), scope_root=tmp_path / "scopes")
+    async with Runner.open(journal, config) as one, Runner.open(journal, config) as two:
+        await _publish(one, {"concurrency": {"limit": 2, "key": "event.payload.k"}})
+        starts = [runner.start(StartRunInput("acme", "job", "latest", {"k": "same", "n": n}),
+                               drive=False)
+                  for n in range(10) for runner in (one, two)]  # fmt: skip
+        made = await asyncio.gather(*starts)
+        statuses = sorted(str(run.status) for run in made)
+        assert statuses == ["queued"] * 18 + ["running"] * 2
+        positions = sorted([(await one.get(r.run_id, scope="acme")).queue_position or 0
+                            for r in made if r.status == "queued"])  # fmt: skip
+        assert positions == list(range(1, 19))
