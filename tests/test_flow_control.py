@@ -334,3 +334,23 @@ async def test_concurrent_starts_from_two_processes_admit_within_the_limit(
         positions = sorted([(await one.get(r.run_id, scope="acme")).queue_position or 0
                             for r in made if r.status == "queued"])  # fmt: skip
         assert positions == list(range(1, 19))
+
+
+async def test_a_firing_its_workflows_flow_control_refuses_is_skipped_and_the_schedule_goes_on(
+    clocked_runner: Runner, clock: FakeClock
+) -> None:
+    """A scheduled start refused (a singleton's skip here; a spent budget alike) is counted
+    skipped: neither the schedule nor the worker that fires it stops."""
+    runner = clocked_runner
+    await _publish(runner, {"singleton": {"mode": "skip"}})
+    await runner.set_schedule("acme", "tick", "job", {"every_s": 60, "overlap": "allow_all"})
+    for _ in range(3):  # the first firing's run waits for an event: the next two are refused
+        clock.advance(60)
+        await runner.serve(until_idle=True)
+    shown = await runner.schedule("acme", "tick")
+    assert (shown.fired, shown.skipped) == (1, 2)
+    (only,) = await runner.list(scope="acme", workflow="job")
+    await runner.signal(only.run_id, "go", scope="acme")
+    clock.advance(60)
+    await runner.serve(until_idle=True)
+    assert (await runner.schedule("acme", "tick")).fired == 2

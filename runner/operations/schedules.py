@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import builtins
 import contextlib
+import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
@@ -22,7 +23,13 @@ from qjsflow.bridge import InvalidInput, loads
 from qjsflow.bundles.manifest import WorkflowSettings
 from qjsflow.bundles.wrangler import DeclaredWorkflow
 from qjsflow.runner.config import RunnerConfig
-from qjsflow.runner.errors import RunClosed, RunConflict, RunNotFound, UnknownWorkflow
+from qjsflow.runner.errors import (
+    BudgetExceeded,
+    RunClosed,
+    RunConflict,
+    RunNotFound,
+    UnknownWorkflow,
+)
 from qjsflow.runner.operations.schedule_spec import (
     SCHEDULE_NAME,
     ScheduleSpec,
@@ -41,6 +48,7 @@ __all__ = [
 ]
 
 _DUE_PER_LOOK = 100
+_log = logging.getLogger("qjsflow.worker")
 
 
 @dataclass(frozen=True, slots=True)
@@ -184,6 +192,8 @@ class Schedules:
         spec = parse_schedule(current.spec, f"schedule {name!r}")
         run_id = await self._start_firing(current.scope, name, current.workflow, spec,
                                           self._clock_ms())  # fmt: skip
+        if run_id is None:
+            raise InvalidInput(f"schedule {name!r}: the firing was refused (see the log)")
         return await self.get(run_id, scope=current.scope)
 
     async def fire_schedules(self, now: int) -> int:
@@ -198,8 +208,9 @@ class Schedules:
         spec, last, buffered = row.spec, row.last_run, row.buffered_at
         started = skipped = 0
         if buffered is not None and not await self._running(row.scope, last):
-            last = await self._start_firing(row.scope, row.name, row.workflow, spec, buffered)
-            started, buffered = 1, None
+            made = await self._start_firing(row.scope, row.name, row.workflow, spec, buffered)
+            started, skipped, buffered = int(made is not None), int(made is None), None
+            last = made or last
         next_at = row.next_at
         if next_at is not None and next_at <= now:
             window = now - int(spec.catchup_s * 1000)
@@ -220,8 +231,11 @@ class Schedules:
                         continue
                     if spec.overlap == "cancel_other" and last is not None:
                         await self._cancel(row.scope, last)
-                last = await self._start_firing(row.scope, row.name, row.workflow, spec, nominal)
-                started += 1
+                made = await self._start_firing(row.scope, row.name, row.workflow, spec, nominal)
+                if made is None:
+                    skipped += 1
+                    continue
+                last, started = made, started + 1
                 _lag(row.scope, now - spec.due_at(row.name, nominal))
             next_at = spec.after(now) if waiting is None else waiting
         await self.store.transact(partial(
@@ -245,21 +259,30 @@ class Schedules:
         first = spec.after(int(since * 1000) - 1)
         if first is None:
             return []
-        return [
+        started = [
             await self._start_firing(current.scope, name, current.workflow, spec, nominal)
             for nominal in spec.firings(first, int(until * 1000))
         ]
+        return [run_id for run_id in started if run_id is not None]
 
     async def _start_firing(
         self, scope: str, name: str, workflow: str, spec: ScheduleSpec, nominal: int
-    ) -> str:
-        """The firing's run, started once whoever starts it (its id is the firing's)."""
+    ) -> str | None:
+        """The firing's run, started once whoever starts it (its id is the firing's); None
+        when the start is refused (its scope's budgets, its workflow's flow control, its
+        snapshot gone): the firing is skipped, said in the log, and the schedule goes on."""
         run_id = run_id_of(name, nominal)
         request = StartRunInput(
             scope, workflow, spec.snapshot, spec.input, run_id, tags={"schedule": name}
         )  # `list --schedule NAME` finds it
-        with contextlib.suppress(RunConflict):  # started by an earlier setting: it stands
+        try:
             await self.start(request, drive=False)
+        except RunConflict:  # started by an earlier setting: it stands
+            pass
+        except (InvalidInput, BudgetExceeded) as refused:
+            _log.warning("schedule %s of scope %s: the firing at %d was refused: %s", name,
+                         scope, nominal, refused)  # fmt: skip
+            return None
         return run_id
 
     async def _running(self, scope: str, run_id: str | None) -> bool:
