@@ -275,7 +275,12 @@ class Worker:
         if self.fire is None or time.monotonic() < self._next_fire:
             return
         self._next_fire = time.monotonic() + self.poll_interval_s
-        await self.fire(now)
+        try:
+            await self.fire(now)
+        except JournalUnavailable:
+            raise
+        except Exception:  # a schedule's host failure must not stop the worker's loop
+            _log.exception("firing the due schedules failed; looking again next poll")
 
     async def _admit(self, now: int, *, ended: bool) -> None:
         """Admit the queued runs whose gates have room (runner/tenancy/flow_gates.py): room
