@@ -29,6 +29,11 @@ if [ -z "${QJSFLOW_TEST_POSTGRES_URL:-}" ] && ! ls /usr/lib/postgresql/*/bin/ini
   system_packages postgresql
 fi
 
+# PgBouncer, for the journal's contract tests through a transaction-pooling bouncer.
+if ! command -v pgbouncer >/dev/null && [ ! -x /usr/sbin/pgbouncer ]; then
+  system_packages pgbouncer
+fi
+
 # iproute2 and util-linux, for the tests that run a worker on a test host of their own (a
 # network namespace) and bind a time zone over /etc/localtime (a mount namespace).
 if ! command -v ip >/dev/null || ! command -v tc >/dev/null || ! command -v unshare >/dev/null; then

@@ -11,6 +11,7 @@ from typing import Any
 import psycopg
 
 from qjsflow.runner.store import JournalStore
+from qjsflow.runner.store.backends import transaction_pooled
 from qjsflow.runner.store.dialect import POSTGRES, SQLITE
 
 
@@ -21,7 +22,7 @@ def is_postgres(journal: str | Path) -> bool:
 def query(journal: str | Path, sql: str, args: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
     """Rows of one statement written with `?` placeholders."""
     if is_postgres(journal):
-        with psycopg.connect(str(journal)) as connection:
+        with psycopg.connect(transaction_pooled(str(journal))[0]) as connection:
             rows = connection.execute(sql.replace("%", "%%").replace("?", "%s"), args)
             return [tuple(row) for row in rows.fetchall()]
     location = str(journal).removeprefix("sqlite:///")
@@ -33,7 +34,7 @@ def query(journal: str | Path, sql: str, args: tuple[Any, ...] = ()) -> list[tup
 def execute(journal: str | Path, sql: str, args: tuple[Any, ...] = ()) -> int:
     """Change the journal behind the runner's back (a test's fault): the rows changed."""
     if is_postgres(journal):
-        with psycopg.connect(str(journal)) as connection:
+        with psycopg.connect(transaction_pooled(str(journal))[0]) as connection:
             return connection.execute(sql.replace("?", "%s"), args).rowcount
     location = str(journal).removeprefix("sqlite:///")
     with contextlib.closing(sqlite3.connect(location)) as local, local:

@@ -103,3 +103,52 @@ def postgres_server(
         with contextlib.suppress(subprocess.SubprocessError):
             _as_postgres(f"{bin_dir}/pg_ctl", "-D", data, "-m", "immediate", "stop")
         shutil.rmtree(folder, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def pgbouncer(server: PostgresServer, *, pool_size: int = 40) -> Iterator[str]:
+    """PgBouncer (Debian's) in front of `server`, pooling by transaction, as a platform would
+    run it; yields a function's worth of URL: the bouncer's base, `postgresql://…:PORT`. Its
+    databases are the server's; a journal's URL through it carries
+    `?qjsflow_pooling=transaction`. The bouncer ignores the startup `options` qjsflow sends (a
+    session's bounds: set them on the server's role when a bouncer is in front)."""
+    binary = shutil.which("pgbouncer") or "/usr/sbin/pgbouncer"
+    if not os.path.exists(binary):
+        raise RuntimeError("PgBouncer is not installed: run `make setup` (Debian's pgbouncer)")
+    folder = tempfile.mkdtemp(prefix="qjsflow-pgbouncer-")
+    if os.geteuid() == 0:
+        shutil.chown(folder, "postgres")
+    port = free_port()
+    users = os.path.join(folder, "users.txt")
+    with open(users, "w", encoding="utf-8") as handle:
+        handle.write('"postgres" ""\n')
+    config = os.path.join(folder, "pgbouncer.ini")
+    with open(config, "w", encoding="utf-8") as handle:
+        handle.write(
+            f"[databases]\n* = host=127.0.0.1 port={server.port}\n"
+            f"[pgbouncer]\nlisten_addr = 127.0.0.1\nlisten_port = {port}\n"
+            f"unix_socket_dir = {folder}\nauth_type = trust\nauth_file = {users}\n"
+            "pool_mode = transaction\nignore_startup_parameters = extra_float_digits,options\n"
+            f"max_client_conn = 500\ndefault_pool_size = {pool_size}\n"
+            f"logfile = {folder}/log\n"
+        )
+    for path in (users, config):
+        if os.geteuid() == 0:
+            shutil.chown(path, "postgres")
+    prefix = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
+    process = subprocess.Popen([*prefix, binary, config], stdout=subprocess.DEVNULL,
+                               stderr=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        assert process.stderr is not None
+        for line in process.stderr:  # its log as it comes: ready once it listens
+            if "listening on 127.0.0.1" in line:
+                break
+        else:
+            raise RuntimeError(f"PgBouncer did not start (see {folder}/log)")
+        yield f"postgresql://postgres@127.0.0.1:{port}"
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
+        if process.stderr is not None:
+            process.stderr.close()
+        shutil.rmtree(folder, ignore_errors=True)

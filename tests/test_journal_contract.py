@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import psycopg
 import pytest
 
-from qjsflow.runner import Bindings, Runner, RunnerConfig
+from qjsflow.runner import Bindings, Runner, RunnerConfig, StartRunInput
 from qjsflow.runner.store import LeaseLost
 from qjsflow.runner.store.connection import connect_sqlite
 from qjsflow.runner.store.dialect import SQLITE
@@ -20,7 +21,27 @@ from qjsflow.runner.tenancy.scopes import run_key
 from qjsflow.sandbox import PoolConfig
 from tests.conftest import FakeClock, start_source
 from tests.journal_reads import table_counts
-from tests.postgres import PostgresServer
+from tests.postgres import PostgresServer, pgbouncer
+
+
+@pytest.fixture(
+    params=["sqlite", pytest.param("postgresql", marks=pytest.mark.slow),
+            pytest.param("pgbouncer", marks=pytest.mark.slow)]
+)  # fmt: skip
+def journal(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """The contract holds on SQLite, on PostgreSQL, and on PostgreSQL reached through
+    PgBouncer's transaction pooling (docs/OPERATIONS.md)."""
+    if request.param == "sqlite":
+        yield str(tmp_path / "journal.db")
+        return
+    server: PostgresServer = request.getfixturevalue("postgres")
+    url = server.new_database()
+    if request.param == "postgresql":
+        yield url
+        return
+    with pgbouncer(server) as bouncer:
+        yield f"{bouncer}/{url.rsplit('/', 1)[1]}?qjsflow_pooling=transaction"
+
 
 SLEEPER = 'export default async (e, step) => { await step.sleep("nap", "1 minute"); return 1; };'
 
@@ -184,3 +205,35 @@ def test_a_batchs_usage_is_written_last_and_only_for_jobs_that_succeed(tmp_path:
     assert statements.count("many usage") == 1
     amount = raw.execute("SELECT amount FROM scope_usage WHERE measure = 'steps'").fetchone()
     assert amount == (5.0,)  # 2 + 3: the failed job's 5 is not charged
+
+
+@pytest.mark.slow
+async def test_runners_sharing_a_bouncers_few_server_connections_all_get_through(
+    postgres: PostgresServer, tmp_path: Path
+) -> None:
+    """Three runners through PgBouncer's transaction pooling with one server connection for
+    all: each transaction may land on a session another runner used last, so nothing may
+    rest on a session (a statement prepared on it, a LISTEN)."""
+    url = postgres.new_database()
+    source = "export default async (event, step) => await step.do('one', async () => 1);"
+    with pgbouncer(postgres, pool_size=1) as bouncer:
+        pooled = f"{bouncer}/{url.rsplit('/', 1)[1]}?qjsflow_pooling=transaction"
+        config = RunnerConfig(pool=PoolConfig(size=1), scope_root=tmp_path / "scopes")
+        async with Runner.open(pooled, config) as one:
+            await one.publish("acme", {"workflows/w.ts": source})
+        runners = [await Runner.connect(pooled, config) for _ in range(3)]
+        try:
+
+            async def many(runner: Runner, n: int) -> list[str]:
+                done = []
+                for k in range(15):
+                    run = await runner.start(StartRunInput("acme", "w", "latest", None,
+                                                           f"r{n}-{k}"))  # fmt: skip
+                    done.append(str(run.status))
+                return done
+
+            outcomes = await asyncio.gather(*(many(r, n) for n, r in enumerate(runners)))
+        finally:
+            for runner in runners:
+                await runner.aclose()
+    assert [status for done in outcomes for status in done] == ["completed"] * 45

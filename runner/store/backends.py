@@ -26,7 +26,7 @@ from qjsflow.runner.store.migrations import migrate
 from qjsflow.runner.store.pg_schema import PG_MIGRATIONS
 from qjsflow.runner.store.wal_mark import WalMarks
 
-__all__ = ["Backend", "Dialect", "is_postgres_url", "open_backend"]
+__all__ = ["Backend", "Dialect", "is_postgres_url", "open_backend", "transaction_pooled"]
 
 T = TypeVar("T")
 
@@ -303,6 +303,21 @@ PG_SERVER_BOUNDS = (
 )
 
 
+_POOLED = "qjsflow_pooling=transaction"
+
+
+def transaction_pooled(url: str) -> tuple[str, bool]:
+    """The URL without qjsflow's own `qjsflow_pooling=transaction` parameter (a journal
+    reached through PgBouncer's transaction pooling: docs/OPERATIONS.md), and whether it had
+    it. libpq knows no such parameter, so it is taken out before any connection."""
+    base, question, query = url.partition("?")
+    if not question:
+        return url, False
+    kept = [part for part in query.split("&") if part and part != _POOLED]
+    pooled = len(kept) != len([part for part in query.split("&") if part])
+    return (base + ("?" + "&".join(kept) if kept else "")), pooled
+
+
 def _bounded(url: str) -> str:
     """The URL's connection string with the session bounds it does not set itself (its own
     `options` come after ours, and so win)."""
@@ -340,15 +355,16 @@ class PostgresBackend:
         )
 
     def __init__(self, url: str) -> None:
-        self._url = url
+        self._url, self._pooled = transaction_pooled(url)
         self._connection: _PgConnection | None = None  # made by the first job, on the thread
         self._thread = JobThread("qjsflow-pg")
 
     @property
-    def wake_source(self) -> str:
+    def wake_source(self) -> str | None:
         """The server a worker LISTENs on (runner/store/wakeups.py), bounded as its journal
-        connection is."""
-        return _bounded(self._url)
+        connection is; None behind a transaction pooler, which keeps no session to listen
+        on (workers poll)."""
+        return None if self._pooled else _bounded(self._url)
 
     @classmethod
     async def open(cls, url: str, *, create: bool = True) -> PostgresBackend:
@@ -386,7 +402,12 @@ class PostgresBackend:
         was rolled back."""
         current = self._connection
         if current is None or current.raw.broken or current.raw.closed:
-            current = _PgConnection(_psycopg().connect(_bounded(self._url), autocommit=True))
+            # Behind a transaction pooler a statement psycopg prepared on one server session
+            # may be run on another: nothing is prepared.
+            prepared: dict[str, Any] = {"prepare_threshold": None} if self._pooled else {}
+            current = _PgConnection(
+                _psycopg().connect(_bounded(self._url), autocommit=True, **prepared)
+            )
             self._connection = current
         return work(current)
 
