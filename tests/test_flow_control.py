@@ -190,7 +190,7 @@ async def test_restart_and_fork_wait_for_the_gate(clocked_runner: Runner) -> Non
     assert forked.status == "queued"
     assert (await runner.get(forked.run_id, scope="acme")).queue_position == 2
     await runner.signal(holder, "go", scope="acme")
-    await runner.serve(until_idle=True)
+    await runner.serve(until_idle=True)  # the restarted run first; once it has ended, the fork
     admitted = {run: await _admitted_at(runner, run) for run in (first, forked.run_id)}
     assert admitted[first] < admitted[forked.run_id]  # each in its turn, one at a time
     ended = [e.seq for e in await runner.history(first, scope="acme") if e.type.startswith("run_c")]

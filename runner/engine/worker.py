@@ -185,6 +185,8 @@ class Worker:
                     ended.clear()
                     claimable = await self._claim(tasks, ended, now)
                     if until_idle and not tasks and not claimable:
+                        if self._gates_waiting and await self._admit(now, ended=True):
+                            continue  # a run left its queue (its gate's last look was early)
                         due = await self.store.next_due()
                         if due is None or due > now + self.idle_horizon_ms:
                             return
@@ -282,16 +284,17 @@ class Worker:
         except Exception:  # a schedule's host failure must not stop the worker's loop
             _log.exception("firing the due schedules failed; looking again next poll")
 
-    async def _admit(self, now: int, *, ended: bool) -> None:
+    async def _admit(self, now: int, *, ended: bool) -> int:
         """Admit the queued runs whose gates have room (runner/tenancy/flow_gates.py): room
         comes when a run of a key ends, or a window opens. Looked at once a poll interval,
         and at once after a drive ends while the last look found runs waiting (that drive
         may have freed a place; a worker with no gated runs pays nothing more a drive)."""
         if time.monotonic() < self._next_admit and not (ended and self._gates_waiting):
-            return
+            return 0
         self._next_admit = time.monotonic() + self.poll_interval_s
         admitted, self._gates_waiting = await admit_due(self.store, now)
         self.admitted += admitted
+        return admitted
 
     async def _prune(self, now: int) -> None:
         """Under a retention setting, prune ended runs once every `every_s` (several workers
