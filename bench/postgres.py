@@ -23,6 +23,8 @@ import psycopg
 from bench.baselines import dbos
 from bench.common import TEN_STEPS, median
 from qjsflow.runner import Bindings, Runner, RunnerConfig, StartRunInput
+from qjsflow.runner.store.dialect import POSTGRES
+from qjsflow.runner.store.journal import claim_query
 from qjsflow.sandbox import PoolConfig
 from tests.postgres import postgres_server
 
@@ -114,6 +116,47 @@ async def qjsflow_wake_ms(url: str) -> float:
     return statistics.median(latencies)
 
 
+def claim_cost(
+    url: str, sizes: tuple[int, ...] = (1_000, 10_000, 100_000, 1_000_000)
+) -> dict[int, float]:
+    """The claim query's time (ms, the median of 20) in a journal holding more and more runs,
+    a few hundred of them due: it should not grow with the runs that are not."""
+    asyncio.run(_seed_one(url))
+    found: dict[int, float] = {}
+    with psycopg.connect(url, autocommit=True) as connection:
+        columns = [row[0] for row in connection.execute(
+            "SELECT column_name FROM information_schema.columns WHERE table_name = 'runs'"
+            " ORDER BY ordinal_position").fetchall()]  # fmt: skip
+        have = 1
+        for size in sizes:
+            copied = ", ".join(
+                "'bench/c' || n" if c == "run_id" else
+                "CASE WHEN n <= 200 THEN 'running' ELSE 'completed' END" if c == "status"
+                else c for c in columns
+            )  # fmt: skip
+            connection.execute(
+                f"INSERT INTO runs ({', '.join(columns)}) SELECT {copied} FROM runs,"
+                f" generate_series({have}, {size - 1}) AS n WHERE run_id = 'bench/seed'"
+            )
+            have = size
+            connection.execute("ANALYZE runs")
+            sql = claim_query(POSTGRES.lease_clock or "").replace("?", "%s")
+            now = int(time.time() * 1000)
+            samples = []
+            for _ in range(20):
+                started = time.perf_counter()
+                connection.execute(sql, (now, now, 100, 100)).fetchall()
+                samples.append((time.perf_counter() - started) * 1000)
+            found[size] = statistics.median(samples)
+    return found
+
+
+async def _seed_one(url: str) -> None:
+    async with Runner.open(url, _config()) as runner:
+        snapshot = (await runner.publish("bench", {"workflows/flow.ts": TEN_STEPS})).snapshot_id
+        await runner.start(StartRunInput("bench", "flow", snapshot, {}, "seed"), drive=False)
+
+
 def main(repeats: int = 3) -> dict[str, Any]:
     found: dict[str, list[float]] = {}
 
@@ -131,8 +174,10 @@ def main(repeats: int = 3) -> dict[str, Any]:
             add("dbos_in_flight_steps_s", IN_FLIGHT * 10 / dbos(fresh(), "flight", IN_FLIGHT))
             add("qjsflow_wake_ms", asyncio.run(qjsflow_wake_ms(fresh())))
             add("dbos_wake_ms", dbos(fresh(), "wake", WAKES))
+        claims = claim_cost(fresh())
     results: dict[str, Any] = {name: median(values) for name, values in found.items()}
     results["rounds"] = {name: [round(v, 1) for v in values] for name, values in found.items()}
+    results["claim_ms"] = claims
     return results
 
 
@@ -155,6 +200,8 @@ def table(results: dict[str, Any]) -> str:
     lines = ["| measure | qjsflow | baseline, same server | ratio | goal |",
              "|---|---:|---|---:|---|"]  # fmt: skip
     lines += [f"| {a} | {b} | {c} | {d:.2f} | {e} |" for a, b, c, d, e in rows]
+    lines += ["", "| runs in the journal | the claim query, ms |", "|---:|---:|"]
+    lines += [f"| {size:,} | {ms:.2f} |" for size, ms in results["claim_ms"].items()]
     return "\n".join(lines)
 
 
