@@ -106,9 +106,10 @@ class RunReads:
         self, run_id: str, *, scope: str, timeout_s: float | None = None, poll_s: float = 0.2
     ) -> RunView:
         """The run once it is at rest: ended, or suspended (sleeping, waiting, blocked, paused,
-        throttled) with no timer due, so no driver has anything to do for it until its time or
-        an event comes; `RunTimeout` past `timeout_s`. A runnable run (started, resumed,
-        restarted, or woken by an event) is at rest only once a worker has driven it."""
+        throttled, queued) with no timer due, so no driver has anything to do for it until its
+        time, an event or its gate comes; `RunTimeout` past `timeout_s`. A runnable run
+        (started, resumed, restarted, or woken by an event) is at rest only once a worker has
+        driven it."""
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         while True:
             run = await self._run(run_id, scope)
