@@ -11,6 +11,7 @@ import signal
 import sqlite3
 import subprocess
 import sys
+from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -18,7 +19,7 @@ import orjson
 import pytest
 
 from qjsflow.bridge import InvalidInput
-from qjsflow.runner import Runner, RunnerConfig
+from qjsflow.runner import Runner, RunnerConfig, StartRunInput
 from qjsflow.runner.operations.schedule_spec import parse_schedule
 from tests.conftest import PROJECT_ROOT, FakeClock
 from tests.worker_pool import Workers
@@ -26,10 +27,12 @@ from tests.worker_pool import Workers
 QUICK = "export default async (event) => event.payload;"
 
 
-async def _runner(path: Path, clock: FakeClock) -> Runner:
-    runner = await Runner.connect(path, RunnerConfig(clock=clock))
-    await runner.publish("acme", {"workflows/tick.ts": QUICK})
-    return runner
+@pytest.fixture
+async def runner(tmp_path: Path, clock: FakeClock) -> AsyncIterator[Runner]:
+    """A runner on the virtual clock with the `tick` workflow published (this module's)."""
+    async with Runner.open(tmp_path / "j.db", RunnerConfig(clock=clock)) as opened:
+        await opened.publish("acme", {"workflows/tick.ts": QUICK})
+        yield opened
 
 
 async def _runs(runner: Runner) -> list[str]:
@@ -37,7 +40,8 @@ async def _runs(runner: Runner) -> list[str]:
 
 
 async def test_two_runners_fire_each_tick_once(tmp_path: Path, clock: FakeClock) -> None:
-    one = await _runner(tmp_path / "j.db", clock)
+    one = await Runner.connect(tmp_path / "j.db", RunnerConfig(clock=clock))
+    await one.publish("acme", {"workflows/tick.ts": QUICK})
     two = await Runner.connect(tmp_path / "j.db", RunnerConfig(clock=clock))
     try:
         made = await one.set_schedule("acme", "every-minute", "tick",
@@ -59,22 +63,18 @@ async def test_two_runners_fire_each_tick_once(tmp_path: Path, clock: FakeClock)
 
 
 async def test_downtime_past_the_catch_up_window_is_skipped_and_counted(
-    tmp_path: Path, clock: FakeClock
+    runner: Runner, clock: FakeClock
 ) -> None:
-    runner = await _runner(tmp_path / "j.db", clock)
-    try:
-        made = await runner.set_schedule("acme", "s", "tick",
-                                         {"every_s": 60, "overlap": "allow_all", "catchup_s": 150})  # fmt: skip
-        clock.advance(60 * 10 + 1)  # ten firings missed while no worker ran
-        now = int(clock() * 1000)
-        await runner.fire_schedules(now)
-        nominals = [int((made.next_at or 0) * 1000) + n * 60_000 for n in range(10)]
-        young = [at for at in nominals if at >= now - 150_000]
-        shown = await runner.schedule("acme", "s")
-        assert (shown.fired, shown.skipped) == (len(young), 10 - len(young))
-        assert await _runs(runner) == sorted(f"s-s-{at}" for at in young)  # once each
-    finally:
-        await runner.aclose()
+    made = await runner.set_schedule("acme", "s", "tick",
+                                     {"every_s": 60, "overlap": "allow_all", "catchup_s": 150})  # fmt: skip
+    clock.advance(60 * 10 + 1)  # ten firings missed while no worker ran
+    now = int(clock() * 1000)
+    await runner.fire_schedules(now)
+    nominals = [int((made.next_at or 0) * 1000) + n * 60_000 for n in range(10)]
+    young = [at for at in nominals if at >= now - 150_000]
+    shown = await runner.schedule("acme", "s")
+    assert (shown.fired, shown.skipped) == (len(young), 10 - len(young))
+    assert await _runs(runner) == sorted(f"s-s-{at}" for at in young)  # once each
 
 
 @pytest.mark.parametrize(
@@ -82,55 +82,47 @@ async def test_downtime_past_the_catch_up_window_is_skipped_and_counted(
     [("skip", 1, 2), ("allow_all", 3, 0), ("buffer_one", 1, 1), ("cancel_other", 3, 0)],
 )
 async def test_each_overlap_policy_under_a_run_that_goes_on(
-    tmp_path: Path, clock: FakeClock, overlap: str, runs: int, skipped: int
+    runner: Runner, clock: FakeClock, overlap: str, runs: int, skipped: int
 ) -> None:
     """The runs a firing starts are recorded, not driven: the first is still going when the
     next two come due."""
-    runner = await _runner(tmp_path / "j.db", clock)
-    try:
-        await runner.set_schedule("acme", "s", "tick", {"every_s": 60, "overlap": overlap})
-        for _ in range(3):
-            clock.advance(60)
-            await runner.fire_schedules(int(clock() * 1000))
-        shown = await runner.schedule("acme", "s")
-        assert (len(await _runs(runner)), shown.skipped) == (runs, skipped)
-        if overlap == "buffer_one":  # one firing kept, started once the run ends
-            assert shown.buffered_at is not None
-            await runner.terminate(shown.last_run or "", scope="acme")
-            await runner.fire_schedules(int(clock() * 1000))
-            assert len(await _runs(runner)) == 2
-        if overlap == "cancel_other":
-            statuses = [str((await runner.get(r, scope="acme")).status)
-                        for r in await _runs(runner)]  # fmt: skip
-            assert statuses.count("cancelled") == 2
-    finally:
-        await runner.aclose()
+    await runner.set_schedule("acme", "s", "tick", {"every_s": 60, "overlap": overlap})
+    for _ in range(3):
+        clock.advance(60)
+        await runner.fire_schedules(int(clock() * 1000))
+    shown = await runner.schedule("acme", "s")
+    assert (len(await _runs(runner)), shown.skipped) == (runs, skipped)
+    if overlap == "buffer_one":  # one firing kept, started once the run ends
+        assert shown.buffered_at is not None
+        await runner.terminate(shown.last_run or "", scope="acme")
+        await runner.fire_schedules(int(clock() * 1000))
+        assert len(await _runs(runner)) == 2
+    if overlap == "cancel_other":
+        statuses = [str((await runner.get(r, scope="acme")).status)
+                    for r in await _runs(runner)]  # fmt: skip
+        assert statuses.count("cancelled") == 2
 
 
 async def test_pause_trigger_delete_and_cron_in_a_time_zone(
-    tmp_path: Path, clock: FakeClock
+    runner: Runner, clock: FakeClock
 ) -> None:
-    runner = await _runner(tmp_path / "j.db", clock)
-    try:
-        shown = await runner.set_schedule("acme", "morning", "tick",
-                                          {"cron": "0 9 * * *", "timezone": "Europe/Paris"})  # fmt: skip
-        assert shown.next_at is not None
-        at = datetime.fromtimestamp(shown.next_at, tz=UTC)
-        assert (at.hour, at.minute) == (8, 0)  # 09:00 in Paris, winter time
-        paused = await runner.pause_schedule("acme", "morning")
-        assert (paused.paused, paused.next_at) == (True, None)
-        clock.advance(2 * 86_400)
-        await runner.fire_schedules(int(clock() * 1000))
-        assert await _runs(runner) == []
-        again = await runner.pause_schedule("acme", "morning", paused=False)
-        assert again.next_at is not None
-        assert again.next_at > clock()  # what it missed while paused is not made up
-        triggered = await runner.trigger_schedule("acme", "morning")
-        assert await _runs(runner) == [triggered.run_id]
-        assert await runner.delete_schedule("acme", "morning")
-        assert await runner.schedules(scope="acme") == []
-    finally:
-        await runner.aclose()
+    shown = await runner.set_schedule("acme", "morning", "tick",
+                                      {"cron": "0 9 * * *", "timezone": "Europe/Paris"})  # fmt: skip
+    assert shown.next_at is not None
+    at = datetime.fromtimestamp(shown.next_at, tz=UTC)
+    assert (at.hour, at.minute) == (8, 0)  # 09:00 in Paris, winter time
+    paused = await runner.pause_schedule("acme", "morning")
+    assert (paused.paused, paused.next_at) == (True, None)
+    clock.advance(2 * 86_400)
+    await runner.fire_schedules(int(clock() * 1000))
+    assert await _runs(runner) == []
+    again = await runner.pause_schedule("acme", "morning", paused=False)
+    assert again.next_at is not None
+    assert again.next_at > clock()  # what it missed while paused is not made up
+    triggered = await runner.trigger_schedule("acme", "morning")
+    assert await _runs(runner) == [triggered.run_id]
+    assert await runner.delete_schedule("acme", "morning")
+    assert await runner.schedules(scope="acme") == []
 
 
 @pytest.mark.parametrize(
@@ -274,84 +266,68 @@ async def test_a_projects_wrangler_schedules_become_schedules(
 
 
 async def test_jitter_delays_each_firing_alike_and_backfill_starts_what_is_missing(
-    tmp_path: Path, clock: FakeClock
+    runner: Runner,
 ) -> None:
-    runner = await _runner(tmp_path / "j.db", clock)
-    try:
-        made = await runner.set_schedule(
-            "acme", "j", "tick", {"every_s": 60, "overlap": "allow_all", "jitter_s": 30}
-        )
-        nominal = int((made.next_at or 0) * 1000)
-        spec = parse_schedule(made.spec, "j")
-        due = spec.due_at("j", nominal)
-        assert nominal <= due < nominal + 30_000
-        assert due == parse_schedule(made.spec, "again").due_at("j", nominal)  # every worker's
-        await runner.fire_schedules(due - 1)  # its nominal time has passed, its share not yet
-        assert await _runs(runner) == []
-        await runner.fire_schedules(due)
-        assert await _runs(runner) == [f"s-j-{nominal}"]
-        # A backfill over that hour starts each firing with no run yet, once.
-        since, until = nominal / 1000 - 3600, nominal / 1000
-        started = await runner.backfill_schedule("acme", "j", since=since, until=until)
-        assert len(started) == 61
-        again = await runner.backfill_schedule("acme", "j", since=since, until=until)
-        assert again == started
-        assert len(await _runs(runner)) == 61  # the one fired before is one of them
-    finally:
-        await runner.aclose()
+    made = await runner.set_schedule(
+        "acme", "j", "tick", {"every_s": 60, "overlap": "allow_all", "jitter_s": 30}
+    )
+    nominal = int((made.next_at or 0) * 1000)
+    spec = parse_schedule(made.spec, "j")
+    due = spec.due_at("j", nominal)
+    assert nominal <= due < nominal + 30_000
+    assert due == parse_schedule(made.spec, "again").due_at("j", nominal)  # every worker's
+    await runner.fire_schedules(due - 1)  # its nominal time has passed, its share not yet
+    assert await _runs(runner) == []
+    await runner.fire_schedules(due)
+    assert await _runs(runner) == [f"s-j-{nominal}"]
+    # A backfill over that hour starts each firing with no run yet, once.
+    since, until = nominal / 1000 - 3600, nominal / 1000
+    started = await runner.backfill_schedule("acme", "j", since=since, until=until)
+    assert len(started) == 61
+    again = await runner.backfill_schedule("acme", "j", since=since, until=until)
+    assert again == started
+    assert len(await _runs(runner)) == 61  # the one fired before is one of them
 
 
-async def test_a_batch_of_1000_starts_in_one_transaction_answers_each(
-    tmp_path: Path, clock: FakeClock
+async def test_a_batch_of_1000_starts_in_one_transaction_answers_each(runner: Runner) -> None:
+    await runner.start(StartRunInput("acme", "tick", "latest", 0, "b-0"), drive=False)
+    requests = [StartRunInput("acme", "tick", "latest", n, f"b-{n}") for n in range(1000)]
+    requests[13] = StartRunInput("acme", "nope", "latest", 13, "b-13")
+    requests[200] = StartRunInput("acme", "tick", "latest", 200, "bad id!")
+    requests[300] = StartRunInput("acme", "tick", "latest", "other input", "b-0")
+    requests[400] = StartRunInput("acme", "tick", "no-such-snapshot", 1, "b-400")
+    items = await runner.start_batch(requests)
+    outcomes = {item.index: (item.outcome, item.error) for item in items}
+    assert outcomes[0] == ("existed", None)  # the same start made before
+    assert outcomes[13][0] == outcomes[200][0] == outcomes[300][0] == "refused"
+    assert "has no workflow 'nope'" in (outcomes[13][1] or "")
+    assert "invalid run id" in (outcomes[200][1] or "").lower()
+    assert "already exists with a different input" in (outcomes[300][1] or "")
+    assert outcomes[400][0] == "refused"
+    created = [i for i, (outcome, _) in outcomes.items() if outcome == "created"]
+    assert len(created) == 1000 - 5
+    assert len(await runner.list(scope="acme", workflow="tick", limit=2000)) == 996
+
+
+async def test_runs_carry_tags_and_are_found_by_them(
+    runner: Runner, tmp_path: Path, clock: FakeClock
 ) -> None:
-    from qjsflow.runner import StartRunInput  # noqa: PLC0415
-
-    runner = await _runner(tmp_path / "j.db", clock)
-    try:
-        await runner.start(StartRunInput("acme", "tick", "latest", 0, "b-0"), drive=False)
-        requests = [StartRunInput("acme", "tick", "latest", n, f"b-{n}") for n in range(1000)]
-        requests[13] = StartRunInput("acme", "nope", "latest", 13, "b-13")
-        requests[200] = StartRunInput("acme", "tick", "latest", 200, "bad id!")
-        requests[300] = StartRunInput("acme", "tick", "latest", "other input", "b-0")
-        requests[400] = StartRunInput("acme", "tick", "no-such-snapshot", 1, "b-400")
-        items = await runner.start_batch(requests)
-        outcomes = {item.index: (item.outcome, item.error) for item in items}
-        assert outcomes[0] == ("existed", None)  # the same start made before
-        assert outcomes[13][0] == outcomes[200][0] == outcomes[300][0] == "refused"
-        assert "has no workflow 'nope'" in (outcomes[13][1] or "")
-        assert "invalid run id" in (outcomes[200][1] or "").lower()
-        assert "already exists with a different input" in (outcomes[300][1] or "")
-        assert outcomes[400][0] == "refused"
-        created = [i for i, (outcome, _) in outcomes.items() if outcome == "created"]
-        assert len(created) == 1000 - 5
-        assert len(await runner.list(scope="acme", workflow="tick", limit=2000)) == 996
-    finally:
-        await runner.aclose()
-
-
-async def test_runs_carry_tags_and_are_found_by_them(tmp_path: Path, clock: FakeClock) -> None:
-    from qjsflow.runner import StartRunInput  # noqa: PLC0415
-
-    runner = await _runner(tmp_path / "j.db", clock)
-    try:
-        for n, (customer, tier) in enumerate([("c1", "gold"), ("c2", "gold"), ("c1", "free")]):
-            await runner.start(StartRunInput("acme", "tick", "latest", n, f"t{n}",
-                                             tags={"customer": customer, "tier": tier}),
-                               drive=False)  # fmt: skip
-        found = await runner.list(scope="acme", tags={"customer": "c1"})
-        assert [run.run_id for run in found] == ["t0", "t2"]
-        both = await runner.list(scope="acme", tags={"customer": "c1", "tier": "gold"})
-        assert [run.run_id for run in both] == ["t0"]
-        assert await runner.tags("t1", scope="acme") == [("customer", "c2"), ("tier", "gold")]
-        for tags, said in (({"bad key!": "x"}, "invalid tag key"),
-                           ({"k": "x" * 300}, "printable text of 256")):  # fmt: skip
-            with pytest.raises(InvalidInput, match=said):
-                await runner.start(StartRunInput("acme", "tick", "latest", 0, tags=tags))
-        await runner.terminate("t0", scope="acme")
-        clock.advance(10)
-        assert (await runner.prune(older_than_s=1, scope="acme")).runs == 1
-    finally:
-        await runner.aclose()
+    for n, (customer, tier) in enumerate([("c1", "gold"), ("c2", "gold"), ("c1", "free")]):
+        await runner.start(StartRunInput("acme", "tick", "latest", n, f"t{n}",
+                                         tags={"customer": customer, "tier": tier}),
+                           drive=False)  # fmt: skip
+    found = await runner.list(scope="acme", tags={"customer": "c1"})
+    assert [run.run_id for run in found] == ["t0", "t2"]
+    both = await runner.list(scope="acme", tags={"customer": "c1", "tier": "gold"})
+    assert [run.run_id for run in both] == ["t0"]
+    assert await runner.tags("t1", scope="acme") == [("customer", "c2"), ("tier", "gold")]
+    for tags, said in (({"bad key!": "x"}, "invalid tag key"),
+                       ({"k": "x" * 300}, "printable text of 256")):  # fmt: skip
+        with pytest.raises(InvalidInput, match=said):
+            await runner.start(StartRunInput("acme", "tick", "latest", 0, tags=tags))
+    await runner.terminate("t0", scope="acme")
+    clock.advance(10)
+    assert (await runner.prune(older_than_s=1, scope="acme")).runs == 1
     with sqlite3.connect(tmp_path / "j.db") as journal:
         # Found through the tags' index, not a scan of the runs; a pruned run's tags go too.
         plan = " ".join(str(row) for row in journal.execute(
@@ -364,23 +340,17 @@ async def test_runs_carry_tags_and_are_found_by_them(tmp_path: Path, clock: Fake
 
 
 async def test_a_schedules_runs_are_found_by_it_and_runs_by_a_time_range(
-    tmp_path: Path, clock: FakeClock
+    runner: Runner, clock: FakeClock
 ) -> None:
-    from qjsflow.runner import StartRunInput  # noqa: PLC0415
-
-    runner = await _runner(tmp_path / "j.db", clock)
-    try:
-        early = await runner.start(StartRunInput("acme", "tick", "latest", 0, "early"),
-                                   drive=False)  # fmt: skip
-        await runner.set_schedule("acme", "s", "tick", {"every_s": 60, "overlap": "allow_all"})
-        clock.advance(121)
-        await runner.fire_schedules(int(clock() * 1000))
-        fired = await runner.list(scope="acme", tags={"schedule": "s"})
-        assert len(fired) == 2
-        assert all(run.run_id.startswith("s-s-") for run in fired)
-        before = await runner.list(scope="acme", until=early.created_at)
-        assert [run.run_id for run in before] == ["early"]
-        after = await runner.list(scope="acme", since=early.created_at + 1)
-        assert sorted(run.run_id for run in after) == sorted(run.run_id for run in fired)
-    finally:
-        await runner.aclose()
+    early = await runner.start(StartRunInput("acme", "tick", "latest", 0, "early"),
+                               drive=False)  # fmt: skip
+    await runner.set_schedule("acme", "s", "tick", {"every_s": 60, "overlap": "allow_all"})
+    clock.advance(121)
+    await runner.fire_schedules(int(clock() * 1000))
+    fired = await runner.list(scope="acme", tags={"schedule": "s"})
+    assert len(fired) == 2
+    assert all(run.run_id.startswith("s-s-") for run in fired)
+    before = await runner.list(scope="acme", until=early.created_at)
+    assert [run.run_id for run in before] == ["early"]
+    after = await runner.list(scope="acme", since=early.created_at + 1)
+    assert sorted(run.run_id for run in after) == sorted(run.run_id for run in fired)
