@@ -14,7 +14,7 @@ order they leave the queue. Declared per workflow in `qjsflow.json`
 A key is a path into the run's input (`event.payload.a.b`, or `input.a.b`); runs whose paths
 give equal JSON values share a key, a missing path gives `null`. Periods are seconds or a
 duration as `step.sleep` takes it ("30 seconds", "1 minute"). The journal enforces them for
-every worker (runner/operations/flow.py).
+every worker (runner/tenancy/flow_gates.py).
 """
 
 from __future__ import annotations
@@ -28,7 +28,10 @@ from typing import Any
 
 from qjsflow.bridge import dumps_text
 
-__all__ = ["PRIORITY_RANGE", "FlowControl", "FlowKeys", "Gate", "flow_from_json", "key_value"]
+__all__ = [
+    "PRIORITY_RANGE", "PRIORITY_RULE", "FlowControl", "FlowKeys", "Gate", "flow_from_json",
+    "is_priority", "key_value",
+]  # fmt: skip
 
 _KINDS = frozenset({"concurrency", "rateLimit", "throttle", "debounce", "singleton", "priority"})
 _PATH = re.compile(r"^(event\.payload|input)((?:\.[A-Za-z0-9_$-]{1,64}){0,8})$")
@@ -131,6 +134,15 @@ def key_value(path: str | None, run_input: Any) -> str:
     return text
 
 
+PRIORITY_RULE = f"priority is a whole number from {PRIORITY_RANGE[0]} to {PRIORITY_RANGE[1]}"
+
+
+def is_priority(value: object) -> bool:
+    """Whether `value` is a run's priority (`PRIORITY_RANGE`, higher first)."""
+    low, high = PRIORITY_RANGE
+    return isinstance(value, int) and not isinstance(value, bool) and low <= value <= high
+
+
 def flow_from_json(document: object, where: str) -> FlowControl:
     """Flow control as written, checked: `ValueError` naming each problem, one per line."""
     if not isinstance(document, Mapping):
@@ -142,9 +154,8 @@ def flow_from_json(document: object, where: str) -> FlowControl:
         value = document.get(kind)
         gates[kind] = None if value is None else _gate(kind, value, f"{where}.{kind}", problems)
     priority = document.get("priority", 0)
-    low, high = PRIORITY_RANGE
-    if isinstance(priority, bool) or not isinstance(priority, int) or not low <= priority <= high:
-        problems.append(f"{where}.priority is a whole number from {low} to {high}")
+    if not is_priority(priority):
+        problems.append(f"{where}.{PRIORITY_RULE}")
         priority = 0
     if gates["rateLimit"] is not None and gates["throttle"] is not None:
         problems.append(f"{where}: give rateLimit or throttle, not both")

@@ -13,6 +13,7 @@ from typing import Any
 
 from qjsflow.bridge import InvalidInput
 from qjsflow.bridge.printable import printable
+from qjsflow.bundles.flow import PRIORITY_RANGE
 from qjsflow.bundles.versions import ESBUILD_VERSION
 from qjsflow.runner.cli.control import add_control_commands
 from qjsflow.runner.cli.options import SECONDS, add_wait, number, old_spelling
@@ -50,7 +51,7 @@ _PORT = number(int, 1, 65_535)
 _LEASE_S = number(float, 0.1, _DAY_S)
 _LIMIT, _OFFSET = number(int, 1, 10_000), number(int, 0, 2**62)
 _DRIVES = number(int, 1, 4096)
-_PRIORITY = number(int, -1000, 1000)
+_PRIORITY = number(int, *PRIORITY_RANGE)
 
 
 # Options every command takes, before or after its name (`qjsflow status RUN --json`). The

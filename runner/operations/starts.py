@@ -13,11 +13,11 @@ from __future__ import annotations
 import secrets
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from functools import partial
+from functools import lru_cache, partial
 
 from qjsflow.bridge import InvalidInput, QjsflowError, dumps_text, loads
 from qjsflow.bridge.values import from_python
-from qjsflow.bundles.flow import PRIORITY_RANGE, FlowControl, flow_from_json
+from qjsflow.bundles.flow import PRIORITY_RULE, FlowControl, flow_from_json, is_priority
 from qjsflow.runner.config import RunnerConfig
 from qjsflow.runner.errors import InvalidRunId, UnknownWorkflow
 from qjsflow.runner.operations.control import check_same_start
@@ -106,9 +106,7 @@ def creation(request: StartRunInput, *, config: RunnerConfig, configs: ConfigCac
         if found is None or request.entry_path not in (None, found.entry_path):
             raise UnknownWorkflow(request.workflow, sorted(entries))
         entry_path = found.entry_path
-        flow = asked_flow
-        if flow is None and found.flow is not None:
-            flow = _flow(loads(found.flow), "the stored flow control")
+        flow = asked_flow or (None if found.flow is None else stored_flow(found.flow))
         bindings_text = from_python(
             env_of(settings.environment, request.persisted_bindings,
                    Reach(snapshot.capabilities, settings.policy).binding_allowed,
@@ -154,6 +152,13 @@ def _created(
         tx.insert_tags(record.run_id, tags)
 
 
+@lru_cache(maxsize=256)
+def stored_flow(text: str) -> FlowControl:
+    """A workflow's flow control as its snapshot stores it (checked at publish), parsed once
+    a process: every start of a gated workflow reads it."""
+    return _flow(loads(text), "the stored flow control")
+
+
 def _flow(document: object, where: str) -> FlowControl:
     try:
         return flow_from_json(document, where)
@@ -163,11 +168,11 @@ def _flow(document: object, where: str) -> FlowControl:
 
 def checked_priority(priority: object) -> int | None:
     """A start's priority, checked (`InvalidInput` naming the range)."""
-    low, high = PRIORITY_RANGE
     if priority is None:
         return None
-    if isinstance(priority, bool) or not isinstance(priority, int) or not low <= priority <= high:
-        raise InvalidInput(f"priority is a whole number from {low} to {high}")
+    if not is_priority(priority):
+        raise InvalidInput(PRIORITY_RULE)
+    assert isinstance(priority, int)
     return priority
 
 

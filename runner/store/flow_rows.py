@@ -35,25 +35,29 @@ class FlowRow:
     queued_at: int = 0
     queue_seq: int = 0  # its turn in its workflow's queue (given as it is queued)
     admitted_at: int | None = None  # None: still queued
-    live: bool = True  # its run has not ended (as the last sweep saw it)
-    # Until when its gate counts it: for ever while live, then to the end of its rate window.
+    # Until when its gate counts it: for ever while its run goes on, then to the end of its
+    # rate window (`sweep_gate`), so the gate's reads skip the rest through the index.
     counts_until: int = COUNTED_WHILE_LIVE
     # Of the run, read with it (not stored in `run_flow`):
     status: RunStatus = RunStatus.queued
     priority: int = 0
 
+    def queued_again(self, run_id: str, now: int) -> FlowRow:
+        """This row's keys and limits for `run_id` queued anew (a restart, a fork)."""
+        return replace(self, run_id=run_id, queued_at=now, admitted_at=None, not_before=None,
+                       counts_until=COUNTED_WHILE_LIVE)  # fmt: skip
+
 
 FLOW_COLUMNS = (
     "run_id", "scope", "workflow", "concurrency_key", "concurrency_limit", "singleton_key",
     "rate_key", "rate_limit", "rate_period_ms", "debounce_key", "not_before", "queued_at",
-    "queue_seq", "admitted_at", "live", "counts_until",
+    "queue_seq", "admitted_at", "counts_until",
 )  # fmt: skip
 _SELECTED = ", ".join(f"f.{name}" for name in FLOW_COLUMNS)
 
 
 def _flow_row(row: Any) -> FlowRow:
     values = dict(zip(FLOW_COLUMNS, row[: len(FLOW_COLUMNS)], strict=True))
-    values["live"] = bool(values["live"])
     status, priority = row[len(FLOW_COLUMNS) :]
     return FlowRow(**values, status=RunStatus(status), priority=int(priority))
 
@@ -80,7 +84,7 @@ class FlowStatements(StepStatements):
         """Rows of runs that ended stop counting: at once, or at the end of their rate
         window. They stay (a restart finds its keys) until their run is pruned."""
         self._db.execute(
-            "UPDATE run_flow SET live = 0, counts_until = CASE WHEN rate_key IS NOT NULL"
+            "UPDATE run_flow SET counts_until = CASE WHEN rate_key IS NOT NULL"
             " AND admitted_at IS NOT NULL THEN admitted_at + rate_period_ms ELSE 0 END"
             " WHERE scope = ? AND workflow = ? AND counts_until = ?"
             " AND EXISTS (SELECT 1 FROM runs r WHERE r.run_id = run_flow.run_id"
@@ -88,7 +92,7 @@ class FlowStatements(StepStatements):
             (scope, workflow, COUNTED_WHILE_LIVE),
         )
 
-    def gate_rows(self, scope: str, workflow: str, now: int) -> list[FlowRow]:
+    def gate_rows(self, scope: str, workflow: str, now: int = 0) -> list[FlowRow]:
         """The workflow's gated runs that still count (`sweep_gate` first), through the
         index: queued ones in the order they leave (priority, then their turn)."""
         rows = self._db.execute(
@@ -118,8 +122,7 @@ class FlowStatements(StepStatements):
         if row is None:
             return False
         self._db.execute("DELETE FROM run_flow WHERE run_id = ?", (run_id,))
-        self.insert_flow(replace(row, queued_at=now, admitted_at=None, not_before=None,
-                                 live=True, counts_until=COUNTED_WHILE_LIVE))  # fmt: skip
+        self.insert_flow(row.queued_again(run_id, now))
         return True
 
     def flow_of(self, run_id: str) -> FlowRow | None:
@@ -166,8 +169,8 @@ class FlowStatements(StepStatements):
             return None
         ahead = sum(
             1
-            for row in self.gate_rows(mine.scope, mine.workflow, mine.queued_at)
-            if row.status == RunStatus.queued and row.run_id != run_id and row.live
+            for row in self.gate_rows(mine.scope, mine.workflow)
+            if row.status == RunStatus.queued and row.run_id != run_id
             and _shares_key(row, mine)
             and (-row.priority, row.queue_seq) < (-mine.priority, mine.queue_seq)
         )  # fmt: skip

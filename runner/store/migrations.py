@@ -144,12 +144,12 @@ CREATE INDEX run_tags_by_value ON run_tags (key, value, run_id)"""
 
 
 def flow_control(integer: str) -> str:
-    """Flow control (runner/operations/flow.py): each gated run's keys and limits, when it
-    was queued and admitted, whether it has ended (`live`), and until when its gate counts
-    it (`counts_until`: for ever while live, then to the end of its rate window, if it has
-    one); a row per gated workflow that admissions lock and workers look
-    at (`waiting` runs, `next_at` when time alone may admit one). A run's priority orders
-    its scope's claims and its workflow's queue."""
+    """Flow control (runner/tenancy/flow_gates.py): each gated run's keys and limits, when
+    it was queued and admitted, and until when its gate counts it (`counts_until`: for ever
+    while the run goes on, then to the end of its rate window, if it has one); a row per
+    gated workflow that admissions lock and workers look at (`waiting` runs, `next_at` when
+    time alone may admit one). A run's priority orders its scope's claims and its workflow's
+    queue."""
     return f"""ALTER TABLE runs ADD COLUMN priority {integer} NOT NULL DEFAULT 0;
 ALTER TABLE bundles ADD COLUMN flow TEXT;
 CREATE TABLE run_flow (
@@ -167,7 +167,6 @@ CREATE TABLE run_flow (
     queued_at {integer} NOT NULL,
     queue_seq {integer} NOT NULL,
     admitted_at {integer},
-    live {integer} NOT NULL DEFAULT 1,
     counts_until {integer} NOT NULL
 );
 CREATE INDEX run_flow_by_gate ON run_flow (scope, workflow, counts_until);

@@ -25,7 +25,7 @@ from qjsflow.bridge import dumps_text
 from qjsflow.bundles.flow import FlowControl
 from qjsflow.runner.errors import FlowRefused
 from qjsflow.runner.store import ENDED, JournalStore, JournalTransaction, RunRecord, RunStatus
-from qjsflow.runner.store.flow_rows import COUNTED_WHILE_LIVE, FlowRow
+from qjsflow.runner.store.flow_rows import FlowRow
 from qjsflow.runner.tenancy.scopes import split_run_key
 
 __all__ = ["Gated", "admit_due", "admit_waiting", "gate_fork", "gate_start", "requeue"]
@@ -57,9 +57,8 @@ def gate_start(
     scope, workflow = record.scope, record.workflow
     keys = flow.keys(run_input)
     tx.lock_gate(scope, workflow)
-    tx.sweep_gate(scope, workflow)
-    rows = tx.gate_rows(scope, workflow, now)  # live ones, and ended ones within a rate window
-    live = [row for row in rows if row.live and row.status not in ENDED]
+    rows = tx.gate_rows(scope, workflow, now)  # going on, and ended within a rate window
+    live = [row for row in rows if row.status not in ENDED]
     if flow.singleton is not None:
         holders = [row for row in live if row.singleton_key == keys.singleton]
         if holders and flow.singleton.mode == "skip":
@@ -121,9 +120,7 @@ def requeue(tx: JournalTransaction, run_id: str, now: int) -> bool:
         return False
     tx.lock_gate(row.scope, row.workflow)
     tx.requeue_flow(run_id, now)
-    tx.update_run(run_id, status=RunStatus.queued, updated_at=now)
-    tx.append_event(run_id, "run_queued", now, None)
-    admit_waiting(tx, row.scope, row.workflow, now)
+    _wait(tx, row, run_id, now)
     return True
 
 
@@ -134,25 +131,30 @@ def gate_fork(tx: JournalTransaction, source_id: str, fork_id: str, now: int) ->
     if source is None:
         return False
     tx.lock_gate(source.scope, source.workflow)
-    tx.insert_flow(replace(source, run_id=fork_id, queued_at=now, admitted_at=None, live=True,
-                           not_before=None, counts_until=COUNTED_WHILE_LIVE))  # fmt: skip
-    tx.update_run(fork_id, status=RunStatus.queued, updated_at=now)
-    tx.append_event(fork_id, "run_queued", now, None)
-    admit_waiting(tx, source.scope, source.workflow, now)
+    tx.insert_flow(source.queued_again(fork_id, now))
+    _wait(tx, source, fork_id, now)
     return True
+
+
+def _wait(tx: JournalTransaction, gate: FlowRow, run_id: str, now: int) -> None:
+    """A run whose flow row is written (the caller holds its gate) is queued: admitted at
+    once if there is room."""
+    tx.update_run(run_id, status=RunStatus.queued, updated_at=now)
+    tx.append_event(run_id, "run_queued", now, None)
+    admit_waiting(tx, gate.scope, gate.workflow, now)
 
 
 def admit_waiting(tx: JournalTransaction, scope: str, workflow: str, now: int) -> list[str]:
     """Admit the workflow's queued runs that have room, in order (the caller holds its
     gate); record on the gate what still waits and when time alone may admit one."""
     tx.sweep_gate(scope, workflow)
-    rows = tx.gate_rows(scope, workflow, now)  # live ones, and ended ones within a rate window
+    rows = tx.gate_rows(scope, workflow, now)  # going on, and ended within a rate window
     running: Counter[tuple[str, str]] = Counter()
     windows: dict[str, list[int]] = defaultdict(list)
     for row in rows:
         if row.admitted_at is None:
             continue
-        if row.live and row.status not in ENDED:
+        if row.status not in ENDED:
             for kind, key in (("c", row.concurrency_key), ("s", row.singleton_key)):
                 if key is not None:
                     running[kind, key] += 1
@@ -161,7 +163,7 @@ def admit_waiting(tx: JournalTransaction, scope: str, workflow: str, now: int) -
     admitted: list[str] = []
     waiting, next_at, held_by_runs = 0, None, False
     for row in rows:
-        if row.admitted_at is not None or row.status != RunStatus.queued or not row.live:
+        if row.admitted_at is not None or row.status != RunStatus.queued:
             continue
         opens = _opens_at(row, running, windows, now)
         if opens is not None:
