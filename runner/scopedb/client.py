@@ -80,9 +80,13 @@ class _ScopeProcess:
         self.reader: asyncio.Task[None] | None = None
         self.waiting: dict[int, asyncio.Future[Any]] = {}
         self.next_id = 0
+        # The journal version its replica holds, as this host last learned it (None: ask);
+        # kept so that a statement asks the process nothing more than its statement.
+        self.version: int | None = None
 
     def started(self, process: asyncio.subprocess.Process) -> None:
         self.process = process
+        self.version = None
         self.reader = asyncio.create_task(self._read(process))
 
     async def ask(self, request: dict[str, Any], wait_s: float) -> Any:
@@ -170,13 +174,9 @@ class ScopeDatabases:
                 reply = await self._ask(slot, request, wait_s)
             except (TimeoutError, FrameError, ConnectionError) as error:
                 await slot.stop()
-                stopped = "stopped answering" if isinstance(error, TimeoutError) else "died"
-                return SqlOutcome(None, "interrupted", f"the SQL process {stopped}", deadline_s)
+                return _interrupted(error, deadline_s)
         await self._evict()
-        if "ok" in reply:
-            return SqlOutcome(reply["ok"]["result"], None, None, reply["ok"]["elapsedS"])
-        failure = reply["error"]
-        return SqlOutcome(None, failure["code"], failure["message"], failure["elapsedS"])
+        return _outcome(reply)
 
     @property
     def mode(self) -> str:
@@ -218,21 +218,15 @@ class ScopeDatabases:
         wait_s = request["deadlineS"] + self.limits.busy_wait_s + self.limits.kill_grace_s
         for _ in range(_RETRIES):
             try:
-                have = (await ask({"op": "version"}))["version"]
-                await replication.catch_up(scope, int(have), ask)
+                await self._caught_up(slot, scope)
                 reply = await self._ask(slot, request, wait_s)
             except (TimeoutError, FrameError, ConnectionError) as error:
                 await slot.stop()
-                stopped = "stopped answering" if isinstance(error, TimeoutError) else "died"
-                deadline = request["deadlineS"]
-                return await record(SqlOutcome(None, "interrupted",
-                                               f"the SQL process {stopped}", deadline))  # fmt: skip
+                return await record(_interrupted(error, request["deadlineS"]))
             if "ok" not in reply:
-                failure = reply["error"]
-                return await record(
-                    SqlOutcome(None, failure["code"], failure["message"], failure["elapsedS"])
-                )
+                return await record(_outcome(reply))
             held = reply["ok"]
+            slot.version = int(held["version"])
             change = held.get("change")
             version = int(held["version"]) + 1
             text = None if change is None else dumps(change).decode()
@@ -251,12 +245,23 @@ class ScopeDatabases:
                 await slot.stop()
                 raise
             await ask({"op": "finish", "version": version})
+            slot.version = version
             if replication.due_image(version):
                 await replication.keep_image(scope, ask, int(time.time() * 1000))
             return recorded
         return await record(SqlOutcome(
             None, "busy", f"other machines wrote to the scope's database first {_RETRIES} times "
             "in a row", 0.0))  # fmt: skip
+
+    async def _caught_up(self, slot: _ScopeProcess, scope: str) -> None:
+        """The slot's replica brought to the journal's head (its version asked only when
+        this host does not know it)."""
+        assert self.replication is not None
+        ask = self._replica_asker(slot, scope)
+        have = slot.version
+        if have is None:
+            have = int((await ask({"op": "version"}))["version"])
+        slot.version = await self.replication.catch_up(scope, have, ask)
 
     def _replica_asker(self, slot: _ScopeProcess, scope: str) -> Ask:
         return partial(self.ask_replica, slot, scope)
@@ -295,12 +300,10 @@ class ScopeDatabases:
         change = dumps({"forget": run_ids}).decode()
         slot = self._slot(scope)
         async with slot.lock:
-            ask = self._replica_asker(slot, scope)
             for _ in range(_RETRIES):
-                have = int((await ask({"op": "version"}))["version"])
-                have = await replication.catch_up(scope, have, ask)
-                if await replication.append(scope, have + 1, change):
-                    await replication.catch_up(scope, have, ask)
+                await self._caught_up(slot, scope)
+                if await replication.append(scope, (slot.version or 0) + 1, change):
+                    await self._caught_up(slot, scope)
                     return
         raise RuntimeError(f"the scope database of {scope!r} could not forget pruned runs")
 
@@ -369,6 +372,20 @@ class ScopeDatabases:
                     with contextlib.suppress(TimeoutError):
                         await asyncio.wait_for(process.wait(), 5)
                 await slot.stop()  # kills it if it did not end, and its reader
+
+
+def _outcome(reply: dict[str, Any]) -> SqlOutcome:
+    """A statement's outcome as its process answered it."""
+    if "ok" in reply:
+        return SqlOutcome(reply["ok"]["result"], None, None, reply["ok"]["elapsedS"])
+    failure = reply["error"]
+    return SqlOutcome(None, failure["code"], failure["message"], failure["elapsedS"])
+
+
+def _interrupted(error: BaseException, deadline_s: float) -> SqlOutcome:
+    """A statement whose process died or stopped answering (it is killed, started anew)."""
+    stopped = "stopped answering" if isinstance(error, TimeoutError) else "died"
+    return SqlOutcome(None, "interrupted", f"the SQL process {stopped}", deadline_s)
 
 
 def default_root(journal: Path | None) -> Path:
