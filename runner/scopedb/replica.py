@@ -55,9 +55,9 @@ def applied_result(connection: apsw.Connection, run_id: str, call: str) -> str |
 def run_held(
     connection: apsw.Connection,
     request: dict[str, Any],
-    statement: Callable[[], object],
+    statement: Callable[[], str],
 ) -> dict[str, Any]:
-    """Run the call's statement (`statement`: its encoded result first) in a transaction
+    """Run the call's statement (`statement`: its encoded result) in a transaction
     left open when it changed anything (rows, or the schema): the change to commit in the journal at
     the replica's next version. A call already applied (here, or on any replica this one has
     caught up with) answers with its stored result."""
@@ -75,7 +75,7 @@ def run_held(
         session.attach(None)
         schema, tables = _schema_version(connection), _tables(connection)
         try:
-            result = str(statement()[0])  # type: ignore[index]
+            result = statement()
             changeset = session.changeset()
         finally:
             session.close()

@@ -62,14 +62,11 @@ class _Authorizer:
         self.refused: str | None = None
         self.read_only = read_only  # the snapshot declares `sql: read`
         self.wrote = False  # refused because the statement would write
-        self.ddl = False  # it changes the schema (replicated as the statement itself)
 
     def __call__(
         self, op: int, first: str | None, second: str | None, db: str | None, _: Any
     ) -> int:
         verdict = _authorize(op, first, second, db)
-        if op in _DDL or op == apsw.SQLITE_ALTER_TABLE:
-            self.ddl = True
         if verdict == apsw.SQLITE_OK and self.read_only and op not in _READS | {apsw.SQLITE_PRAGMA}:
             verdict = apsw.SQLITE_DENY
             self.wrote = True
@@ -254,7 +251,7 @@ def _apply(connection: apsw.Connection, request: dict[str, Any], limits: SqlLimi
         if applied is not None:
             connection.execute("COMMIT")
             return applied
-        result, _ = _run_author_statement(
+        result = _run_author_statement(
             connection, request["sql"], params, limits=limits,
             deadline=time.monotonic() + float(request["deadlineS"]),  # after the lock wait
             read_only=bool(request.get("readOnly")),
@@ -275,9 +272,7 @@ def _apply(connection: apsw.Connection, request: dict[str, Any], limits: SqlLimi
         raise
 
 
-def _run_statement(
-    connection: apsw.Connection, request: dict[str, Any], limits: SqlLimits
-) -> tuple[str, bool]:
+def _run_statement(connection: apsw.Connection, request: dict[str, Any], limits: SqlLimits) -> str:
     """A replicated call's statement, in the transaction its replica holds open."""
     try:
         return _run_author_statement(
@@ -304,7 +299,7 @@ def _run_author_statement(
     limits: SqlLimits,
     deadline: float,
     read_only: bool = False,
-) -> tuple[str, bool]:
+) -> str:
     size = len(sql.encode("utf-8", "surrogatepass"))
     if size > limits.max_sql_length:
         raise SqlFailure(
@@ -356,9 +351,7 @@ def _run_author_statement(
         "lastInsertRowid": connection.last_insert_rowid() if changes else 0,
     }
     try:
-        return from_python(result, max_bytes=limits.max_result_bytes, what="the result"), (
-            authorizer.ddl
-        )
+        return from_python(result, max_bytes=limits.max_result_bytes, what="the result")
     except ValueError:
         raise SqlFailure(
             "too_big", f"the result is larger than {limits.max_result_bytes} bytes"

@@ -9,7 +9,7 @@ from typing import Any
 
 from qjsflow.bridge import InvalidInput
 from qjsflow.runner.errors import FatalToolError
-from qjsflow.runner.store import JournalStore
+from qjsflow.runner.store import JournalStore, JournalTransaction
 
 __all__ = ["MAX_TAGS", "TAGS_ADDRESS", "checked_tags", "tags_tool"]
 
@@ -39,12 +39,14 @@ async def tags_tool(store: JournalStore, run_id: str, args: Any) -> dict[str, st
     """`setTags`: set (or replace) tags of the calling run; its tags, all, as they are now.
     Setting the same tags again changes nothing (a call made again after a crash)."""
     given = args.get("tags") if isinstance(args, Mapping) else None
+    if not isinstance(given, Mapping):
+        raise FatalToolError("setTags takes an object of tag keys and their values")
     try:
-        tags = checked_tags(given if isinstance(given, Mapping) else {"": ""})
+        tags = checked_tags(given)
     except InvalidInput as error:
         raise FatalToolError(f"setTags: {error}") from None
 
-    def put(tx: Any) -> dict[str, str]:
+    def put(tx: JournalTransaction) -> dict[str, str]:
         now = dict(tx.tags_of(run_id))
         if len({**now, **tags}) > MAX_TAGS:
             raise FatalToolError(f"setTags: a run has at most {MAX_TAGS} tags")
