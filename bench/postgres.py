@@ -16,6 +16,9 @@ import asyncio
 import statistics
 import tempfile
 import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -62,19 +65,19 @@ def raw_commit_s(url: str, transactions: int = 1000) -> float:
         return (time.perf_counter() - started) / transactions
 
 
-def _config() -> RunnerConfig:
-    return RunnerConfig(pool=PoolConfig(size=2), bindings=Bindings(tools={"echo": _echo}),
-                        scope_root=_scratch())  # fmt: skip
-
-
-def _scratch() -> Any:
-    from pathlib import Path  # noqa: PLC0415
-
-    return Path(tempfile.mkdtemp(prefix="qjsflow-bench-scopes-"))
+@asynccontextmanager
+async def _runner(url: str) -> AsyncIterator[Runner]:
+    """A runner on the journal at `url` binding the `echo` tool, its scope folder removed
+    after it."""
+    with tempfile.TemporaryDirectory(prefix="qjsflow-bench-scopes-") as folder:
+        config = RunnerConfig(pool=PoolConfig(size=2), bindings=Bindings(tools={"echo": _echo}),
+                              scope_root=Path(folder))  # fmt: skip
+        async with Runner.open(url, config) as runner:
+            yield runner
 
 
 async def qjsflow_sequential(url: str, source: str) -> float:
-    async with Runner.open(url, _config()) as runner:
+    async with _runner(url) as runner:
         snapshot = (await runner.publish("bench", {"workflows/flow.ts": source})).snapshot_id
         await runner.start(StartRunInput("bench", "flow", snapshot, {}, "warm"))
         started = time.perf_counter()
@@ -85,7 +88,7 @@ async def qjsflow_sequential(url: str, source: str) -> float:
 
 
 async def qjsflow_in_flight(url: str) -> float:
-    async with Runner.open(url, _config()) as runner:
+    async with _runner(url) as runner:
         snapshot = (await runner.publish("bench", {"workflows/flow.ts": TEN_STEPS})).snapshot_id
         for n in range(IN_FLIGHT * 3):
             await runner.start(StartRunInput("bench", "flow", snapshot, {"n": n}, f"f{n}"),
@@ -98,7 +101,7 @@ async def qjsflow_in_flight(url: str) -> float:
 async def qjsflow_wake_ms(url: str) -> float:
     """Events delivered (recorded by this process) to runs a worker waits with, until the
     step after each wait runs in that worker: the p50."""
-    async with Runner.open(url, _config()) as runner:
+    async with _runner(url) as runner:
         snapshot = (await runner.publish("bench", {"workflows/flow.ts": WAITER})).snapshot_id
         stop = asyncio.Event()
         serving = asyncio.create_task(runner.serve(stop=stop, poll_interval_s=10.0))
@@ -152,7 +155,7 @@ def claim_cost(
 
 
 async def _seed_one(url: str) -> None:
-    async with Runner.open(url, _config()) as runner:
+    async with _runner(url) as runner:
         snapshot = (await runner.publish("bench", {"workflows/flow.ts": TEN_STEPS})).snapshot_id
         await runner.start(StartRunInput("bench", "flow", snapshot, {}, "seed"), drive=False)
 
