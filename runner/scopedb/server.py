@@ -58,16 +58,21 @@ class _Authorizer:
     """The allowlist: plain DML and DDL on the scope's own tables, and nothing else. It keeps
     what it last refused, so the error can say what was not allowed."""
 
-    def __init__(self, read_only: bool = False) -> None:
+    def __init__(self, read_only: bool = False, *, replica: bool = False) -> None:
         self.refused: str | None = None
         self.read_only = read_only  # the snapshot declares `sql: read`
         self.wrote = False  # refused because the statement would write
+        # A replica's statement runs under a SQLite session, which reads a table's columns
+        # (`PRAGMA table_xinfo`, read-only) as the statement first writes it (replica.py).
+        self.replica = replica
 
     def __call__(
         self, op: int, first: str | None, second: str | None, db: str | None, _: Any
     ) -> int:
+        if self.replica and op == apsw.SQLITE_PRAGMA and first == "table_xinfo" and db == "main":
+            return apsw.SQLITE_OK
         verdict = _authorize(op, first, second, db)
-        if verdict == apsw.SQLITE_OK and self.read_only and op not in _READS | {apsw.SQLITE_PRAGMA}:
+        if verdict == apsw.SQLITE_OK and self.read_only and op not in _READS:
             verdict = apsw.SQLITE_DENY
             self.wrote = True
         if verdict != apsw.SQLITE_OK and self.refused is None:
@@ -81,10 +86,6 @@ class _Authorizer:
 
 def _authorize(op: int, first: str | None, second: str | None, db: str | None) -> int:
     if op in (apsw.SQLITE_SELECT, apsw.SQLITE_RECURSIVE):
-        return apsw.SQLITE_OK
-    if op == apsw.SQLITE_PRAGMA and first == "table_xinfo" and db == "main":
-        # Read-only: a table's columns. A replica's session reads it as a statement first
-        # writes a table (replica.py).
         return apsw.SQLITE_OK
     if op in _DML:
         if db not in (None, "main") or (first or "").lower().startswith(_PRIVATE):
@@ -278,7 +279,7 @@ def _run_statement(connection: apsw.Connection, request: dict[str, Any], limits:
         return _run_author_statement(
             connection, request["sql"], _params(request["params"]), limits=limits,
             deadline=time.monotonic() + float(request["deadlineS"]),
-            read_only=bool(request.get("readOnly")),
+            read_only=bool(request.get("readOnly")), replica=True,
         )  # fmt: skip
     except apsw.Error as error:
         raise _translate(error, limits) from None
@@ -299,6 +300,7 @@ def _run_author_statement(
     limits: SqlLimits,
     deadline: float,
     read_only: bool = False,
+    replica: bool = False,
 ) -> str:
     size = len(sql.encode("utf-8", "surrogatepass"))
     if size > limits.max_sql_length:
@@ -315,7 +317,7 @@ def _run_author_statement(
         return True
 
     connection.set_progress_handler(lambda: time.monotonic() > deadline, 1000)
-    authorizer = _Authorizer(read_only)
+    authorizer = _Authorizer(read_only, replica=replica)
     connection.authorizer = authorizer
     before = connection.total_changes()
     try:
