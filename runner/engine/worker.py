@@ -167,8 +167,9 @@ class Worker:
         `until_idle`, until nothing is in progress and no timer is due within a second."""
         stop = stop or asyncio.Event()
         tasks: dict[str, asyncio.Task[bool]] = {}
-        # Set when a drive ends, cleared as the worker looks for runs to claim: a drive that
-        # ends at any moment after that look wakes the pause that follows it.
+        # Set when a drive ends (or the journal tells of work), cleared as the worker begins
+        # its looks (gates, then claims): whatever happens after that wakes the pause that
+        # follows them, and keeps a worker run until idle from stopping on what it missed.
         ended = asyncio.Event()
         # Told by the journal of runs made claimable elsewhere (PostgreSQL's NOTIFY): it looks
         # at once, as after a drive's end; the poll stays a backstop.
@@ -181,12 +182,11 @@ class Worker:
                     await self._report(now)
                     await self._prune(now)
                     await self._fire(now)
-                    await self._admit(now, ended=ended.is_set())
+                    woken = ended.is_set()
                     ended.clear()
+                    await self._admit(now, ended=woken)
                     claimable = await self._claim(tasks, ended, now)
-                    if until_idle and not tasks and not claimable:
-                        if self._gates_waiting and await self._admit(now, ended=True):
-                            continue  # a run left its queue (its gate's last look was early)
+                    if until_idle and not tasks and not claimable and not ended.is_set():
                         due = await self.store.next_due()
                         if due is None or due > now + self.idle_horizon_ms:
                             return
@@ -284,17 +284,16 @@ class Worker:
         except Exception:  # a schedule's host failure must not stop the worker's loop
             _log.exception("firing the due schedules failed; looking again next poll")
 
-    async def _admit(self, now: int, *, ended: bool) -> int:
+    async def _admit(self, now: int, *, ended: bool) -> None:
         """Admit the queued runs whose gates have room (runner/tenancy/flow_gates.py): room
         comes when a run of a key ends, or a window opens. Looked at once a poll interval,
         and at once after a drive ends while the last look found runs waiting (that drive
         may have freed a place; a worker with no gated runs pays nothing more a drive)."""
         if time.monotonic() < self._next_admit and not (ended and self._gates_waiting):
-            return 0
+            return
         self._next_admit = time.monotonic() + self.poll_interval_s
         admitted, self._gates_waiting = await admit_due(self.store, now)
         self.admitted += admitted
-        return admitted
 
     async def _prune(self, now: int) -> None:
         """Under a retention setting, prune ended runs once every `every_s` (several workers
