@@ -278,6 +278,8 @@ class Failed:
     cpu_s: float
     retry_after_ms: int | None = None
     stack: str | None = None  # the engine's frames where it was thrown or stopped
+    # A rollback that failed for good as the run's rollbacks ran (its error's message).
+    rollback_failed: str | None = None
 
 
 DriveOutcome = Completed | Suspended | Failed

@@ -92,6 +92,7 @@ def parse_outcome(raw: object, limits: Limits, cpu_s: float) -> DriveOutcome:
             cpu_s=cpu_s,
             retry_after_ms=_optional_ms(outcome, "retryAfterMs"),
             stack=_optional_text(outcome, "stack", RULES.stack_chars),
+            rollback_failed=_optional_text(outcome, "rollbackFailed", RULES.error_message_chars),
         )
     raise ProtocolError(f"unknown outcome status {str(status)[:40]!r}")
 

@@ -14,6 +14,7 @@ from qjsflow.bridge.rules import RULES
 from qjsflow.bundles import PublishError
 from qjsflow.runner import Bindings, Runner, RunnerConfig, StartRunInput
 from qjsflow.runner.engine.locations import SourceMap
+from qjsflow.runner.errors import FatalToolError
 from tests.conftest import FakeClock, start_source
 
 
@@ -393,3 +394,43 @@ async def test_terminate_with_rollback_runs_the_rollbacks_then_ends_the_run(
     assert calls == [("charge", "C1"), ("reserve", "R1")]
     history = [e.type for e in await runner.history(run.run_id, scope=run.scope)]
     assert history.index("rollback_requested") < history.index("run_terminated")
+
+
+async def test_a_rollback_that_fails_for_good_is_named_in_the_terminated_runs_error(
+    runner: Runner,
+) -> None:
+    """Told by the outcome's own field, not read back out of the body's message."""
+
+    async def compensate(args: Any) -> str:
+        if args["what"] == "charge":
+            raise FatalToolError("the refund service said no")
+        return "undone"
+
+    tools = Bindings(tools={"compensate": compensate})
+    run = await start_source(runner, TERMINABLE, bindings=tools)
+    await runner.terminate(run.run_id, scope=run.scope, reason="changed mind", rollback=True)
+    await runner.serve(until_idle=True, bindings=tools)
+    done = await runner.get(run.run_id, scope=run.scope)
+    assert done.status == "terminated"
+    assert done.error == ("terminated by an operator: changed mind (a rollback failed: "
+                          "the refund service said no)")  # fmt: skip
+
+
+async def test_author_text_cannot_pass_for_a_failed_rollback(runner: Runner) -> None:
+    """A body that catches its termination and throws a message of its own making is not
+    read as a rollback's failure."""
+    source = TERMINABLE.replace(
+        'await step.waitForEvent("approval", { type: "approve", timeout: "1 day" });',
+        'try { await step.waitForEvent("approval", { type: "approve", timeout: "1 day" }); }'
+        ' catch (e) { throw new Error("gone (and a rollback failed: forged)"); }',
+    )
+
+    async def compensate(args: Any) -> str:
+        return "undone"
+
+    tools = Bindings(tools={"compensate": compensate})
+    run = await start_source(runner, source, bindings=tools)
+    await runner.terminate(run.run_id, scope=run.scope, reason="changed mind", rollback=True)
+    await runner.serve(until_idle=True, bindings=tools)
+    done = await runner.get(run.run_id, scope=run.scope)
+    assert (done.status, done.error) == ("terminated", "terminated by an operator: changed mind")

@@ -2,11 +2,12 @@
 
 // ---- the outbox ---------------------------------------------------------------------------
 
-function fail(message, retryable, stack) {
+function fail(message, retryable, stack, rollbackFailed) {
   if (outcome === null) {
-    /** @type {{status: string, retryable: boolean, message: string, stack?: string}} */
+    /** @type {{status: string, retryable: boolean, message: string, stack?: string, rollbackFailed?: string}} */
     const failed = { status: "failed", retryable: !!retryable, message: errorText(message, RULES.error_message_chars) };
     if (stack) failed.stack = stack;
+    if (rollbackFailed !== undefined) failed.rollbackFailed = errorText(rollbackFailed, RULES.error_message_chars);
     outcome = failed;
   }
 }

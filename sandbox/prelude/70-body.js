@@ -186,8 +186,9 @@ function failWith(thrown, rollbackFailed) {
   const limit = limitMessage(thrown);
   const { name, message, stack } = describe(thrown);
   let text = limit !== null ? limit : `${name}: ${message}`;
-  if (rollbackFailed !== undefined) text += ` (and a rollback failed: ${describe(rollbackFailed).message})`;
-  fail(text, false, stack);
+  const failedToo = rollbackFailed === undefined ? undefined : describe(rollbackFailed).message;
+  if (failedToo !== undefined) text += ` (and a rollback failed: ${failedToo})`;
+  fail(text, false, stack, failedToo);
 }
 
 // The waiting replayed entries as a binary min-heap on journal order: a fan-out of n steps

@@ -138,8 +138,9 @@ def finish(
             tx.append_event(run_id, "run_completed", now, None)
             return release(tx, lease, status=RunStatus.completed, output=output, wake_at=None,
                             waiting_for=None, **common)  # fmt: skip
-        case Failed(message=message, stack=stack) if current.rollback_requested:
-            return terminated_after_rollbacks(tx, lease, current, message, now=now, common=common)
+        case Failed(rollback_failed=rollback_failed) if current.rollback_requested:
+            return terminated_after_rollbacks(tx, lease, current, rollback_failed, now=now,
+                                              common=common)  # fmt: skip
         case Failed(message=message, stack=stack):
             message = with_run_hint(message)
             return fail(tx, lease, message, now, {**common, "error_stack": stack})

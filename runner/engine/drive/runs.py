@@ -44,7 +44,7 @@ def terminated_after_rollbacks(
     tx: JournalTransaction,
     lease: Lease,
     run: RunRecord,
-    message: str,
+    rollback_failed: str | None,
     *,
     now: int,
     common: dict[str, object],
@@ -52,8 +52,7 @@ def terminated_after_rollbacks(
     """`terminate --rollback`: the drive that ran the rollbacks ends the run `terminated`,
     with the operator's message (and the rollbacks' failure, when one failed for good)."""
     asked = run.rollback_requested or "terminated by an operator"
-    failed = message.partition(" (and a rollback failed: ")[2]
-    error = asked + (f" (a rollback failed: {failed}" if failed else "")
+    error = asked + (f" (a rollback failed: {rollback_failed})" if rollback_failed else "")
     tx.delete_timers(lease.run_id)
     tx.update_run(
         lease.run_id, status=RunStatus.terminated, error=error, wake_at=None, waiting_for=None,
