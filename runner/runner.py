@@ -177,9 +177,10 @@ class Runner(Schedules, ScopeConfigs, RunReads):
             for bundle in snapshot.bundles
         }
         snapshot = name_workflows(snapshot, exports)
-        declared_schedules(snapshot.declared, snapshot.settings)  # checked before it is stored
+        # The project's schedules, checked before anything is stored, set once it is.
+        schedules = declared_schedules(snapshot.declared, snapshot.settings)
         created = await self._store.insert_snapshot(scope, snapshot, self.config.clock())
-        await self.register_schedules(scope, snapshot.declared, snapshot.settings)
+        await self.register_schedules(scope, schedules)
         record = await self._store.find_snapshot(scope, snapshot.snapshot_id)
         assert record is not None, "a snapshot just stored must be found"
         return published_result(record, created=created, warnings=snapshot.warnings)

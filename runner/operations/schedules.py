@@ -147,17 +147,11 @@ class Schedules:
         return await self.schedule(scope, name)
 
     async def register_schedules(
-        self,
-        scope: str,
-        declared: Mapping[str, Sequence[DeclaredWorkflow]],
-        settings: Mapping[str, WorkflowSettings],
+        self, scope: str, declared: Sequence[tuple[str, tuple[str, Mapping[str, Any]]]]
     ) -> None:
-        """A published project's schedules, on its latest snapshot: wrangler's cron triggers
-        (`workflows[].schedules`, UTC) as `WORKFLOW-1`, `WORKFLOW-2`, ...; `qjsflow.json`'s
-        (`workflows.NAME.schedules`, each with its settings) by their `name`, else so."""
-        for name, settings_of in declared_schedules(declared, settings):
-            workflow, document = settings_of
-            await self.set_schedule(scope, name, workflow, document)
+        """A published project's schedules (`declared_schedules`), on its latest snapshot."""
+        for name, (workflow, settings) in declared:
+            await self.set_schedule(scope, name, workflow, settings)
 
     async def schedules(self, *, scope: str | AllScopes) -> builtins.list[ScheduleView]:
         chosen = None if scope is ALL_SCOPES else validate_scope(scope)
@@ -316,8 +310,10 @@ def _advance(
 def declared_schedules(
     declared: Mapping[str, Sequence[DeclaredWorkflow]], settings: Mapping[str, WorkflowSettings]
 ) -> list[tuple[str, tuple[str, Mapping[str, Any]]]]:
-    """(schedule name, (workflow, settings)) a project declares, each checked
-    (`InvalidInput` naming the first problem, before anything is published)."""
+    """(schedule name, (workflow, settings)) a project declares, each checked (`InvalidInput`
+    naming the first problem, before anything is published): wrangler's cron triggers
+    (`workflows[].schedules`, UTC) as `WORKFLOW-1`, `WORKFLOW-2`, ...; `qjsflow.json`'s
+    (`workflows.NAME.schedules`, each with its settings) by their `name`, else so."""
     found: list[tuple[str, tuple[str, Mapping[str, Any]]]] = []
     for workflows in declared.values():
         for workflow in workflows:
