@@ -135,11 +135,11 @@ async def serve_call(runner: Runner, parent: str, snapshot_id: str, args: Any) -
         return {"id": made.id}
     if op == "createBatch":
         items = args.get("items")
-        if not isinstance(items, list):
+        if not isinstance(items, list) or not all(isinstance(item, dict) for item in items):
             raise FatalToolError(f"{name}.createBatch takes a list of {{id, params}}")
         made_all = await binding.create_batch([
             {"id": _id(item, parent_id, f"{call}/{n}"), "params": item.get("params")}
-            for n, item in enumerate(items) if isinstance(item, dict)
+            for n, item in enumerate(items)
         ])  # fmt: skip
         return [{"id": made.id} for made in made_all]
     instance = await binding.get(str(args.get("id")))
