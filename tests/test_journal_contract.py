@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import psycopg
 import pytest
 
 from qjsflow.runner import Bindings, Runner, RunnerConfig, StartRunInput
-from qjsflow.runner.store import LeaseLost
+from qjsflow.runner.store import JournalTransaction, LeaseLost
 from qjsflow.runner.store.connection import connect_sqlite
 from qjsflow.runner.store.dialect import SQLITE
 from qjsflow.runner.store.journal import BatchJob, run_batch
@@ -95,15 +95,53 @@ async def test_group_commit_keeps_each_failure_to_itself(clocked_runner: Runner)
     def fails(tx: object) -> None:
         raise RuntimeError("this piece fails")
 
+    def event(name: str) -> Callable[[JournalTransaction], str]:
+        def write(tx: JournalTransaction) -> str:
+            tx.append_event(run_key("acme", run.run_id), name, 1, None)
+            return name
+
+        return write
+
     results = await asyncio.gather(
-        store.transact(lambda tx: tx.append_event(run_key("acme", run.run_id), "a", 1, None)),
-        store.transact(fails),
-        store.transact(lambda tx: tx.append_event(run_key("acme", run.run_id), "b", 2, None)),
+        store.transact(event("a")), store.transact(fails), store.transact(event("b")),
         return_exceptions=True,
-    )
+    )  # fmt: skip
     assert isinstance(results[1], RuntimeError)
-    assert isinstance(results[0], int)
-    assert isinstance(results[2], int)
+    assert results[0] == "a"
+    assert results[2] == "b"
+    assert table_counts(store)["events"] == counts["events"] + 2
+
+
+async def test_a_statement_that_fails_unread_fails_its_own_job(clocked_runner: Runner) -> None:
+    """A statement whose answer nobody reads (on PostgreSQL, pipelined: its error comes
+    later) fails the job that sent it, in its group commit and alone, and nothing else."""
+    run = await start_source(clocked_runner, SLEEPER)
+    store = clocked_runner.store
+    counts = table_counts(store)
+    key = run_key("acme", run.run_id)
+
+    def event(name: str) -> Callable[[JournalTransaction], str]:
+        def write(tx: JournalTransaction) -> str:
+            tx.append_event(key, name, 1, None)
+            return name
+
+        return write
+
+    def breaks(tx: JournalTransaction) -> str:
+        tx.append_event(key, "lost with its job", 1, None)
+        tx.append_event(key, cast(str, None), 1, None)  # NOT NULL: refused, unread
+        return "written?"
+
+    results = await asyncio.gather(
+        store.transact(event("a")), store.transact(breaks), store.transact(event("b")),
+        return_exceptions=True,
+    )  # fmt: skip
+    assert results[0] == "a"
+    assert results[2] == "b"
+    assert isinstance(results[1], Exception)
+    assert "null" in str(results[1]).lower()
+    with pytest.raises(Exception, match=r"(?i)null"):
+        await store.transact(breaks)
     assert table_counts(store)["events"] == counts["events"] + 2
 
 
@@ -237,3 +275,22 @@ async def test_runners_sharing_a_bouncers_few_server_connections_all_get_through
             for runner in runners:
                 await runner.aclose()
     assert [status for done in outcomes for status in done] == ["completed"] * 45
+
+
+async def test_a_count_of_changed_rows_is_read_after_the_statements_answer(
+    clocked_runner: Runner,
+) -> None:
+    """How many rows a statement changed is its answer's (a pipelined statement's cursor
+    knows nothing before it): deleting what is not there says so, on every journal."""
+    store = clocked_runner.store
+
+    def delete(tx: JournalTransaction) -> bool:
+        return tx.delete_sealed_secret("acme", "API_KEY")
+
+    def put(tx: JournalTransaction) -> None:
+        tx.put_sealed_secret("acme", "API_KEY", ("k1", "nonce", "sealed"), 1)
+
+    assert await store.transact(delete) is False
+    await store.transact(put)
+    assert await store.transact(delete) is True
+    assert await store.transact(lambda tx: tx.forget_workers(before=0)) == 0

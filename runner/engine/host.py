@@ -70,12 +70,6 @@ _ONCE = RetryPolicy(limit=0, delay_ms=0, backoff="constant", timeout_ms=1000)  #
 
 
 @dataclass(frozen=True, slots=True)
-class _ToolCall:
-    attempt: int
-    seq: int  # the audit row
-
-
-@dataclass(frozen=True, slots=True)
 class _SqlCall:
     scope: str
     used_s: float
@@ -120,7 +114,7 @@ class DriveHost(JournalOps):
                                     args=op.args, refusal=refusal, digest=op.digest)  # fmt: skip
         tool, args, missing = self._tool_and_args(op)
 
-        def begin(tx: JournalTransaction) -> Answered | _ToolCall | None:
+        def begin(tx: JournalTransaction) -> Answered | int | None:
             if self._refuses(tx, op.step, "fetch" if op.address == FETCH_ADDRESS else "tool"):
                 return PARKED, None
             if tool is None or missing is not None:
@@ -134,20 +128,18 @@ class DriveHost(JournalOps):
             )  # fmt: skip
             if not isinstance(begun, int):
                 return begun
-            call = tx.start_tool_call(
-                self.run_id, key, begun, address=op.address, args=op.args, at=now
-            )
+            tx.start_tool_call(self.run_id, key, begun, address=op.address, args=op.args, at=now)
             steps.event(tx, self.run_id, "tool_called", now, key, address=op.address)
-            return _ToolCall(begun, call)
+            return begun
 
         started = await self.store.transact(begin, self.lease)
         if started is None:
             self.blocked_on = op.address if missing is None else f"secret {missing}"
             return Suspend("retry"), None
-        if not isinstance(started, _ToolCall):
+        if not isinstance(started, int):
             return started  # recorded already (another writer settled it): it answers
         assert tool is not None  # begin() starts an attempt only with the tool in hand
-        attempt, call = started.attempt, started.seq
+        attempt = started
         self.usage.add("steps", 1)
         self.usage.add("fetches" if op.address == FETCH_ADDRESS else "tool_calls", 1)
         scope, run_id = split_run_key(self.run_id)
@@ -168,7 +160,8 @@ class DriveHost(JournalOps):
 
         def end(tx: JournalTransaction) -> Answered:
             error = None if failure is None else failure_to_json(failure)
-            tx.finish_tool_call(call, value, error, duration_ms)
+            tx.finish_tool_call(self.run_id, key, attempt, result=value, error=error,
+                                duration_ms=duration_ms)  # fmt: skip
             row = tx.get_step(self.run_id, "tool", op.step, op.count)
             assert row is not None
             answer = steps.settle_call(
@@ -228,8 +221,9 @@ class DriveHost(JournalOps):
             )  # fmt: skip
             if not isinstance(begun, int):
                 return begun
-            call = tx.start_tool_call(self.run_id, key, begun, address=address, args=args, at=now)
-            tx.finish_tool_call(call, None, failure_to_json(failure), 0)
+            tx.start_tool_call(self.run_id, key, begun, address=address, args=args, at=now)
+            tx.finish_tool_call(self.run_id, key, begun, result=None,
+                                error=failure_to_json(failure), duration_ms=0)  # fmt: skip
             steps.event(tx, self.run_id, "call_denied", now, key, address=address)
             row = tx.get_step(self.run_id, kind, step, count)
             assert row is not None
@@ -412,9 +406,10 @@ class DriveHost(JournalOps):
             )
             if outcome.code == DENIED:  # a write where the snapshot may only read: audited
                 audit = dumps_text({"sql": op.sql[:500]})
-                call = tx.start_tool_call(self.run_id, key, 1, address=SQL_ADDRESS, args=audit,
-                                          at=finished)  # fmt: skip
-                tx.finish_tool_call(call, None, failure_to_json(failure), 0)
+                tx.start_tool_call(self.run_id, key, 1, address=SQL_ADDRESS, args=audit,
+                                   at=finished)  # fmt: skip
+                tx.finish_tool_call(self.run_id, key, 1, result=None,
+                                    error=failure_to_json(failure), duration_ms=0)  # fmt: skip
             tx.settle_step(
                 row, status=StepStatus.failed, output=None, error=failure_to_json(failure),
                 at=finished, event_type="sql_failed",

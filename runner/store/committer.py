@@ -110,10 +110,11 @@ def run_batch(connection: Any, batch: list[BatchJob], backend: Backend) -> _Batc
                 held = None
                 result = job.work(tx)
                 tx.check_leases_written()
+                if not alone:  # its statements' errors are its own (alone: the commit's)
+                    tx.sync()
+                    connection.execute("RELEASE job")
                 outcomes.append((True, result))
                 usage += charged
-                if not alone:
-                    connection.execute("RELEASE job")
                 if job.fence is not None and not tx.runs_written:
                     held = (job.fence, tx.fence_read(job.fence))
             except Exception as error:
@@ -163,6 +164,8 @@ def _commit_marked(
         connection.execute("DELETE FROM commit_marks WHERE at < ?", (now_ms - _MARK_KEEP_MS,))
     try:
         connection.execute("COMMIT")
+        if backend.dialect.pipelined:  # (and any error of a statement sent before it)
+            connection.sync()
     except Exception as error:
         if backend.is_transient(error):
             raise UnknownCommit(mark, outcomes, error) from error

@@ -31,6 +31,12 @@ class Dialect:
     # What a transaction that makes a run claimable runs, to wake the workers waiting on the
     # journal (delivered at its commit; "" where workers on one machine poll a local file).
     wake: str = ""
+    # Whether a write transaction's statements are pipelined: sent without waiting for their
+    # answers, a failure told with the next answer read or by `sync` (runner/store/backends.py).
+    pipelined: bool = False
+    # The seq of the event this connection inserted last, named in the statement right after
+    # it (a step settled at its event) so that nothing is read back in between.
+    last_seq: str = "last_insert_rowid()"
 
 
 SQLITE = Dialect(
@@ -57,6 +63,8 @@ POSTGRES = Dialect(
     lease_clock="(extract(epoch FROM clock_timestamp()) * 1000)::bigint",
     has_version_table="SELECT 1 WHERE to_regclass('schema_migrations') IS NOT NULL",
     wake=f"NOTIFY {WAKE_CHANNEL}",
+    pipelined=True,
+    last_seq="currval(pg_get_serial_sequence('events', 'seq'))",
     migration_prologue=(
         f"SELECT pg_advisory_xact_lock({0x716A73666C6F77})",  # "qjsflow": openers take turns
         "CREATE TABLE IF NOT EXISTS schema_migrations ("

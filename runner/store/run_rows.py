@@ -198,6 +198,13 @@ class TransactionBase:
             self._db.execute(self._dialect.wake)
             self._woke = True
 
+    def sync(self) -> None:
+        """Raise now the error of any statement sent and not answered yet: on a pipelined
+        journal (PostgreSQL) an error comes with the next answer read; a part of the
+        transaction that must fail alone asks before it counts as done."""
+        if self._dialect.pipelined:
+            self._db.sync()
+
     def collect_usage(self) -> list[UsageCharge]:
         """Collect what this transaction charges (written at its batch's end) rather than
         write it at once; the list collected."""
@@ -400,10 +407,10 @@ class RunStatements(TransactionBase):
         if known is not None:
             self._runs[run_id] = as_read(known, cpu_used_s=known.cpu_used_s + seconds)
 
-    def append_event(self, run_id: str, event_type: str, at: int, data: str | None) -> int:
-        row = self._one(
-            "INSERT INTO events (run_id, type, at, data, epoch) VALUES (?, ?, ?, ?, ?)"
-            " RETURNING seq",
+    def append_event(self, run_id: str, event_type: str, at: int, data: str | None) -> None:
+        """An event of the run; the next statement may name its seq (`Dialect.last_seq`).
+        Nothing is read back: on a pipelined journal it costs no round trip of its own."""
+        self._db.execute(
+            "INSERT INTO events (run_id, type, at, data, epoch) VALUES (?, ?, ?, ?, ?)",
             (run_id, event_type, at, data, self._epoch),
         )
-        return int(row[0])

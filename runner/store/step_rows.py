@@ -61,14 +61,13 @@ class StepStatements(LeaseStatements):
         config: str | None = None,
         detail: str | None = None,
         args_digest: str | None = None,
-    ) -> bool:
-        row = self._one(
+    ) -> None:
+        """A new step row (the caller read that there was none)."""
+        self._db.execute(
             "INSERT INTO steps (run_id, kind, name, count, status, attempt, config, detail,"
-            " started_at, args_digest) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
-            " ON CONFLICT DO NOTHING RETURNING 1",
+            " started_at, args_digest) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (run_id, kind, name, count, status, attempt, config, detail, started_at, args_digest),
         )
-        return row is not None
 
     def insert_settled_steps(self, run_id: str, steps: Sequence[SettledStep]) -> bool:
         """Steps completed by their first attempt, begun and settled at once (a pure step's
@@ -80,6 +79,7 @@ class StepStatements(LeaseStatements):
             written = 0
             for at in range(0, len(steps), _STEPS_PER_STATEMENT):
                 written += self.insert_settled_batch(run_id, steps[at : at + _STEPS_PER_STATEMENT])
+            self.sync()
         except BaseException:
             self._db.execute("ROLLBACK TO settled_steps")
             self._db.execute("RELEASE settled_steps")
@@ -153,13 +153,13 @@ class StepStatements(LeaseStatements):
         """A settled step of another run, recorded as this run's next settled step (a fork).
         Without its call's digest: the operator chose to reuse the result, and the fork's own
         call may differ in what only the new run has (its instance id)."""
-        seq = self.append_event(run_id, "step_copied", at, dumps_text({"key": row.key}))
+        self.append_event(run_id, "step_copied", at, dumps_text({"key": row.key}))
         self._db.execute(
             f"INSERT INTO steps ({STEP_COLUMNS})"
-            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            f" VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, {self._dialect.last_seq}, ?, ?)",
             (
                 run_id, row.kind, row.name, row.count, row.status, row.attempt, row.config,
-                row.detail, row.output, row.error, row.started_at, row.completed_at, seq, None,
+                row.detail, row.output, row.error, row.started_at, row.completed_at, None,
                 row.replay_at,
             ),
         )  # fmt: skip
@@ -184,20 +184,20 @@ class StepStatements(LeaseStatements):
         at: int,
         event_type: str,
         replay_at: int | None = None,
-    ) -> bool:
-        """Record a step's final result once: False (nothing written) if it already settled.
-        `replay_at`: the run's clock a replay reaches at it, when not `at` (StepRow)."""
-        seq = self.append_event(step.run_id, event_type, at, f'{{"key":{dumps_text(step.key)}}}')
-        row = self._one(
+    ) -> None:
+        """Record a step's final result, settled at the event written with it (once: a step
+        settled already is left as it is). `replay_at`: the run's clock a replay reaches at
+        it, when not `at` (StepRow)."""
+        self.append_event(step.run_id, event_type, at, f'{{"key":{dumps_text(step.key)}}}')
+        self._db.execute(
             "UPDATE steps SET status = ?, output = ?, error = ?, completed_at = ?,"
-            " settled_seq = ?, replay_at = ? WHERE run_id = ? AND kind = ? AND name = ?"
-            " AND count = ? AND settled_seq IS NULL RETURNING 1",
+            f" settled_seq = {self._dialect.last_seq}, replay_at = ? WHERE run_id = ?"
+            " AND kind = ? AND name = ? AND count = ? AND settled_seq IS NULL",
             (
-                status, output, error, at, seq, replay_at, step.run_id, step.kind, step.name,
+                status, output, error, at, replay_at, step.run_id, step.kind, step.name,
                 step.count,
             ),
         )  # fmt: skip
-        return row is not None
 
     def load_journal(self, run_id: str) -> list[JournalRow]:
         """Every settled step of a run in the order it was reached: one query per drive."""

@@ -70,6 +70,7 @@ class JournalTransaction(ScopeChangeStatements):
         self._db.execute(f"SAVEPOINT {name}")
         try:
             yield
+            self.sync()
         except BaseException:
             self._db.execute(f"ROLLBACK TO {name}")
             self._db.execute(f"RELEASE {name}")
@@ -395,20 +396,29 @@ class JournalTransaction(ScopeChangeStatements):
 
     def start_tool_call(
         self, run_id: str, step_key: str, attempt: int, *, address: str, args: str, at: int
-    ) -> int:
-        row = self._one(
+    ) -> None:
+        """The audit row of a call an attempt makes (one an attempt: the step and attempt
+        name it, and nothing is read back)."""
+        self._db.execute(
             "INSERT INTO tool_calls (run_id, step_key, attempt, address, args, started_at)"
-            " VALUES (?, ?, ?, ?, ?, ?) RETURNING seq",
+            " VALUES (?, ?, ?, ?, ?, ?)",
             (run_id, step_key, attempt, address, args, at),
         )
-        return int(row[0])
 
     def finish_tool_call(
-        self, seq: int, result: str | None, error: str | None, duration_ms: int
+        self,
+        run_id: str,
+        step_key: str,
+        attempt: int,
+        *,
+        result: str | None,
+        error: str | None,
+        duration_ms: int,
     ) -> None:
         self._db.execute(
-            "UPDATE tool_calls SET result = ?, error = ?, duration_ms = ? WHERE seq = ?",
-            (result, error, duration_ms, seq),
+            "UPDATE tool_calls SET result = ?, error = ?, duration_ms = ?"
+            " WHERE run_id = ? AND step_key = ? AND attempt = ?",
+            (result, error, duration_ms, run_id, step_key, attempt),
         )
 
     def mark_tool_calls_unknown(self, run_id: str, step_key: str, attempt: int, error: str) -> None:
