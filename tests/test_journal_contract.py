@@ -239,8 +239,8 @@ def test_a_batchs_usage_is_written_last_and_only_for_jobs_that_succeed(tmp_path:
     outcomes, _ = run_batch(Logged(), jobs, Backend())  # type: ignore[arg-type]
     loop.close()
     assert [ok for ok, _ in outcomes] == [True, False, True]
-    assert statements[-2:] == ["many usage", "COMMIT"]
-    assert statements.count("many usage") == 1
+    assert statements[-2:] == ["INSERT usage", "COMMIT"]
+    assert statements.count("INSERT usage") == 1
     amount = raw.execute("SELECT amount FROM scope_usage WHERE measure = 'steps'").fetchone()
     assert amount == (5.0,)  # 2 + 3: the failed job's 5 is not charged
 

@@ -284,6 +284,7 @@ class _PgConnection:
     def __init__(self, raw: Any) -> None:
         self.raw = raw
         self._pipeline: Any = None  # psycopg's Pipeline while `pipelined`
+        self._unsynced = False  # a statement was sent since the last sync
 
     def execute(self, sql: str, args: Any = ()) -> Any:
         if self._pipeline is None:
@@ -292,12 +293,14 @@ class _PgConnection:
             # After a failed statement the server skips what was sent behind it until told
             # the batch is over: tell it (the skipped statements' errors are the failure's).
             with contextlib.suppress(_psycopg().Error):
-                self._pipeline.sync()
+                self.sync()
+        self._unsynced = True
         return _Unanswered(self.raw.execute(sql.replace("?", "%s"), args or None), self)
 
     def sync(self) -> None:
         """Wait for the answers of every statement sent; raise the first one's error."""
-        if self._pipeline is not None:
+        if self._pipeline is not None and self._unsynced:
+            self._unsynced = False
             self._pipeline.sync()
 
     @contextlib.contextmanager
@@ -311,6 +314,7 @@ class _PgConnection:
                 self._pipeline = None
 
     def executemany(self, sql: str, rows: Any) -> Any:
+        self._unsynced = True
         with self.raw.cursor() as cursor:
             cursor.executemany(sql.replace("?", "%s"), rows)
 

@@ -305,13 +305,17 @@ class RunStatements(TransactionBase):
         charges: Iterable[tuple[str, int, float]],
         forget_before: Mapping[str, int] | None = None,
     ) -> None:
-        """`charge_usage`, written now."""
-        self._db.executemany(
-            "INSERT INTO scope_usage (scope, measure, window_start, amount) VALUES (?, ?, ?, ?)"
-            " ON CONFLICT (scope, measure, window_start)"
-            " DO UPDATE SET amount = scope_usage.amount + excluded.amount",
-            [(scope, measure, start, amount) for measure, start, amount in charges],
-        )
+        """`charge_usage`, written now: one statement, its rows in the order given (each
+        (measure, window) once: a statement may not change a row twice)."""
+        values = [item for charge in charges for item in (scope, *charge)]
+        if values:
+            marks = ", ".join(["(?, ?, ?, ?)"] * (len(values) // 4))
+            self._db.execute(
+                f"INSERT INTO scope_usage (scope, measure, window_start, amount) VALUES {marks}"
+                " ON CONFLICT (scope, measure, window_start)"
+                " DO UPDATE SET amount = scope_usage.amount + excluded.amount",
+                values,
+            )
         if not forget_before:
             return
         cases = " ".join("WHEN ? THEN ?" for _ in forget_before)
