@@ -12,11 +12,12 @@ import psycopg
 import pytest
 
 from qjsflow.runner import Bindings, Runner, RunnerConfig, StartRunInput
-from qjsflow.runner.store import JournalTransaction, LeaseLost
+from qjsflow.runner.store import JournalTransaction, LeaseLost, StepStatus
 from qjsflow.runner.store.connection import connect_sqlite
 from qjsflow.runner.store.dialect import SQLITE
 from qjsflow.runner.store.journal import BatchJob, run_batch
 from qjsflow.runner.store.migrations import migrate
+from qjsflow.runner.store.records import StepPlace, StepRow
 from qjsflow.runner.tenancy.scopes import run_key
 from qjsflow.sandbox import PoolConfig
 from tests.conftest import FakeClock, start_source
@@ -294,3 +295,31 @@ async def test_a_count_of_changed_rows_is_read_after_the_statements_answer(
     await store.transact(put)
     assert await store.transact(delete) is True
     assert await store.transact(lambda tx: tx.forget_workers(before=0)) == 0
+
+
+async def test_a_step_read_sent_with_the_fence_answers_only_if_nothing_came_between(
+    clocked_runner: Runner,
+) -> None:
+    """A job may name the step row it reads first: on PostgreSQL that read goes with the
+    fence's, in one round trip. It answers the job's first read of that row only if the job
+    sent nothing before it — a row written first is read as written."""
+    run = await start_source(clocked_runner, SLEEPER)
+    store = clocked_runner.store
+    key = run_key("acme", run.run_id)
+    lease = await store.acquire_lease(key, "me", int(time.time() * 1000), 60_000)
+    assert lease is not None
+    place = StepPlace(key, "tool", "t", 1)
+
+    def read_first(tx: JournalTransaction) -> StepRow | None:
+        return tx.get_step(key, "tool", "t", 1)
+
+    def write_then_read(tx: JournalTransaction) -> str | None:
+        tx.insert_step(key, "tool", "t", 1, status=StepStatus.running, attempt=1, started_at=1)
+        row = tx.get_step(key, "tool", "t", 1)
+        return None if row is None else row.status
+
+    assert await store.transact(read_first, lease, step=place) is None
+    assert await store.transact(write_then_read, lease, step=place) == "running"
+    row = await store.transact(read_first, lease, step=place)
+    assert row is not None
+    assert row.attempt == 1

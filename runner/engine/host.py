@@ -46,6 +46,7 @@ from qjsflow.runner.errors import FatalToolError
 from qjsflow.runner.scopedb import SqlCall, SqlOutcome
 from qjsflow.runner.scopedb.replication import ChangeLost
 from qjsflow.runner.store import JournalTransaction, StepStatus
+from qjsflow.runner.store.records import StepPlace
 from qjsflow.runner.telemetry import tracing
 from qjsflow.runner.telemetry.metrics import METRICS
 from qjsflow.runner.tenancy.capabilities import DENIED, SQL_ADDRESS
@@ -132,7 +133,8 @@ class DriveHost(JournalOps):
             steps.event(tx, self.run_id, "tool_called", now, key, address=op.address)
             return begun
 
-        started = await self.store.transact(begin, self.lease)
+        place = StepPlace(self.run_id, "tool", op.step, op.count)  # what both read first
+        started = await self.store.transact(begin, self.lease, step=place)
         if started is None:
             self.blocked_on = op.address if missing is None else f"secret {missing}"
             return Suspend("retry"), None
@@ -159,18 +161,18 @@ class DriveHost(JournalOps):
         finished = self.now()
 
         def end(tx: JournalTransaction) -> Answered:
+            row = tx.get_step(self.run_id, "tool", op.step, op.count)
+            assert row is not None
             error = None if failure is None else failure_to_json(failure)
             tx.finish_tool_call(self.run_id, key, attempt, result=value, error=error,
                                 duration_ms=duration_ms)  # fmt: skip
-            row = tx.get_step(self.run_id, "tool", op.step, op.count)
-            assert row is not None
             answer = steps.settle_call(
                 tx, row, attempt=attempt, value=value, failure=failure, now=finished,
                 elapsed_ms=duration_ms,
             )  # fmt: skip
             return (PARKED, None) if self._holds(tx, op.step) else answer
 
-        answered = await self.store.transact(end, self.lease)
+        answered = await self.store.transact(end, self.lease, step=place)
         count_step("tool", answered[0], duration_ms)
         return answered
 

@@ -285,6 +285,7 @@ class _PgConnection:
         self.raw = raw
         self._pipeline: Any = None  # psycopg's Pipeline while `pipelined`
         self._unsynced = False  # a statement was sent since the last sync
+        self.statements_sent = 0  # while pipelined (a read sent ahead is told by it)
 
     def execute(self, sql: str, args: Any = ()) -> Any:
         if self._pipeline is None:
@@ -295,6 +296,7 @@ class _PgConnection:
             with contextlib.suppress(_psycopg().Error):
                 self.sync()
         self._unsynced = True
+        self.statements_sent += 1
         return _Unanswered(self.raw.execute(sql.replace("?", "%s"), args or None), self)
 
     def sync(self) -> None:
@@ -315,6 +317,7 @@ class _PgConnection:
 
     def executemany(self, sql: str, rows: Any) -> Any:
         self._unsynced = True
+        self.statements_sent += 1
         with self.raw.cursor() as cursor:
             cursor.executemany(sql.replace("?", "%s"), rows)
 

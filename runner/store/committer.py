@@ -20,9 +20,7 @@ from typing import TYPE_CHECKING, Any, Self, TypeVar, cast
 
 from qjsflow.runner.errors import JournalUnavailable
 from qjsflow.runner.store.backends import Backend, is_postgres_url, open_backend
-from qjsflow.runner.store.records import (
-    RunRecord,
-)
+from qjsflow.runner.store.records import RunRecord, StepPlace
 from qjsflow.runner.store.tx import (
     JournalTransaction,
     Lease,
@@ -68,6 +66,9 @@ class BatchJob:
     # Told, on the event loop's thread, the work's result and the commit's mark: the journal's
     # WAL-index header right after it, when no other commit came between (else None).
     then: _Then | None = None
+    # The step row its work reads first, if it knows: read with the fence's row, in the same
+    # round trip on a pipelined journal (`StepStatements.send_step_read`).
+    step: StepPlace | None = None
 
 
 # A batch's outcomes, one a job, and the mark of its commit (for jobs told `then`).
@@ -106,7 +107,7 @@ def run_batch(connection: Any, batch: list[BatchJob], backend: Backend) -> _Batc
                 if job.fence is not None and held is not None and held[0] == job.fence:
                     tx.fence_held(job.fence, held[1])
                 elif job.fence is not None:
-                    tx.check_fence(job.fence)
+                    tx.check_fence(job.fence, step=job.step)
                 held = None
                 result = job.work(tx)
                 tx.check_leases_written()
@@ -155,7 +156,7 @@ def _commit_marked(
     commit whose answer is lost is found committed or not, never made twice (docs/OPERATIONS.md,
     What is promised)."""
     if not backend.marks_commits or not writes:  # a read-only batch: the same run twice
-        connection.execute("COMMIT")
+        _commit(connection, backend)
         return
     mark = uuid.uuid4().hex
     now_ms = int(time.time() * 1000)
@@ -163,13 +164,18 @@ def _commit_marked(
     if now_ms % _MARK_SWEEP_EVERY == 0:  # now and then, the marks no retry will look for
         connection.execute("DELETE FROM commit_marks WHERE at < ?", (now_ms - _MARK_KEEP_MS,))
     try:
-        connection.execute("COMMIT")
-        if backend.dialect.pipelined:  # (and any error of a statement sent before it)
-            connection.sync()
+        _commit(connection, backend)
     except Exception as error:
         if backend.is_transient(error):
             raise UnknownCommit(mark, outcomes, error) from error
         raise
+
+
+def _commit(connection: Any, backend: Backend) -> None:
+    """COMMIT, answered (pipelined: with any error of a statement sent before it)."""
+    connection.execute("COMMIT")
+    if backend.dialect.pipelined:
+        connection.sync()
 
 
 def _never() -> bool:
@@ -264,6 +270,7 @@ class JournalCore:
         *,
         durable: bool = True,
         writes: bool = True,
+        step: StepPlace | None = None,
     ) -> T:
         """Run `work` in a write transaction; return its result once it is committed.
 
@@ -279,7 +286,7 @@ class JournalCore:
         never lost and the tool run again. Past that, `JournalUnavailable` says why.
         """
         self._queue_behind()  # (committed before this, as it was asked for before)
-        return await self._retrying(lambda: self._transact_once(work, fence, durable, writes))
+        return await self._retrying(lambda: self._transact_once(work, fence, durable, writes, step))
 
     async def _retrying(self, attempt: Callable[[], Awaitable[T]]) -> T:
         started = time.monotonic()
@@ -378,16 +385,18 @@ class JournalCore:
         fence: Lease | None,
         durable: bool,
         writes: bool,
+        step: StepPlace | None = None,
     ) -> T:
         if not self._queue and not self._busy and self.commit_here():
             # Nothing queued or being committed, and the loop would only wait for this: it
             # commits now, in the caller's task (no committer task, no turns of the loop).
-            job = BatchJob(work, fence, durable, asyncio.get_running_loop().create_future(), writes)
+            future = asyncio.get_running_loop().create_future()
+            job = BatchJob(work, fence, durable, future, writes, step=step)
             ok, value = (await self._commit([job]))[0][0]
             if not ok:
                 raise value
             return cast(T, value)
-        result: T = await self._enqueue(work, fence, durable, writes)
+        result: T = await self._enqueue(work, fence, durable, writes, step=step)
         return result
 
     def _enqueue(
@@ -396,11 +405,13 @@ class JournalCore:
         fence: Lease | None,
         durable: bool,
         writes: bool = True,
+        *,
         then: _Then | None = None,
+        step: StepPlace | None = None,
     ) -> asyncio.Future[Any]:
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Any] = loop.create_future()
-        self._queue.append(BatchJob(work, fence, durable, future, writes, then))
+        self._queue.append(BatchJob(work, fence, durable, future, writes, then, step))
         if self._committer is None or self._committer.done():
             self._committer = loop.create_task(self._commit_queued())
         return future

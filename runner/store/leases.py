@@ -15,7 +15,9 @@ from qjsflow.runner.store.lease_types import (
 )
 from qjsflow.runner.store.records import (
     ENDED_SQL,
+    STEP_COLUMNS,
     RunRecord,
+    StepPlace,
 )
 from qjsflow.runner.store.run_rows import (
     RUN_COLUMNS,
@@ -31,21 +33,45 @@ from qjsflow.runner.telemetry.metrics import METRICS
 __all__ = ["LeaseStatements"]
 
 
+# A step's row by its key (`StepStatements.get_step`).
+STEP_SQL = (
+    f"SELECT {STEP_COLUMNS} FROM steps WHERE run_id = ? AND kind = ? AND name = ? AND count = ?"
+)
+
+
 class LeaseStatements(RunStatements):
+    # A step row's read sent ahead (`send_step_read`): where, its statement, and how many
+    # statements the connection had sent once it was.
+    _step_read: tuple[StepPlace, Any, int] | None = None
+
+    def send_step_read(self, place: StepPlace) -> None:
+        """Send the read of a step's row now, with the fence's: it answers this job's first
+        statement if that is the same read (`get_step`), as if sent then — nothing of this
+        transaction came between."""
+        read = self._db.execute(STEP_SQL, (place.run_id, place.kind, place.name, place.count))
+        self._step_read = (place, read, self._db.statements_sent)
+
     def adopt(self, lease: Lease) -> None:
         """Write the rest of this transaction as the holder of a lease it just took."""
         self._epoch = lease.epoch
 
-    def check_fence(self, lease: Lease, *, ending: bool = False) -> None:
+    def check_fence(
+        self, lease: Lease, *, ending: bool = False, step: StepPlace | None = None
+    ) -> None:
         """Raise `LeaseLost` if another driver took the run; keep the run as read with the fence
         (`pause_requested`, and a drive's end, read it from there). A lease not taken yet
         (`Lease.take`) is taken now if no driver took the run since its drive read it; at a
-        drive's `ending`, its last update of the run writes it (`release_lease`)."""
-        row = self._one(
+        drive's `ending`, its last update of the run writes it (`release_lease`). On a
+        pipelined journal the row of `step`, which the job reads first, is read too, in the
+        same round trip."""
+        fenced = self._db.execute(
             f"SELECT epoch, worker_id, {RUN_COLUMNS} FROM runs"
             f" WHERE run_id = ?{self._dialect.lock_run}",
             (lease.run_id,),
         )
+        if step is not None and self._dialect.pipelined:
+            self.send_step_read(step)
+        row = fenced.fetchone()
         self._epoch = lease.epoch
         if row is not None and row[0] == lease.epoch and row[1] == lease.worker_id:
             # The run as read with its fence, under the lock: a drive's end reads it next.

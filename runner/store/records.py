@@ -29,6 +29,7 @@ __all__ = [
     "LogRecord",
     "RunRecord",
     "RunStatus",
+    "StepPlace",
     "StepRow",
     "StepStatus",
     "ToolCallRecord",
@@ -150,6 +151,16 @@ def step_row(row: Iterable[Any]) -> StepRow:
     values = dict(zip(STEP_FIELDS, row, strict=True))
     values["status"] = StepStatus(values["status"])
     return StepRow(**values)
+
+
+@dataclass(frozen=True, slots=True)
+class StepPlace:
+    """Where a step's row is: its run, kind, name and count (the row's key)."""
+
+    run_id: str
+    kind: str
+    name: str
+    count: int
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

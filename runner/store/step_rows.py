@@ -9,10 +9,11 @@ from typing import Any
 
 from qjsflow.bridge import dumps_text
 from qjsflow.bridge.keys import step_key
-from qjsflow.runner.store.leases import LeaseStatements
+from qjsflow.runner.store.leases import STEP_SQL, LeaseStatements
 from qjsflow.runner.store.records import (
     STEP_COLUMNS,
     JournalRow,
+    StepPlace,
     StepRow,
     step_row,
 )
@@ -41,11 +42,12 @@ class StepStatements(LeaseStatements):
     # -- steps -------------------------------------------------------------------------------
 
     def get_step(self, run_id: str, kind: str, name: str, count: int) -> StepRow | None:
-        row = self._one(
-            f"SELECT {STEP_COLUMNS} FROM steps"
-            " WHERE run_id = ? AND kind = ? AND name = ? AND count = ?",
-            (run_id, kind, name, count),
-        )
+        place = StepPlace(run_id, kind, name, count)
+        sent, self._step_read = self._step_read, None
+        if sent is not None and sent[0] == place and sent[2] == self._db.statements_sent:
+            row = sent[1].fetchone()  # sent with the fence, and nothing since (`check_fence`)
+        else:
+            row = self._one(STEP_SQL, (run_id, kind, name, count))
         return None if row is None else step_row(row)
 
     def insert_step(
