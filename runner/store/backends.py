@@ -14,7 +14,7 @@ import contextlib
 import importlib
 import os
 import sqlite3
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 from types import ModuleType
@@ -272,24 +272,25 @@ class _LockedHere(Exception):
 class _PgConnection:
     """psycopg with `?` placeholders, so that both backends share every statement.
 
-    A write transaction runs in psycopg's pipeline mode (`pipelined`): each statement is sent
-    without waiting for its answer, and the round trip is paid only where an answer is read
-    (a row fetched) or asked for (`sync`). A transaction of eight statements took eight round
-    trips, and most of a step's time; pipelined it takes about one for each answer its logic
-    reads, and one for its commit. A statement's error then comes with the next answer read or
-    asked for: every part of a transaction that must fail alone (a job of a group commit, a
-    savepoint) asks (`sync`) before it counts as done.
+    The connection stays in psycopg's pipeline mode: each statement is sent without waiting
+    for its answer, and the round trip is paid only where an answer is read (a row fetched, a
+    row count) or asked for (`sync`), and for a COMMIT, which is always answered before
+    `execute` returns. A transaction of eight statements took eight round trips, and most of
+    a step's time; now it takes one for each answer its logic reads, and one for its commit.
+    (Entering and leaving the mode for each transaction cost one more: leaving syncs.)
+    A statement's error comes with the next answer read or asked for: every part of a
+    transaction that must fail alone (a job of a group commit, a savepoint) asks (`sync`)
+    before it counts as done.
     """
 
     def __init__(self, raw: Any) -> None:
         self.raw = raw
-        self._pipeline: Any = None  # psycopg's Pipeline while `pipelined`
+        self._mode = contextlib.ExitStack()  # left when the connection is closed
+        self._pipeline = self._mode.enter_context(raw.pipeline())
         self._unsynced = False  # a statement was sent since the last sync
-        self.statements_sent = 0  # while pipelined (a read sent ahead is told by it)
+        self.statements_sent = 0  # (a read sent ahead is told by it)
 
     def execute(self, sql: str, args: Any = ()) -> Any:
-        if self._pipeline is None:
-            return self.raw.execute(sql.replace("?", "%s"), args or None)
         if sql.startswith("ROLLBACK"):
             # After a failed statement the server skips what was sent behind it until told
             # the batch is over: tell it (the skipped statements' errors are the failure's).
@@ -297,23 +298,21 @@ class _PgConnection:
                 self.sync()
         self._unsynced = True
         self.statements_sent += 1
-        return _Unanswered(self.raw.execute(sql.replace("?", "%s"), args or None), self)
+        cursor = _Unanswered(self.raw.execute(sql.replace("?", "%s"), args or None), self)
+        if sql == "COMMIT":  # its outcome, and any error of a statement sent before it
+            self.sync()
+        return cursor
 
     def sync(self) -> None:
         """Wait for the answers of every statement sent; raise the first one's error."""
-        if self._pipeline is not None and self._unsynced:
+        if self._unsynced:
             self._unsynced = False
             self._pipeline.sync()
 
-    @contextlib.contextmanager
-    def pipelined(self) -> Iterator[None]:
-        """Statements sent without waiting for their answers until the block ends."""
-        with self.raw.pipeline() as pipeline:
-            self._pipeline = pipeline
-            try:
-                yield
-            finally:
-                self._pipeline = None
+    def close(self) -> None:
+        with contextlib.suppress(_psycopg().Error):
+            self._mode.close()
+        self.raw.close()
 
     def executemany(self, sql: str, rows: Any) -> Any:
         self._unsynced = True
@@ -401,11 +400,6 @@ _PG_TRANSIENT_STATES = frozenset({"25006", "40001", "40P01", "57P01", "57P02", "
 _PG_TRANSIENT_CLASSES = frozenset({"08", "53"})
 
 
-def _pipelined(work: Callable[[Any], T], connection: _PgConnection) -> T:
-    with connection.pipelined():
-        return work(connection)
-
-
 class PostgresBackend:
     dialect = POSTGRES
     marks = False  # `mark` is always None
@@ -461,8 +455,8 @@ class PostgresBackend:
 
     async def transaction(self, work: Callable[[Any], T], *, here: bool) -> T:
         """Always on the backend's thread: on the event loop's, a server's round trips would
-        stall every other task. Pipelined (`_PgConnection`)."""
-        return await self.run(partial(_pipelined, work))
+        stall every other task."""
+        return await self.run(work)
 
     async def read(self, work: Callable[[Any], T], *, here: bool) -> T:
         """Always on the backend's thread (as `transaction`)."""
@@ -505,4 +499,4 @@ class PostgresBackend:
     def _close_connection(self) -> None:
         # Read when the job runs: a job queued before it may have replaced the connection.
         if self._connection is not None:
-            self._connection.raw.close()
+            self._connection.close()

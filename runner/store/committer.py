@@ -156,7 +156,7 @@ def _commit_marked(
     commit whose answer is lost is found committed or not, never made twice (docs/OPERATIONS.md,
     What is promised)."""
     if not backend.marks_commits or not writes:  # a read-only batch: the same run twice
-        _commit(connection, backend)
+        connection.execute("COMMIT")  # answered (pipelined: with any error sent before it)
         return
     mark = uuid.uuid4().hex
     now_ms = int(time.time() * 1000)
@@ -164,18 +164,11 @@ def _commit_marked(
     if now_ms % _MARK_SWEEP_EVERY == 0:  # now and then, the marks no retry will look for
         connection.execute("DELETE FROM commit_marks WHERE at < ?", (now_ms - _MARK_KEEP_MS,))
     try:
-        _commit(connection, backend)
+        connection.execute("COMMIT")  # answered (pipelined: with any error sent before it)
     except Exception as error:
         if backend.is_transient(error):
             raise UnknownCommit(mark, outcomes, error) from error
         raise
-
-
-def _commit(connection: Any, backend: Backend) -> None:
-    """COMMIT, answered (pipelined: with any error of a statement sent before it)."""
-    connection.execute("COMMIT")
-    if backend.dialect.pipelined:
-        connection.sync()
 
 
 def _never() -> bool:
