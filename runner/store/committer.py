@@ -67,7 +67,7 @@ class BatchJob:
     # WAL-index header right after it, when no other commit came between (else None).
     then: _Then | None = None
     # The step row its work reads first, if it knows: read with the fence's row, in the same
-    # round trip on a pipelined journal (`StepStatements.send_step_read`).
+    # round trip on a pipelined journal (`LeaseStatements.send_step_read`).
     step: StepPlace | None = None
 
 
@@ -271,7 +271,8 @@ class JournalCore:
         written) if another driver has taken the run over. `durable=False` is for writes that
         nothing outside the journal depends on (see `run_batch`); `writes=False` for work
         that only reads, but must see the journal as of one moment (a batch of such work
-        alone takes no write lock).
+        alone takes no write lock). `step`: the step row `work` reads first, read with the
+        fence's (on PostgreSQL in the same round trip).
 
         A transient failure (the database locked past its busy timeout, a full disk, a dropped
         server connection) rolls the transaction back and runs it again, with back-off, for
