@@ -12,7 +12,7 @@ import pytest
 from qjsflow.bridge.limits import Limits
 from qjsflow.bridge.rules import RULES
 from qjsflow.bundles import PublishError
-from qjsflow.runner import Bindings, Runner, RunnerConfig, StartRunInput
+from qjsflow.runner import Bindings, Runner, RunnerConfig, RunView, StartRunInput, ToolFn
 from qjsflow.runner.engine.locations import SourceMap
 from qjsflow.runner.errors import FatalToolError
 from tests.conftest import FakeClock, start_source
@@ -396,6 +396,15 @@ async def test_terminate_with_rollback_runs_the_rollbacks_then_ends_the_run(
     assert history.index("rollback_requested") < history.index("run_terminated")
 
 
+async def _terminated_with_rollback(runner: Runner, source: str, compensate: ToolFn) -> RunView:
+    """`source` started with `compensate` bound, terminated with its rollbacks, driven out."""
+    tools = Bindings(tools={"compensate": compensate})
+    run = await start_source(runner, source, bindings=tools)
+    await runner.terminate(run.run_id, scope=run.scope, reason="changed mind", rollback=True)
+    await runner.serve(until_idle=True, bindings=tools)
+    return await runner.get(run.run_id, scope=run.scope)
+
+
 async def test_a_rollback_that_fails_for_good_is_named_in_the_terminated_runs_error(
     runner: Runner,
 ) -> None:
@@ -406,11 +415,7 @@ async def test_a_rollback_that_fails_for_good_is_named_in_the_terminated_runs_er
             raise FatalToolError("the refund service said no")
         return "undone"
 
-    tools = Bindings(tools={"compensate": compensate})
-    run = await start_source(runner, TERMINABLE, bindings=tools)
-    await runner.terminate(run.run_id, scope=run.scope, reason="changed mind", rollback=True)
-    await runner.serve(until_idle=True, bindings=tools)
-    done = await runner.get(run.run_id, scope=run.scope)
+    done = await _terminated_with_rollback(runner, TERMINABLE, compensate)
     assert done.status == "terminated"
     assert done.error == ("terminated by an operator: changed mind (a rollback failed: "
                           "the refund service said no)")  # fmt: skip
@@ -428,9 +433,5 @@ async def test_author_text_cannot_pass_for_a_failed_rollback(runner: Runner) -> 
     async def compensate(args: Any) -> str:
         return "undone"
 
-    tools = Bindings(tools={"compensate": compensate})
-    run = await start_source(runner, source, bindings=tools)
-    await runner.terminate(run.run_id, scope=run.scope, reason="changed mind", rollback=True)
-    await runner.serve(until_idle=True, bindings=tools)
-    done = await runner.get(run.run_id, scope=run.scope)
+    done = await _terminated_with_rollback(runner, source, compensate)
     assert (done.status, done.error) == ("terminated", "terminated by an operator: changed mind")
