@@ -31,8 +31,9 @@ class Dialect:
     # What a transaction that makes a run claimable runs, to wake the workers waiting on the
     # journal (delivered at its commit; "" where workers on one machine poll a local file).
     wake: str = ""
-    # Whether a write transaction's statements are pipelined: sent without waiting for their
-    # answers, a failure told with the next answer read or by `sync` (runner/store/backends.py).
+    # Whether the journal connection's statements are pipelined: sent without waiting for
+    # their answers, a failure told with the next answer read or by `sync`
+    # (runner/store/backends.py, `_PgConnection`).
     pipelined: bool = False
     # The seq of the event this connection inserted last, named in the statement right after
     # it (a step settled at its event) so that nothing is read back in between.
