@@ -7,7 +7,13 @@ from typing import Any
 
 import pytest
 
-from qjsflow.runner import Bindings, Runner, SnapshotNotFound, StartRunInput
+from qjsflow.runner import (
+    Bindings,
+    Runner,
+    SnapshotNotFound,
+    StartRunInput,
+    current_tool_call,
+)
 from qjsflow.runner.store import committer, connection
 from tests.conftest import start_source
 
@@ -68,10 +74,41 @@ async def test_a_step_whose_body_made_an_effect_is_fsynced(
     fsynced.clear()
     run = await start_source(runner, WITH_EFFECT, bindings=Bindings(tools={"count": count}))
     assert run.output == [1, 1]
-    # The tool's start (the run's creation and `pure` ride on it) and its result, `inner` and
-    # `outer` (each enclosing the tool), and the end.
-    assert fsynced.count(True) == 5
+    # The tool's start (the run's creation and `pure` ride on it), `inner` (the tool's result,
+    # answered at once, is written first in it), `outer` (each enclosing the tool), the end.
+    assert fsynced.count(True) == 4
     assert fsynced[:2] == [False, False]  # created with the drive's beginning; `pure`
+
+
+TEN_CALLS = """
+export default async (event, step) => {
+  const seen = [];
+  for (let i = 0; i < 10; i++) seen.push(await step.tool("call " + i, "look", {}));
+  return seen;
+};
+"""
+
+
+async def test_a_tools_result_rides_on_the_next_calls_start(
+    runner: Runner, fsynced: list[bool]
+) -> None:
+    """A call's value is answered at once and its result written first in the drive's next
+    transaction: ten calls are ten fsynced starts and the end, not twenty and the end. Each
+    call is made with every result before it in the journal."""
+
+    async def look(args: Any) -> int:
+        call = current_tool_call()
+        assert call is not None
+        made = await runner.list_tool_calls(call.run_id, scope=call.scope)
+        return sum(1 for row in made if row.result is not None)
+
+    await runner.publish("acme", {"workflows/flow.ts": TEN_CALLS})
+    fsynced.clear()
+    run = await start_source(runner, TEN_CALLS, bindings=Bindings(tools={"look": look}))
+    assert (run.status, run.output) == ("completed", list(range(10)))
+    assert fsynced.count(True) == 11
+    calls = await runner.list_tool_calls(run.run_id, scope="acme")
+    assert [(row.attempt, row.result) for row in calls] == [(1, n) for n in range(10)]
 
 
 async def test_starting_a_run_is_one_trip_to_the_journal(

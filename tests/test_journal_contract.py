@@ -323,3 +323,12 @@ async def test_a_step_read_sent_with_the_fence_answers_only_if_nothing_came_betw
     row = await store.transact(read_first, lease, step=place)
     assert row is not None
     assert row.attempt == 1
+
+    def settle_then_read(tx: JournalTransaction) -> tuple[str, str | None] | None:
+        # A result answered ahead and written first (runner/engine/host.py): a read of its
+        # own row sent with the fence is stale, and must not answer.
+        tx.settle_call_answered(place, 1, result="42", duration_ms=0, at=2)
+        row = tx.get_step(key, "tool", "t", 1)
+        return None if row is None else (row.status, row.output)
+
+    assert await store.transact(settle_then_read, lease, step=place) == ("completed", "42")

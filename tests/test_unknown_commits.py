@@ -133,6 +133,16 @@ async def test_a_read_only_spell_keeps_a_tools_result_for_when_it_ends(
         )
         admin.execute(f"ALTER SYSTEM {setting}")
         admin.execute("SELECT pg_reload_conf()")
+        # The reload is the server's own, later: once a new session (forked from the server's
+        # main process, which signals every session after it reloads) sees it, every session
+        # applies it before its next statement.
+        wanted, deadline = ("on" if on else "off"), time.monotonic() + 60
+        while True:
+            with psycopg.connect(server.admin_url) as fresh:
+                shown = fresh.execute("SHOW default_transaction_read_only").fetchone()
+            if shown == (wanted,):
+                break
+            assert time.monotonic() < deadline, "the server did not reload its settings"
 
     async def demotes(args: Any) -> int:
         calls["demotes"] += 1

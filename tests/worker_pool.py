@@ -49,7 +49,9 @@ class Workers:
         os.set_blocking(reading, True)
         self._calls = os.fdopen(reading, "r", encoding="utf-8")
 
-    def spawn(self, *worker_args: str, lease_ttl: float = 2.0) -> subprocess.Popen[bytes]:
+    def spawn(
+        self, *worker_args: str, lease_ttl: float = 2.0, env: dict[str, str] | None = None
+    ) -> subprocess.Popen[bytes]:
         log = (self.logs / f"worker-{len(self.spawned)}.log").open("wb")
         process = subprocess.Popen(
             [
@@ -58,7 +60,7 @@ class Workers:
             ],
             cwd=PROJECT_ROOT,
             env={**os.environ, "QJSFLOW_TOOL_LOG": str(self.tool_log),
-                 "QJSFLOW_TOOL_FIFO": str(self.tool_fifo)},
+                 "QJSFLOW_TOOL_FIFO": str(self.tool_fifo), **(env or {})},
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
         )  # fmt: skip

@@ -92,7 +92,9 @@ class DriveHost(JournalOps):
             if effect is not None:
                 self._effect(cast(EffectOp, op).step)
                 answers += await self._in_journal(group)
-                await self.flush()  # an effect only ever follows what is journaled before it
+                # An effect only ever follows what is journaled before it: what was answered
+                # ahead is written, and the effect's first transaction writes what is held.
+                await self._behind_written()
                 group = []
                 if self.diverged:  # it follows a result the journal did not take: never made
                     answers.append(Answer(envelope.id, PARKED, None))
@@ -134,7 +136,7 @@ class DriveHost(JournalOps):
             return begun
 
         place = StepPlace(self.run_id, "tool", op.step, op.count)  # what both read first
-        started = await self.store.transact(begin, self.lease, step=place)
+        started = await self.transact(begin, step=place)
         if started is None:
             self.blocked_on = op.address if missing is None else f"secret {missing}"
             return Suspend("retry"), None
@@ -159,6 +161,13 @@ class DriveHost(JournalOps):
             if refused is not None:
                 value, failure = None, refused
         finished = self.now()
+        if value is not None and self._answers_result_ahead(attempt, duration_ms, op):
+            self.hold(functools.partial(
+                JournalTransaction.settle_call_answered, place=place, attempt=attempt,
+                result=value, duration_ms=duration_ms, at=finished,
+            ))  # fmt: skip
+            count_step("tool", Value(value), duration_ms)
+            return Value(value), finished
 
         def end(tx: JournalTransaction) -> Answered:
             row = tx.get_step(self.run_id, "tool", op.step, op.count)
@@ -172,9 +181,23 @@ class DriveHost(JournalOps):
             )  # fmt: skip
             return (PARKED, None) if self._holds(tx, op.step) else answer
 
-        answered = await self.store.transact(end, self.lease, step=place)
+        answered = await self.transact(end, step=place)
         count_step("tool", answered[0], duration_ms)
         return answered
+
+    def _answers_result_ahead(self, attempt: int, duration_ms: int, op: StepTool) -> bool:
+        """Whether a call's value is answered at once, its write held for the drive's next
+        transaction (`hold`; docs/ARCHITECTURE.md, "A tool's result is written with what
+        follows it"): a first attempt begun in this drive (under its lease nothing else
+        settles it), within its timeout, with no pause, spent budget or divergence seen —
+        where the journal would answer the value itself."""
+        return (
+            attempt == 1
+            and duration_ms <= op.config.timeout_ms
+            and not self.pause_seen
+            and self.throttle is None
+            and not self.diverged
+        )
 
     def _tool_and_args(self, op: StepTool) -> tuple[ToolFn | None, Any, str | None]:
         """The tool that serves `op`, its arguments (decoded once; secret values put in only
@@ -233,7 +256,7 @@ class DriveHost(JournalOps):
                 tx, row, attempt=begun, value=None, failure=failure, now=now, elapsed_ms=0
             )
 
-        return await self.store.transact(deny, self.lease)
+        return await self.transact(deny)
 
     def _builtin(self, address: str) -> ToolFn | None:
         """fetch, and the local KV, queue and R2 bindings, unless the operator bound these."""
@@ -312,7 +335,7 @@ class DriveHost(JournalOps):
             return (Value(None), now), True
 
         # Recorded before it is sent: at most once, even if the process dies right after.
-        answer, send = await self.store.transact(record_first, self.lease)
+        answer, send = await self.transact(record_first)
         if send:
             self.usage.add("steps", 1)
             # Best effort by contract: a failed notification fails nothing.
@@ -351,7 +374,7 @@ class DriveHost(JournalOps):
             assert run is not None
             return _SqlCall(run.scope, run.sql_used_s)
 
-        begun = await self.store.transact(begin, self.lease)
+        begun = await self.transact(begin)
         if not isinstance(begun, _SqlCall):
             return begun
         scope, used_s = begun.scope, begun.used_s
@@ -418,7 +441,7 @@ class DriveHost(JournalOps):
             )  # fmt: skip
             return failure, finished
 
-        return await self.store.transact(end, self.lease)
+        return await self.transact(end)
 
 
 def _failing(error: FatalToolError) -> ToolFn:

@@ -14,7 +14,7 @@ import asyncio
 import dataclasses
 import time
 from collections.abc import Callable, Mapping
-from typing import cast
+from typing import TypeVar, cast
 
 from qjsflow.bridge.failure import StepFailure
 from qjsflow.bridge.hints import with_run_hint
@@ -43,6 +43,7 @@ from qjsflow.runner.engine import steps
 from qjsflow.runner.engine.locations import Locator
 from qjsflow.runner.scopedb import ScopeDatabases
 from qjsflow.runner.store import JournalStore, JournalTransaction, Lease
+from qjsflow.runner.store.records import StepPlace
 from qjsflow.runner.telemetry import tracing
 from qjsflow.runner.telemetry.metrics import METRICS
 from qjsflow.runner.tenancy.budgets import BY_CALL, Budgets, DriveUsage, Throttle, exhausted
@@ -52,6 +53,8 @@ from qjsflow.runner.tenancy.scopes import split_run_key
 from qjsflow.runner.tenancy.secret_values import RunSecrets
 
 __all__ = ["PARKED", "JournalOps", "count_step"]
+
+T = TypeVar("T")
 
 _ONCE = RetryPolicy(limit=0, delay_ms=0, backoff="constant", timeout_ms=1000)  # a denied call
 
@@ -134,6 +137,9 @@ class JournalOps:
         self._behind: list[asyncio.Future[bool]] = []  # batches answered ahead, being written
         self._queued_behind = 0  # such batches queued, and written (counted on the journal's
         self._written_behind = 0  # thread when one commits its work: see `all_written`)
+        # Writes of results already answered (a tool call's: DriveHost._tool), held until the
+        # drive's next transaction, which writes them first; queued at its end (`flush`).
+        self._held: list[Callable[[JournalTransaction], None]] = []
         self.pause_seen = False  # a pause was asked: every answer waits for the journal
         self.ops_seen = 0  # ops the sandbox sent this drive (none: it wrote nothing)
         # The sandbox settled a pure step itself and went on, and the journal did not take
@@ -192,7 +198,7 @@ class JournalOps:
         if ahead is not None:
             self._write_behind(group, now)
             return ahead
-        await self.flush()
+        await self._behind_written()
         # Only a batch that settles an effect is fsynced (see JournalStore and docs/
         # PERFORMANCE.md, Durable writes). Starting attempts, console lines, sleeps, waits (an
         # event consumed is the oldest of the durable inbox: a replay consumes the same one),
@@ -202,9 +208,7 @@ class JournalOps:
         # the suspension or the end reported to the caller) makes them durable with it, as the
         # journal's log is written in order.
         durable = any(isinstance(e.op, StepRecord) and self._had_effect(e.op) for e in group)
-        answers = await self.store.transact(
-            lambda tx: self._serviced(tx, group, now), self.lease, durable=durable
-        )
+        answers = await self.transact(lambda tx: self._serviced(tx, group, now), durable=durable)
         waits = {e.id for e in group if isinstance(e.op, StepWaitForEvent)}
         for answer in answers:  # an event a wait consumed is part of the run's journal now
             consumed = answer.result.value if isinstance(answer.result, Value) else None
@@ -286,11 +290,18 @@ class JournalOps:
         return answers
 
     def _write_behind(self, group: list[OpEnvelope], now: int) -> None:
-        """Journal a batch answered ahead: queued now (the journal commits in queue order),
-        awaited before anything that is not answered ahead (`flush`) and at the drive's end."""
+        """Journal a batch answered ahead (`_queue_written`)."""
+        self._queue_written(lambda tx: self._serviced(tx, group, now))
+        self._count_logs(group)
+
+    def _queue_written(self, write: Callable[[JournalTransaction], object]) -> None:
+        """Journal what was answered ahead, after the writes held: queued now (the journal
+        commits in queue order), awaited before anything that is not answered ahead and at
+        the drive's end (`flush`)."""
+        with_held = self._with_held(write)
 
         def work(tx: JournalTransaction) -> bool:
-            self._serviced(tx, group, now)
+            with_held(tx)
             self._written_behind += 1
             return tx.pause_requested
 
@@ -298,7 +309,51 @@ class JournalOps:
         written = self.store.transact_soon(work, self.lease, durable=False)
         written.add_done_callback(self._note_pause)
         self._behind.append(written)
-        self._count_logs(group)
+
+    def hold(self, write: Callable[[JournalTransaction], None]) -> None:
+        """Hold the write of a result already answered until the drive's next transaction
+        (`transact`), or its end (`queue_held`). Nothing outside the journal sees the result
+        before then: every effect begins with a transaction, which writes it first."""
+        self._held.append(write)
+
+    def queue_held(self) -> None:
+        """Queue the writes held (`hold`) now, as a batch answered ahead: the drive's end,
+        queued after them, finds them written (`all_written`)."""
+        if self._held:
+            self._queue_written(lambda tx: None)
+
+    def _with_held(
+        self, work: Callable[[JournalTransaction], T]
+    ) -> Callable[[JournalTransaction], T]:
+        """`work` after the writes held so far, which it takes (none: `work` itself)."""
+        if not self._held:
+            return work
+        held, self._held = self._held, []
+
+        def after_held(tx: JournalTransaction) -> T:
+            for write in held:
+                write(tx)
+            return work(tx)
+
+        return after_held
+
+    async def transact(
+        self,
+        work: Callable[[JournalTransaction], T],
+        *,
+        durable: bool = True,
+        step: StepPlace | None = None,
+    ) -> T:
+        """A transaction of this drive, fenced by its lease, that first writes what is held
+        (`hold`); if it fails, they stay held (nothing of it was written)."""
+        held = list(self._held)
+        try:
+            return await self.store.transact(
+                self._with_held(work), self.lease, durable=durable, step=step
+            )
+        except BaseException:
+            self._held[:0] = held
+            raise
 
     def _note_pause(self, written: asyncio.Future[bool]) -> None:
         if not written.cancelled() and written.exception() is None and written.result():
@@ -316,8 +371,13 @@ class JournalOps:
         return self._written_behind == self._queued_behind
 
     async def flush(self) -> None:
-        """Wait for the batches answered ahead to be committed; raise the first failure (a
-        lost lease, an unavailable journal) after all have finished."""
+        """Wait for everything answered ahead to be committed, the writes held too; raise the
+        first failure (a lost lease, an unavailable journal) after all have finished."""
+        self.queue_held()
+        await self._behind_written()
+
+    async def _behind_written(self) -> None:
+        """Wait for the batches answered ahead and queued (`flush`, without the writes held)."""
         behind, self._behind = self._behind, []
         if behind:
             outcomes = await asyncio.gather(*behind, return_exceptions=True)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from qjsflow.bridge import dumps_text
@@ -39,17 +40,26 @@ STEP_SQL = (
 )
 
 
+@dataclass(frozen=True, slots=True)
+class SentStepRead:
+    """A step row's read sent ahead (`LeaseStatements.send_step_read`): where, its statement,
+    and how many statements the connection had sent when nothing since could change the row
+    (`StepStatements.get_step` takes it only if that is still so)."""
+
+    place: StepPlace
+    statement: Any
+    sent_at: int
+
+
 class LeaseStatements(RunStatements):
-    # A step row's read sent ahead (`send_step_read`): where, its statement, and how many
-    # statements the connection had sent once it was.
-    _step_read: tuple[StepPlace, Any, int] | None = None
+    _step_read: SentStepRead | None = None
 
     def send_step_read(self, place: StepPlace) -> None:
         """Send the read of a step's row now, with the fence's: it answers this job's first
         statement if that is the same read (`get_step`), as if sent then — nothing of this
         transaction came between."""
         read = self._db.execute(STEP_SQL, (place.run_id, place.kind, place.name, place.count))
-        self._step_read = (place, read, self._db.statements_sent)
+        self._step_read = SentStepRead(place, read, self._db.statements_sent)
 
     def adopt(self, lease: Lease) -> None:
         """Write the rest of this transaction as the holder of a lease it just took."""

@@ -162,6 +162,10 @@ class StepPlace:
     name: str
     count: int
 
+    @property
+    def key(self) -> str:
+        return step_key(self.kind, self.count, self.name)
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class StepRow:

@@ -44,8 +44,8 @@ class StepStatements(LeaseStatements):
     def get_step(self, run_id: str, kind: str, name: str, count: int) -> StepRow | None:
         place = StepPlace(run_id, kind, name, count)
         sent, self._step_read = self._step_read, None
-        if sent is not None and sent[0] == place and sent[2] == self._db.statements_sent:
-            row = sent[1].fetchone()  # sent with the fence, and nothing since (`check_fence`)
+        if sent is not None and sent.place == place and sent.sent_at == self._db.statements_sent:
+            row = sent.statement.fetchone()  # sent with the fence, nothing since (`check_fence`)
         else:
             row = self._one(STEP_SQL, (run_id, kind, name, count))
         return None if row is None else step_row(row)
@@ -178,7 +178,7 @@ class StepStatements(LeaseStatements):
 
     def settle_step(
         self,
-        step: StepRow,
+        step: StepRow | StepPlace,
         *,
         status: str,
         output: str | None,

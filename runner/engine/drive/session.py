@@ -341,6 +341,7 @@ class DriveSession:
             # lost lease, ends the drive as it would have then).
             await host.flush()
             raise
+        host.queue_held()  # the results answered ahead and held: before the end, as all else
         if isinstance(outcome, Failed) and outcome.retryable:
             await host.flush()  # the executor died: its charge is recorded after those
         # Otherwise the drive's end is queued behind them (`finish` checks they were written).
