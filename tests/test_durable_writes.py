@@ -60,6 +60,27 @@ async def test_pure_step_results_ride_on_the_next_durable_commit(
     assert fsynced == [False, True]
 
 
+async def test_a_drives_last_results_are_written_in_its_ends_own_job(
+    runner: Runner, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The results that come with a drive's outcome await no answer: they are held and
+    written first in the drive's end, one job of one commit (not a job of their own before
+    it, each waiting for the server)."""
+    jobs: list[int] = []
+    original = committer.run_batch
+
+    def counting(connection: Any, batch: list[Any], backend: Any) -> Any:
+        jobs.append(len(batch))
+        return original(connection, batch, backend)
+
+    await runner.publish("acme", {"workflows/flow.ts": PURE})
+    monkeypatch.setattr(committer, "run_batch", counting)
+    run = await start_source(runner, PURE)
+    assert run.output == 45
+    assert jobs == [1, 1]  # the start with the drive's beginning; the end with the results
+    assert len(await runner.list_steps(run.run_id, scope="acme")) == 10
+
+
 async def test_a_step_whose_body_made_an_effect_is_fsynced(
     runner: Runner, fsynced: list[bool]
 ) -> None:
@@ -74,10 +95,10 @@ async def test_a_step_whose_body_made_an_effect_is_fsynced(
     fsynced.clear()
     run = await start_source(runner, WITH_EFFECT, bindings=Bindings(tools={"count": count}))
     assert run.output == [1, 1]
-    # The tool's start (the run's creation and `pure` ride on it), `inner` (the tool's result,
-    # answered at once, is written first in it), `outer` (each enclosing the tool), the end.
-    assert fsynced.count(True) == 4
-    assert fsynced[:2] == [False, False]  # created with the drive's beginning; `pure`
+    # Created with the drive's beginning; the tool's start (the run's creation and `pure`,
+    # which awaited no answer, ride on it), `inner` (the tool's result, answered at once, is
+    # written first in it), `outer` (each enclosing the tool), the end.
+    assert fsynced == [False, True, True, True, True]
 
 
 TEN_CALLS = """

@@ -139,7 +139,7 @@ class JournalOps:
         self._written_behind = 0  # thread when one commits its work: see `all_written`)
         # Writes of results already answered (a tool call's: DriveHost._tool), held until the
         # drive's next transaction, which writes them first; queued at its end (`flush`).
-        self._held: list[Callable[[JournalTransaction], None]] = []
+        self._held: list[Callable[[JournalTransaction], object]] = []
         self.pause_seen = False  # a pause was asked: every answer waits for the journal
         self.ops_seen = 0  # ops the sandbox sent this drive (none: it wrote nothing)
         # The sandbox settled a pure step itself and went on, and the journal did not take
@@ -195,6 +195,10 @@ class JournalOps:
         group = [self._admitted(envelope) for envelope in group]
         self._trace_attempts(group)
         ahead = self._answers_ahead(group, now)
+        if ahead == []:  # nothing awaits them (the drive's last ops, say): the next writes them
+            self.hold(lambda tx: self._serviced(tx, group, now))
+            self._count_logs(group)
+            return ahead
         if ahead is not None:
             self._write_behind(group, now)
             return ahead
@@ -310,10 +314,11 @@ class JournalOps:
         written.add_done_callback(self._note_pause)
         self._behind.append(written)
 
-    def hold(self, write: Callable[[JournalTransaction], None]) -> None:
-        """Hold the write of a result already answered until the drive's next transaction
-        (`transact`), or its end (`queue_held`). Nothing outside the journal sees the result
-        before then: every effect begins with a transaction, which writes it first."""
+    def hold(self, write: Callable[[JournalTransaction], object]) -> None:
+        """Hold the write of what is answered already (a tool's result, ops that await no
+        answer) until the drive's next transaction (`transact`: the drive's end is one), or
+        `queue_held`. Nothing outside the journal sees it before then: every effect begins
+        with a transaction, which writes it first."""
         self._held.append(write)
 
     def queue_held(self) -> None:
@@ -343,13 +348,16 @@ class JournalOps:
         *,
         durable: bool = True,
         step: StepPlace | None = None,
+        fenced: bool = True,
     ) -> T:
-        """A transaction of this drive, fenced by its lease, that first writes what is held
-        (`hold`); if it fails, they stay held (nothing of it was written)."""
+        """A transaction of this drive, fenced by its lease (unless not `fenced`: the drive's
+        end that takes it checks it itself), that first writes what is held (`hold`); if it
+        fails, they stay held (nothing of it was written)."""
         held = list(self._held)
+        fence = self.lease if fenced else None
         try:
             return await self.store.transact(
-                self._with_held(work), self.lease, durable=durable, step=step
+                self._with_held(work), fence, durable=durable, step=step
             )
         except BaseException:
             self._held[:0] = held

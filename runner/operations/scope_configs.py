@@ -63,11 +63,11 @@ class StartSettings:
 
 
 def start_settings(
-    tx: JournalTransaction, scope: str, config: RunnerConfig, configs: ConfigCache
+    latest: tuple[int, str, int] | None, scope: str, config: RunnerConfig, configs: ConfigCache
 ) -> StartSettings:
-    """The scope's latest configuration in the journal, read in the start's transaction; the
-    process's own settings for a scope that has none there."""
-    latest = tx.scope_config(scope)
+    """The scope's `latest` configuration in the journal (read in the start's transaction:
+    `JournalTransaction.scope_config`); the process's own settings for a scope that has none
+    there."""
     if latest is None:
         return StartSettings(config.environments.get(scope), config.scope_policies.get(scope),
                              config.scope_budgets.get(scope), None)  # fmt: skip

@@ -99,8 +99,9 @@ def creation(request: StartRunInput, *, config: RunnerConfig, configs: ConfigCac
     def create(
         tx: JournalTransaction, now: int, inline: bool
     ) -> tuple[RunRecord, RunRecord | None]:
-        settings = start_settings(tx, scope, config, configs)
+        latest = tx.send_latest_scope_config(scope)  # answered with the snapshot's read
         snapshot = snapshot_in(tx, reference=request.snapshot_id, scope=scope)
+        settings = start_settings(latest(), scope, config, configs)
         entries = {w.workflow: w for w in snapshot.workflows}
         found = entries.get(request.workflow)
         if found is None or request.entry_path not in (None, found.entry_path):

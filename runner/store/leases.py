@@ -237,6 +237,9 @@ class LeaseStatements(RunStatements):
     def release_lease(self, lease: Lease, **fields: Any) -> None:
         """Give the lease up; with `fields`, written to the run in the same statement (what
         the kept run holds already is left out), which the lease must still hold."""
+        # Checked by this transaction's fence, its row locked since, and no run's row written
+        # after: the update cannot miss, and its answer is not waited for.
+        certain = self._fenced == lease.run_id and not self.runs_written and self._dialect.pipelined
         self.runs_written = True
         check_updatable(fields)
         known = self._runs.get(lease.run_id)
@@ -248,12 +251,15 @@ class LeaseStatements(RunStatements):
             held: tuple[Any, ...] = (lease.epoch, lease.worker_id)
             where = "epoch = ? AND worker_id = ?"
         else:  # taken and given up at once: its epoch still moves on, past every reader's
+            certain = False
             sets = assignments(fields, "epoch = epoch + 1")
             held, where = (read_at,), "epoch = ? AND worker_id IS NULL"
-        row = self._one(
-            f"UPDATE runs SET {sets} WHERE run_id = ? AND {where} RETURNING 1",
-            (*fields.values(), lease.run_id, *held),
-        )
+        update = f"UPDATE runs SET {sets} WHERE run_id = ? AND {where}"
+        if certain:
+            self._db.execute(update, (*fields.values(), lease.run_id, *held))
+            row: Any = (1,)
+        else:
+            row = self._one(update + " RETURNING 1", (*fields.values(), lease.run_id, *held))
         if row is not None:
             self._holders[lease.run_id] = None
         if not fields and read_at is None:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 from qjsflow.bridge import dumps_text
@@ -233,11 +233,7 @@ class JournalTransaction(ScopeChangeStatements):
         """A version of the scope's configuration (the latest without `version`): (version,
         its canonical text, when it was applied), or None."""
         if version is None:
-            row = self._one(
-                "SELECT version, config, created_at FROM scope_configs WHERE scope = ?"
-                " ORDER BY version DESC LIMIT 1",
-                (scope,),
-            )
+            return self.send_latest_scope_config(scope)()
         else:
             row = self._one(
                 "SELECT version, config, created_at FROM scope_configs"
@@ -245,6 +241,21 @@ class JournalTransaction(ScopeChangeStatements):
                 (scope, version),
             )
         return None if row is None else (int(row[0]), str(row[1]), int(row[2]))
+
+    def send_latest_scope_config(self, scope: str) -> Callable[[], tuple[int, str, int] | None]:
+        """`scope_config(scope)`'s read sent now, answered when called: on a pipelined journal
+        a read sent before that goes in the same round trip (a start's snapshot)."""
+        sent = self._db.execute(
+            "SELECT version, config, created_at FROM scope_configs WHERE scope = ?"
+            " ORDER BY version DESC LIMIT 1",
+            (scope,),
+        )
+
+        def answer() -> tuple[int, str, int] | None:
+            row = sent.fetchone()
+            return None if row is None else (int(row[0]), str(row[1]), int(row[2]))
+
+        return answer
 
     def put_sealed_secret(
         self, scope: str, name: str, sealed: tuple[str, str, str], now: int

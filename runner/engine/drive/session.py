@@ -226,7 +226,6 @@ class DriveSession:
         end = partial(finish, lease=self.lease, outcome=outcome, host=host, now=now,
                       charges=driver.charges(outcome, host, now), taking=taking,
                       ttl_ms=driver.ttl_ms)  # fmt: skip
-        fence = None if taking else self.lease
         # A lone drive's durable end commits on this thread at once
         # (`JournalStore.commit_here`): the executor prepares its next context meanwhile, on
         # the other core, while the commit waits for its fsync. Otherwise (the journal's
@@ -236,11 +235,12 @@ class DriveSession:
         if prepared:
             driver.pool.prepare_idle()
         try:
-            # Queued behind the drive's last writes, in the same commit where it can be.
-            ended = await self.store.transact(end, fence, durable=durable)
+            # Queued behind the drive's last writes, in the same commit where it can be; what
+            # the host holds (its last results) is written first in the same job.
+            ended = await host.transact(end, fenced=not taking, durable=durable)
         except NotAllWritten:
             await host.flush()  # raises what failed, or waits for a write made again
-            ended = await self.store.transact(end, fence, durable=durable)
+            ended = await host.transact(end, fenced=not taking, durable=durable)
         self.watch.end_written(released=ended is not None)
         return ended, prepared
 
@@ -341,7 +341,6 @@ class DriveSession:
             # lost lease, ends the drive as it would have then).
             await host.flush()
             raise
-        host.queue_held()  # the results answered ahead and held: before the end, as all else
         if isinstance(outcome, Failed) and outcome.retryable:
             await host.flush()  # the executor died: its charge is recorded after those
         # Otherwise the drive's end is queued behind them (`finish` checks they were written).
