@@ -137,8 +137,9 @@ class JournalOps:
         self._behind: list[asyncio.Future[bool]] = []  # batches answered ahead, being written
         self._queued_behind = 0  # such batches queued, and written (counted on the journal's
         self._written_behind = 0  # thread when one commits its work: see `all_written`)
-        # Writes of results already answered (a tool call's: DriveHost._tool), held until the
-        # drive's next transaction, which writes them first; queued at its end (`flush`).
+        # Writes of what is answered already (a tool call's result: DriveHost._tool; ops that
+        # await no answer), held until the drive's next transaction (its end is one), which
+        # writes them first; or queued as a batch answered ahead (`flush`).
         self._held: list[Callable[[JournalTransaction], object]] = []
         self.pause_seen = False  # a pause was asked: every answer waits for the journal
         self.ops_seen = 0  # ops the sandbox sent this drive (none: it wrote nothing)
