@@ -81,6 +81,35 @@ async def test_a_drives_last_results_are_written_in_its_ends_own_job(
     assert len(await runner.list_steps(run.run_id, scope="acme")) == 10
 
 
+BIG_RESULTS = """
+export default async (event, step) => {
+  let total = 0;
+  for (let i = 0; i < 3; i++) total += (await step.do("big " + i, async () => "x".repeat(100000))).length;
+  return total + await step.do("small", async () => 1);
+};
+"""
+
+
+async def test_results_a_sandbox_sends_to_free_its_memory_are_written_at_once(
+    runner: Runner, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Results the sandbox sends past 256 kB to free its memory are written at once, as a
+    job of their own, not held in the host's memory until the drive's end."""
+    jobs: list[int] = []
+    original = committer.run_batch
+
+    def counting(connection: Any, batch: list[Any], backend: Any) -> Any:
+        jobs.append(len(batch))
+        return original(connection, batch, backend)
+
+    await runner.publish("acme", {"workflows/flow.ts": BIG_RESULTS})
+    monkeypatch.setattr(committer, "run_batch", counting)
+    run = await start_source(runner, BIG_RESULTS)
+    assert run.output == 300001
+    # The start; the big results sent early, as their own job; the end, the last held into it.
+    assert jobs == [1, 1, 1]
+
+
 async def test_a_step_whose_body_made_an_effect_is_fsynced(
     runner: Runner, fsynced: list[bool]
 ) -> None:

@@ -76,6 +76,11 @@ def count_step(kind: str, result: object, elapsed_ms: int | None) -> None:
         METRICS.step_seconds.labels(kind=kind).observe(elapsed_ms / 1000)
 
 
+# Ops that await no answer are held for the drive's next transaction only while they are
+# this small and this few (`_may_hold`); past that they are written at once.
+_HELD_BYTES = 64 * 1024
+_HELD_WRITES = 16
+
 _NO_ENVIRONMENT = ScopeEnvironment()  # a scope's with none set (made once: it checks itself)
 
 
@@ -196,8 +201,8 @@ class JournalOps:
         group = [self._admitted(envelope) for envelope in group]
         self._trace_attempts(group)
         ahead = self._answers_ahead(group, now)
-        if ahead == []:  # nothing awaits them (the drive's last ops, say): the next writes them
-            self.hold(lambda tx: self._serviced(tx, group, now))
+        if ahead == [] and self._may_hold(group):  # nothing awaits them (the drive's last
+            self.hold(lambda tx: self._serviced(tx, group, now))  # ops): the next writes them
             self._count_logs(group)
             return ahead
         if ahead is not None:
@@ -293,6 +298,17 @@ class JournalOps:
             if op.settled_at is None:  # one the sandbox settled itself awaits no answer
                 answers.append(Answer(envelope.id, Value(None), now))
         return answers
+
+    def _may_hold(self, group: list[OpEnvelope]) -> bool:
+        """Whether ops that await no answer may wait in this process's memory for the next
+        transaction: a drive's last ops, small and few; not frame after frame of them from a
+        sandbox that misbehaves (those are written at once, as answered-ahead batches are)."""
+        size = sum(
+            len(op.value or "") if isinstance(op, StepRecord) else len(op.text)
+            if isinstance(op, Log) else 0
+            for op in (envelope.op for envelope in group)
+        )  # fmt: skip
+        return size <= _HELD_BYTES and len(self._held) < _HELD_WRITES
 
     def _write_behind(self, group: list[OpEnvelope], now: int) -> None:
         """Journal a batch answered ahead (`_queue_written`)."""
