@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -12,6 +13,7 @@ import psycopg
 import pytest
 
 from qjsflow.runner import Bindings, Runner, RunnerConfig, StartRunInput
+from qjsflow.runner.operations.control import request_pause
 from qjsflow.runner.store import JournalTransaction, LeaseLost, StepStatus
 from qjsflow.runner.store.connection import connect_sqlite
 from qjsflow.runner.store.dialect import SQLITE
@@ -332,3 +334,42 @@ async def test_a_step_read_sent_with_the_fence_answers_only_if_nothing_came_betw
         return None if row is None else (row.status, row.output)
 
     assert await store.transact(settle_then_read, lease, step=place) == ("completed", "42")
+
+
+async def test_a_presumed_transaction_runs_carefully_when_the_journal_says_otherwise(
+    clocked_runner: Runner, journal: str
+) -> None:
+    """A transaction that presumes (its fence asserted, not read; a row inserted without
+    reading it) commits as it is where the journal agrees; where a row is there already, a
+    pause is asked or the lease is lost, nothing of it is written and the careful
+    transaction runs instead. A SQLite journal, which waits for no server, is always careful."""
+    run = await start_source(clocked_runner, SLEEPER)
+    store = clocked_runner.store
+    key = run_key("acme", run.run_id)
+    lease = await store.acquire_lease(key, "me", int(time.time() * 1000), 60_000)
+    assert lease is not None
+    presumes = journal.startswith("postgresql://")
+
+    def insert(name: str) -> Callable[[JournalTransaction], str]:
+        def presumed(tx: JournalTransaction) -> str:
+            assert not tx.pause_requested
+            tx.insert_step(key, "tool", name, 1, status=StepStatus.running, attempt=1,
+                           started_at=1)  # fmt: skip
+            return "presumed"
+
+        return presumed
+
+    def careful(tx: JournalTransaction) -> str:
+        return f"careful, paused: {tx.pause_requested}"
+
+    first = await store.transact(insert("a"), lease, careful=careful)
+    assert first == ("presumed" if presumes else "careful, paused: False")
+    # Its row is there now: the insert fails, and nothing of it is kept.
+    assert await store.transact(insert("a"), lease, careful=careful) == "careful, paused: False"
+    await store.transact(lambda tx: request_pause(tx, key, 1))  # asked while the drive is on
+    assert await store.transact(insert("b"), lease, careful=careful) == "careful, paused: True"
+    lost = dataclasses.replace(lease, epoch=lease.epoch + 1)
+    with pytest.raises(LeaseLost):
+        await store.transact(insert("c"), lost, careful=careful)
+    written = sorted((step.kind, step.name) for step in await store.list_steps(key))
+    assert written == sorted([("sleep", "nap"), *([("tool", "a")] if presumes else [])])

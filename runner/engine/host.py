@@ -116,27 +116,10 @@ class DriveHost(JournalOps):
             return await self._deny(op.step, op.count, kind="tool", address=op.address,
                                     args=op.args, refusal=refusal, digest=op.digest)  # fmt: skip
         tool, args, missing = self._tool_and_args(op)
-
-        def begin(tx: JournalTransaction) -> Answered | int | None:
-            if self._refuses(tx, op.step, "fetch" if op.address == FETCH_ADDRESS else "tool"):
-                return PARKED, None
-            if tool is None or missing is not None:
-                # Not bound in this process: an operator's problem, never the author's final
-                # result. A recorded result still answers; otherwise the run is blocked.
-                row = tx.get_step(self.run_id, "tool", op.step, op.count)
-                return None if row is None else steps.settled(row)
-            begun = steps.begin_attempt(
-                tx, self.run_id, "tool", name=op.step, count=op.count, policy=op.config, now=now,
-                digest=op.digest,
-            )  # fmt: skip
-            if not isinstance(begun, int):
-                return begun
-            tx.start_tool_call(self.run_id, key, begun, address=op.address, args=op.args, at=now)
-            steps.event(tx, self.run_id, "tool_called", now, key, address=op.address)
-            return begun
-
         place = StepPlace(self.run_id, "tool", op.step, op.count)  # what both read first
-        started = await self.transact(begin, step=place)
+        started = await self._begin_call(
+            op, key, now, place, ready=tool is not None and missing is None
+        )
         if started is None:
             self.blocked_on = op.address if missing is None else f"secret {missing}"
             return Suspend("retry"), None
@@ -184,6 +167,49 @@ class DriveHost(JournalOps):
         answered = await self.transact(end, step=place)
         count_step("tool", answered[0], duration_ms)
         return answered
+
+    async def _begin_call(
+        self, op: StepTool, key: str, now: int, place: StepPlace, *, ready: bool
+    ) -> Answered | int | None:
+        """A call's attempt begun and written ahead (its number); or the answer of a call
+        settled already or parked; or None: not `ready` (its tool or a secret is not in
+        this process) and not recorded."""
+
+        call = "fetch" if op.address == FETCH_ADDRESS else "tool"
+
+        def written_ahead(tx: JournalTransaction, begun: Answered | int) -> Answered | int:
+            if isinstance(begun, int):  # the call's audit row, before it is made
+                tx.start_tool_call(self.run_id, key, begun, address=op.address, args=op.args,
+                                   at=now)  # fmt: skip
+                steps.event(tx, self.run_id, "tool_called", now, key, address=op.address)
+            return begun
+
+        def begin(tx: JournalTransaction) -> Answered | int | None:
+            if self._refuses(tx, op.step, call):
+                return PARKED, None
+            if not ready:
+                # Not bound in this process: an operator's problem, never the author's final
+                # result. A recorded result still answers; otherwise the run is blocked.
+                row = tx.get_step(self.run_id, "tool", op.step, op.count)
+                return None if row is None else steps.settled(row)
+            return written_ahead(tx, steps.begin_attempt(
+                tx, self.run_id, "tool", name=op.step, count=op.count, policy=op.config, now=now,
+                digest=op.digest,
+            ))  # fmt: skip
+
+        def begin_first(tx: JournalTransaction) -> Answered | int | None:
+            # Presumed: the step has no row (the insert fails otherwise, and `begin` runs).
+            if self._refuses(tx, op.step, call):
+                return PARKED, None
+            return written_ahead(tx, steps.begin_first_attempt(
+                tx, self.run_id, "tool", name=op.step, count=op.count, policy=op.config, now=now,
+                digest=op.digest,
+            ))  # fmt: skip
+
+        if not ready:
+            return await self.transact(begin, step=place)
+        # A call is new to the journal but after a crash or a retry: presumed so.
+        return await self.transact(begin_first, step=place, careful=begin)
 
     def _answers_result_ahead(self, attempt: int, duration_ms: int, op: StepTool) -> bool:
         """Whether a call's value is answered at once, its write held for the drive's next

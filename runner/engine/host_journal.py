@@ -348,16 +348,8 @@ class JournalOps:
         self, work: Callable[[JournalTransaction], T]
     ) -> Callable[[JournalTransaction], T]:
         """`work` after the writes held so far, which it takes (none: `work` itself)."""
-        if not self._held:
-            return work
         held, self._held = self._held, []
-
-        def after_held(tx: JournalTransaction) -> T:
-            for write in held:
-                write(tx)
-            return work(tx)
-
-        return after_held
+        return _after(held, work)
 
     async def transact(
         self,
@@ -366,16 +358,20 @@ class JournalOps:
         durable: bool = True,
         step: StepPlace | None = None,
         fenced: bool = True,
+        careful: Callable[[JournalTransaction], T] | None = None,
     ) -> T:
         """A transaction of this drive, fenced by its lease (unless not `fenced`: the drive's
         end that takes it checks it itself), that first writes what is held (`hold`); if it
-        fails, they stay held (nothing of it was written)."""
-        held = list(self._held)
+        fails, they stay held (nothing of it was written). With `careful`, `work` presumes
+        (`JournalCore.transact`), and `careful` runs if it fails, the held writes first."""
+        held, self._held = self._held, []
+
         fence = self.lease if fenced else None
         try:
             return await self.store.transact(
-                self._with_held(work), fence, durable=durable, step=step
-            )
+                _after(held, work), fence, durable=durable, step=step,
+                careful=None if careful is None else _after(held, careful),
+            )  # fmt: skip
         except BaseException:
             self._held[:0] = held
             raise
@@ -580,3 +576,18 @@ class JournalOps:
             f" limit of {limit} bytes ({self.journal_bytes} bytes recorded)",
             retryable=False,
         )
+
+
+def _after(
+    held: list[Callable[[JournalTransaction], object]], work: Callable[[JournalTransaction], T]
+) -> Callable[[JournalTransaction], T]:
+    """`work` after the writes `held` (none: `work` itself)."""
+    if not held:
+        return work
+
+    def after_held(tx: JournalTransaction) -> T:
+        for write in held:
+            write(tx)
+        return work(tx)
+
+    return after_held

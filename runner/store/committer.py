@@ -69,6 +69,9 @@ class BatchJob:
     # The step row its work reads first, if it knows: read with the fence's row, in the same
     # round trip on a pipelined journal (`LeaseStatements.send_step_read`).
     step: StepPlace | None = None
+    # Its fence asserted, not read (`LeaseStatements.assert_fence`): a statement that fails
+    # the transaction if the lease is lost or a pause asked, answered with the commit.
+    asserted: bool = False
 
 
 # A batch's outcomes, one a job, and the mark of its commit (for jobs told `then`).
@@ -106,6 +109,8 @@ def run_batch(connection: Any, batch: list[BatchJob], backend: Backend) -> _Batc
                 charged = tx.collect_usage()
                 if job.fence is not None and held is not None and held[0] == job.fence:
                     tx.fence_held(job.fence, held[1])
+                elif job.fence is not None and job.asserted:
+                    tx.assert_fence(job.fence)
                 elif job.fence is not None:
                     tx.check_fence(job.fence, step=job.step)
                 held = None
@@ -116,7 +121,7 @@ def run_batch(connection: Any, batch: list[BatchJob], backend: Backend) -> _Batc
                     connection.execute("RELEASE job")
                 outcomes.append((True, result))
                 usage += charged
-                if job.fence is not None and not tx.runs_written:
+                if job.fence is not None and not tx.runs_written and not job.asserted:
                     held = (job.fence, tx.fence_read(job.fence))
             except Exception as error:
                 if not alone:
@@ -264,6 +269,7 @@ class JournalCore:
         durable: bool = True,
         writes: bool = True,
         step: StepPlace | None = None,
+        careful: Callable[[JournalTransaction], T] | None = None,
     ) -> T:
         """Run `work` in a write transaction; return its result once it is committed.
 
@@ -278,8 +284,26 @@ class JournalCore:
         server connection) rolls the transaction back and runs it again, with back-off, for
         up to `retry_s`: a tool's result, say, is kept and written once the fault clears,
         never lost and the tool run again. Past that, `JournalUnavailable` says why.
+
+        With `careful`, `work` presumes on a pipelined journal: its fence is asserted, not
+        read (it waits for no answer before its commit; `pause_requested` reads False, the
+        assertion failing the transaction otherwise), and it may write without reading what
+        it presumes (a row not there: the insert fails otherwise). If it fails for any reason
+        but a transient fault, nothing of it was written and `careful`, which presumes
+        nothing, runs instead (as `work` does everywhere else).
         """
         self._queue_behind()  # (committed before this, as it was asked for before)
+        if careful is not None:
+            if self._backend.dialect.pipelined and fence is not None and fence.take is None:
+                try:
+                    return await self._retrying(
+                        lambda: self._transact_once(work, fence, durable, writes, asserted=True)
+                    )
+                except JournalUnavailable:
+                    raise
+                except Exception:  # the presumption did not hold: nothing was written
+                    METRICS.presumptions_failed.inc()
+            work = careful
         return await self._retrying(lambda: self._transact_once(work, fence, durable, writes, step))
 
     async def _retrying(self, attempt: Callable[[], Awaitable[T]]) -> T:
@@ -380,17 +404,19 @@ class JournalCore:
         durable: bool,
         writes: bool,
         step: StepPlace | None = None,
+        *,
+        asserted: bool = False,
     ) -> T:
         if not self._queue and not self._busy and self.commit_here():
             # Nothing queued or being committed, and the loop would only wait for this: it
             # commits now, in the caller's task (no committer task, no turns of the loop).
             future = asyncio.get_running_loop().create_future()
-            job = BatchJob(work, fence, durable, future, writes, step=step)
+            job = BatchJob(work, fence, durable, future, writes, step=step, asserted=asserted)
             ok, value = (await self._commit([job]))[0][0]
             if not ok:
                 raise value
             return cast(T, value)
-        result: T = await self._enqueue(work, fence, durable, writes, step=step)
+        result: T = await self._enqueue(work, fence, durable, writes, step=step, asserted=asserted)
         return result
 
     def _enqueue(
@@ -402,10 +428,11 @@ class JournalCore:
         *,
         then: _Then | None = None,
         step: StepPlace | None = None,
+        asserted: bool = False,
     ) -> asyncio.Future[Any]:
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Any] = loop.create_future()
-        self._queue.append(BatchJob(work, fence, durable, future, writes, then, step))
+        self._queue.append(BatchJob(work, fence, durable, future, writes, then, step, asserted))
         if self._committer is None or self._committer.done():
             self._committer = loop.create_task(self._commit_queued())
         return future

@@ -65,6 +65,19 @@ class LeaseStatements(RunStatements):
         """Write the rest of this transaction as the holder of a lease it just took."""
         self._epoch = lease.epoch
 
+    def assert_fence(self, lease: Lease) -> None:
+        """The fence of a transaction that presumes (`JournalCore.transact`'s `careful`): a
+        statement that locks the run's row as `check_fence` does, and fails the transaction
+        (dividing by zero) unless the lease still holds and no pause is asked; its answer is
+        not waited for, so `pause_requested` reads False (it is, or nothing commits)."""
+        self._db.execute(
+            "SELECT 1 / count(*) FROM (SELECT 1 FROM runs WHERE run_id = ? AND epoch = ?"
+            f" AND worker_id = ? AND pause_requested = 0{self._dialect.lock_run}) AS fenced",
+            (lease.run_id, lease.epoch, lease.worker_id),
+        )
+        self._epoch = lease.epoch
+        self._locked.add(lease.run_id)
+
     def check_fence(
         self, lease: Lease, *, ending: bool = False, step: StepPlace | None = None
     ) -> None:

@@ -89,6 +89,11 @@ class Metrics:
             "qjsflow_lease_takeovers",
             "Runs taken over from a driver that never released them",
         )
+        self.presumptions_failed = make(
+            "Counter",
+            "qjsflow_journal_presumptions_failed",
+            "Transactions that presumed (a fence asserted, a row absent) and were run again",
+        )
         self.limits_hit = make("Counter", "qjsflow_limits_hit", "Runs failed by a limit, by kind",
                                ("kind",))  # fmt: skip
         self.scheduling_lag = make(
