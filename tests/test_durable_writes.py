@@ -3,7 +3,8 @@ never the result of a step whose body made no effect (docs/PERFORMANCE.md, Durab
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import pytest
 
@@ -16,6 +17,8 @@ from qjsflow.runner import (
 )
 from qjsflow.runner.store import committer, connection
 from tests.conftest import start_source
+
+T = TypeVar("T")
 
 PURE = """
 export default async (event, step) => {
@@ -34,18 +37,29 @@ export default async (event, step) => {
 """
 
 
+def _recorded(monkeypatch: pytest.MonkeyPatch, what: Callable[[list[Any]], T]) -> list[T]:
+    """`what` of each batch committed from now on, in order."""
+    seen: list[T] = []
+    original = committer.run_batch
+
+    def recording(connection: Any, batch: list[Any], backend: Any) -> Any:
+        seen.append(what(batch))
+        return original(connection, batch, backend)
+
+    monkeypatch.setattr(committer, "run_batch", recording)
+    return seen
+
+
 @pytest.fixture
 def fsynced(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
     """Each committed batch: whether it was fsynced."""
-    seen: list[bool] = []
-    original = committer.run_batch
+    return _recorded(monkeypatch, lambda batch: any(job.durable for job in batch))
 
-    def counting(connection: Any, batch: list[Any], backend: Any) -> Any:
-        seen.append(any(job.durable for job in batch))
-        return original(connection, batch, backend)
 
-    monkeypatch.setattr(committer, "run_batch", counting)
-    return seen
+@pytest.fixture
+def jobs(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Each committed batch: how many jobs it held."""
+    return _recorded(monkeypatch, len)
 
 
 async def test_pure_step_results_ride_on_the_next_durable_commit(
@@ -61,20 +75,13 @@ async def test_pure_step_results_ride_on_the_next_durable_commit(
 
 
 async def test_a_drives_last_results_are_written_in_its_ends_own_job(
-    runner: Runner, monkeypatch: pytest.MonkeyPatch
+    runner: Runner, jobs: list[int]
 ) -> None:
     """The results that come with a drive's outcome await no answer: they are held and
     written first in the drive's end, one job of one commit (not a job of their own before
     it, each waiting for the server)."""
-    jobs: list[int] = []
-    original = committer.run_batch
-
-    def counting(connection: Any, batch: list[Any], backend: Any) -> Any:
-        jobs.append(len(batch))
-        return original(connection, batch, backend)
-
     await runner.publish("acme", {"workflows/flow.ts": PURE})
-    monkeypatch.setattr(committer, "run_batch", counting)
+    jobs.clear()
     run = await start_source(runner, PURE)
     assert run.output == 45
     assert jobs == [1, 1]  # the start with the drive's beginning; the end with the results
@@ -91,19 +98,12 @@ export default async (event, step) => {
 
 
 async def test_results_a_sandbox_sends_to_free_its_memory_are_written_at_once(
-    runner: Runner, monkeypatch: pytest.MonkeyPatch
+    runner: Runner, jobs: list[int]
 ) -> None:
     """Results the sandbox sends past 256 kB to free its memory are written at once, as a
     job of their own, not held in the host's memory until the drive's end."""
-    jobs: list[int] = []
-    original = committer.run_batch
-
-    def counting(connection: Any, batch: list[Any], backend: Any) -> Any:
-        jobs.append(len(batch))
-        return original(connection, batch, backend)
-
     await runner.publish("acme", {"workflows/flow.ts": BIG_RESULTS})
-    monkeypatch.setattr(committer, "run_batch", counting)
+    jobs.clear()
     run = await start_source(runner, BIG_RESULTS)
     assert run.output == 300001
     # The start; the big results sent early, as their own job; the end, the last held into it.
