@@ -334,15 +334,9 @@ class JournalOps:
     def hold(self, write: Callable[[JournalTransaction], object]) -> None:
         """Hold the write of what is answered already (a tool's result, ops that await no
         answer) until the drive's next transaction (`transact`: the drive's end is one), or
-        `queue_held`. Nothing outside the journal sees it before then: every effect begins
-        with a transaction, which writes it first."""
+        `flush`. Nothing outside the journal sees it before then: every effect begins with a
+        transaction, which writes it first."""
         self._held.append(write)
-
-    def queue_held(self) -> None:
-        """Queue the writes held (`hold`) now, as a batch answered ahead: the drive's end,
-        queued after them, finds them written (`all_written`)."""
-        if self._held:
-            self._queue_written(lambda tx: None)
 
     def _with_held(
         self, work: Callable[[JournalTransaction], T]
@@ -394,7 +388,8 @@ class JournalOps:
     async def flush(self) -> None:
         """Wait for everything answered ahead to be committed, the writes held too; raise the
         first failure (a lost lease, an unavailable journal) after all have finished."""
-        self.queue_held()
+        if self._held:  # queued as a batch answered ahead: what comes after finds them written
+            self._queue_written(lambda tx: None)
         await self._behind_written()
 
     async def _behind_written(self) -> None:
