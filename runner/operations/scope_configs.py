@@ -65,9 +65,9 @@ class StartSettings:
 def start_settings(
     latest: tuple[int, str, int] | None, scope: str, config: RunnerConfig, configs: ConfigCache
 ) -> StartSettings:
-    """The scope's `latest` configuration in the journal (read in the start's transaction:
-    `JournalTransaction.scope_config`); the process's own settings for a scope that has none
-    there."""
+    """The scope's `latest` configuration in the journal (read in the start's transaction,
+    `JournalTransaction.send_latest_scope_config`); the process's own settings for a scope
+    that has none there."""
     if latest is None:
         return StartSettings(config.environments.get(scope), config.scope_policies.get(scope),
                              config.scope_budgets.get(scope), None)  # fmt: skip

@@ -234,12 +234,10 @@ class JournalTransaction(ScopeChangeStatements):
         its canonical text, when it was applied), or None."""
         if version is None:
             return self.send_latest_scope_config(scope)()
-        else:
-            row = self._one(
-                "SELECT version, config, created_at FROM scope_configs"
-                " WHERE scope = ? AND version = ?",
-                (scope, version),
-            )
+        row = self._one(
+            "SELECT version, config, created_at FROM scope_configs WHERE scope = ? AND version = ?",
+            (scope, version),
+        )
         return None if row is None else (int(row[0]), str(row[1]), int(row[2]))
 
     def send_latest_scope_config(self, scope: str) -> Callable[[], tuple[int, str, int] | None]:
