@@ -15,6 +15,7 @@ from qjsflow.runner.store.lease_types import (
     LeaseMode,
 )
 from qjsflow.runner.store.records import (
+    ENDED,
     ENDED_SQL,
     STEP_COLUMNS,
     RunRecord,
@@ -178,6 +179,11 @@ class LeaseStatements(RunStatements):
             f"{BEGIN_DRIVE_SQL if begin else ''}"
         )
         set_args = (worker_id, *at, ttl_ms, *((now,) if begin else ()))
+        if run_id in self._fresh and self._runs[run_id].status not in ENDED:
+            self._fresh.discard(run_id)
+            update = (f"UPDATE runs SET {sets} WHERE run_id = ?", (*set_args, run_id))
+            return self._take_fresh(run_id, worker_id, update, begin=now if begin else None,
+                                    looks=wake_ups)  # fmt: skip
         looks = lease_looks_sql(len(wake_ups)) if wake_ups else ""
 
         def take(condition: str, condition_args: tuple[Any, ...]) -> Any:
@@ -231,6 +237,30 @@ class LeaseStatements(RunStatements):
             self.append_event(run_id, "lease_taken_over", now, dumps_text(taken))
             return Lease(run_id, worker_id, int(row[0]), taken_from=str(held))
         return Lease(run_id, worker_id, int(row[0]))
+
+    def _take_fresh(
+        self,
+        run_id: str,
+        worker_id: str,
+        update: tuple[str, tuple[Any, ...]],
+        *,
+        begin: int | None,
+        looks: tuple[str, ...],
+    ) -> Lease:
+        """The lease of a run this transaction inserted (`insert_run`) and has not leased: its
+        row is locked by the insert, at epoch 0, held by nobody, with no timer or step, so what
+        the update finds is known — it is sent, not read (a start's round trip fewer). `begin`:
+        the drive's time, when the update begins one (`BEGIN_DRIVE_SQL`)."""
+        self._db.execute(*update)
+        self.runs_written = True
+        run = self._runs[run_id]
+        runnable = not (run.cancel_requested or run.pause_requested or run.status == "queued")
+        if begin is not None and runnable:
+            self._runs[run_id] = as_read(run, status="running", error=None, updated_at=begin)
+        if looks:
+            self._looks[run_id] = LeaseLooks(woken=False, stepped=False)
+        self._holders[run_id] = worker_id
+        return Lease(run_id, worker_id, 1)
 
     def lease_looks(self, run_id: str) -> LeaseLooks:
         """What the run had as this transaction took its lease to begin a drive (for the

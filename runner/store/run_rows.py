@@ -174,6 +174,9 @@ class TransactionBase:
         self._runs: dict[str, RunRecord] = {}
         self._locked: set[str] = set()
         self._created: set[str] = set()  # runs this transaction inserted
+        # Those of them whose lease it has not taken yet: at epoch 0, held by nobody, with no
+        # timer or step (`acquire_lease` knows what taking it finds).
+        self._fresh: set[str] = set()
         # Runs whose lease this transaction took at a drive's end without writing it yet, and
         # the epoch the drive read them at: the run's last update writes it (`release_lease`).
         self._unwritten: dict[str, int] = {}
@@ -365,6 +368,7 @@ class RunStatements(TransactionBase):
         self.wake_workers()  # a new run: a worker drives it
         self._locked.add(run.run_id)
         self._created.add(run.run_id)
+        self._fresh.add(run.run_id)
         self._runs[run.run_id] = as_read(run)
         self._holders[run.run_id] = None
         return True

@@ -92,28 +92,55 @@ class StepStatements(LeaseStatements):
         return written == len(steps)
 
     def insert_settled_batch(self, run_id: str, steps: Sequence[SettledStep]) -> int:
+        """Write `steps` (at most `_STEPS_PER_STATEMENT`): how many rows were inserted."""
         events: list[Any] = []
+        completions = []
         for step in steps:
             key = dumps_text(step_key("do", step.count, step.name))
+            completions.append(f'{{"key":{key}}}')
             events += (run_id, "step_started", step.at, f'{{"key":{key},"attempt":1}}', self._epoch)
-            events += (run_id, "step_completed", step.at, f'{{"key":{key}}}', self._epoch)
-        marks = ", ".join(["(?, ?, ?, ?, ?)"] * (2 * len(steps)))
-        rows = self._db.execute(
-            f"INSERT INTO events (run_id, type, at, data, epoch) VALUES {marks} RETURNING seq",
-            events,
-        ).fetchall()
+            events += (run_id, "step_completed", step.at, completions[-1], self._epoch)
+        insert_events = (
+            "INSERT INTO events (run_id, type, at, data, epoch)"
+            f" VALUES {', '.join(['(?, ?, ?, ?, ?)'] * (2 * len(steps)))}"
+        )
+        columns = (
+            "run_id, kind, name, count, status, attempt, config, output, started_at,"
+            " completed_at, settled_seq, replay_at"
+        )
+        if self._dialect.pipelined:
+            # One statement (one round trip): each row settled at its completion's event,
+            # found by its data (the step's key: one a step).
+            values: list[Any] = []
+            for step, completed in zip(steps, completions, strict=True):
+                values += (step.name, step.count, step.config, step.output, step.at,
+                           step.replay_at, completed)  # fmt: skip
+            typed = "(?::text, ?::bigint, ?::text, ?::text, ?::bigint, ?::bigint, ?::text)"
+            rest = ", (?, ?, ?, ?, ?, ?, ?)" * (len(steps) - 1)
+            row = self._one(
+                f"WITH written AS ({insert_events} RETURNING seq, type, data),"
+                f" inserted AS (INSERT INTO steps ({columns})"
+                " SELECT ?, 'do', v.name, v.count, 'completed', 1, v.config, v.output, v.at,"
+                " v.at, written.seq, v.replay_at"
+                f" FROM (VALUES {typed}{rest})"
+                " AS v (name, count, config, output, at, replay_at, data)"
+                " JOIN written ON written.type = 'step_completed' AND written.data = v.data"
+                " ON CONFLICT DO NOTHING RETURNING 1)"
+                " SELECT count(*) FROM inserted",
+                (*events, run_id, *values),
+            )
+            return int(row[0])
+        rows = self._db.execute(f"{insert_events} RETURNING seq", events).fetchall()
         # Sequence numbers are given in the order of the rows inserted: the second of each
         # step's pair is its completion's, which it settles at.
         seqs = sorted(int(row[0]) for row in rows)
-        values: list[Any] = []
-        for step, completed in zip(steps, seqs[1::2], strict=True):
+        values = []
+        for step, seq in zip(steps, seqs[1::2], strict=True):
             values += (run_id, step.name, step.count, step.config, step.output, step.at,
-                       step.at, completed, step.replay_at)  # fmt: skip
+                       step.at, seq, step.replay_at)  # fmt: skip
         marks = ", ".join(["(?, 'do', ?, ?, 'completed', 1, ?, ?, ?, ?, ?, ?)"] * len(steps))
         inserted = self._db.execute(
-            "INSERT INTO steps (run_id, kind, name, count, status, attempt, config, output,"
-            f" started_at, completed_at, settled_seq, replay_at) VALUES {marks}"
-            " ON CONFLICT DO NOTHING RETURNING 1",
+            f"INSERT INTO steps ({columns}) VALUES {marks} ON CONFLICT DO NOTHING RETURNING 1",
             values,
         ).fetchall()
         return len(inserted)

@@ -1,0 +1,73 @@
+"""How many times a run's journal transactions wait for the PostgreSQL server: each wait is a
+round trip on the run's critical path (docs/ARCHITECTURE.md, "A PostgreSQL transaction is
+pipelined"). Counted as psycopg's pipeline syncs: every answer read and every commit is one."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+
+from qjsflow.runner import Runner, RunnerConfig, StartRunInput
+from qjsflow.runner.store import committer
+from qjsflow.sandbox import PoolConfig
+from tests.postgres import PostgresServer
+
+pytestmark = pytest.mark.slow
+
+PURE = """
+export default async (event, step) => {
+  let total = 0;
+  for (let i = 0; i < 10; i++) total += await step.do("pure " + i, async () => i);
+  return total;
+};
+"""
+
+
+@pytest.fixture
+async def runner(postgres: PostgresServer, tmp_path: Path) -> AsyncIterator[Runner]:
+    config = RunnerConfig(pool=PoolConfig(size=1), scope_root=tmp_path / "scopes")
+    async with Runner.open(postgres.new_database(), config) as opened:
+        yield opened
+
+
+@pytest.fixture
+def waits(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """For each journal transaction committed from now on, how many times it waited."""
+    counted: list[int] = []
+    original_batch, original_sync = committer.run_batch, psycopg.Pipeline.sync
+
+    def batch(connection: Any, batch: list[Any], backend: Any) -> Any:
+        counted.append(0)
+        return original_batch(connection, batch, backend)
+
+    def sync(self: psycopg.Pipeline) -> None:
+        if counted:
+            counted[-1] += 1
+        original_sync(self)
+
+    monkeypatch.setattr(committer, "run_batch", batch)
+    monkeypatch.setattr(psycopg.Pipeline, "sync", sync)
+    return counted
+
+
+async def test_a_run_of_pure_steps_waits_for_the_server_six_times(
+    runner: Runner, waits: list[int]
+) -> None:
+    """Its start (the run created, its lease taken, its drive begun) waits for its reads (the
+    scope's settings and the snapshot, together), the run's insert (first writer wins) and
+    its commit — not for the lease of the run it has just inserted, whose answers it knows.
+    Its end waits for its fence, for its ten steps (their events and rows in one statement)
+    and for its commit."""
+    snapshot = (await runner.publish("acme", {"workflows/flow.ts": PURE})).snapshot_id
+    await runner.start(StartRunInput("acme", "flow", snapshot, None, "r0"))  # (what a process
+    waits.clear()  # reads once, and the executor's first context, before it)
+    run = await runner.start(StartRunInput("acme", "flow", snapshot, None, "r1"))
+    assert run.status == "completed", run.error
+    assert run.output == 45
+    assert waits == [3, 3]
+    steps = await runner.list_steps(run.run_id, scope="acme")
+    assert [(s.name, s.output) for s in steps] == [(f"pure {n}", n) for n in range(10)]
