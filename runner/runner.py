@@ -16,7 +16,7 @@ from qjsflow.bridge.values import from_python
 from qjsflow.bundles import build_snapshot, name_workflows
 from qjsflow.runner.bindings import Bindings
 from qjsflow.runner.config import Retention, RunnerConfig
-from qjsflow.runner.engine.drive import SIGNAL_TIMER, BeforeLease, RunDriver
+from qjsflow.runner.engine.drive import SIGNAL_TIMER, BeforeLease, Presuming, RunDriver
 from qjsflow.runner.engine.worker import IDLE_HORIZON_MS, Worker
 from qjsflow.runner.errors import (
     InvalidEvent,
@@ -207,18 +207,20 @@ class Runner(Schedules, ScopeConfigs, RunReads):
                 return run_view(existing)
             return run_view(wanted)
 
-        def create_to_drive(tx: JournalTransaction, *, now: int) -> bool:
+        def create_to_drive(tx: JournalTransaction, *, now: int, presume: bool = False) -> bool:
             # The drive's time: its beginning changes nothing.
-            wanted, existing = create(tx, now, inline=True)
+            wanted, existing = create(tx, now, inline=True, presume=presume)
             if existing is not None:  # nothing is written: the run is returned as it is
                 raise ExistingRun(existing, wanted)
             return True
 
         # Created in the transaction that takes its lease and begins its first drive (not
         # fsynced by itself: the drive's first effect or its end makes it durable, and the
-        # caller learns of the run only then).
+        # caller learns of the run only then). Presumed new: inserted without reading whether
+        # the run is there, which, if it is, fails the insert and the careful transaction runs.
+        first = Presuming(partial(create_to_drive, presume=True), create_to_drive)
         try:
-            return await self._drive(create.run_key, bindings, first=create_to_drive)
+            return await self._drive(create.run_key, bindings, first=first)
         except ExistingRun as already:
             check_same_start(already.run, already.wanted)
             return run_view(already.run)
@@ -557,7 +559,7 @@ class Runner(Schedules, ScopeConfigs, RunReads):
         run_id: str,
         bindings: Bindings | None,
         *,
-        first: BeforeLease | None = None,
+        first: BeforeLease | Presuming | None = None,
         read_first: bool = False,
     ) -> RunView:
         run = await self.driver.drive(

@@ -11,9 +11,10 @@ from typing import Any
 import psycopg
 import pytest
 
-from qjsflow.runner import Runner, RunnerConfig, StartRunInput
+from qjsflow.runner import RunConflict, Runner, RunnerConfig, StartRunInput
 from qjsflow.runner.store import committer
 from qjsflow.sandbox import PoolConfig
+from tests.journal_reads import table_counts
 from tests.postgres import PostgresServer
 
 pytestmark = pytest.mark.slow
@@ -42,6 +43,9 @@ def waits(monkeypatch: pytest.MonkeyPatch) -> list[int]:
 
     def batch(connection: Any, batch: list[Any], backend: Any) -> Any:
         counted.append(0)
+        print(
+            "JOB", [getattr(getattr(j.work, "func", j.work), "__qualname__", j.work) for j in batch]
+        )
         return original_batch(connection, batch, backend)
 
     def sync(self: psycopg.Pipeline) -> None:
@@ -54,7 +58,7 @@ def waits(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     return counted
 
 
-async def test_a_run_of_pure_steps_waits_for_the_server_six_times(
+async def test_a_run_of_pure_steps_waits_for_the_server_five_times(
     runner: Runner, waits: list[int]
 ) -> None:
     """Its start (the run created, its lease taken, its drive begun) waits for its reads (the
@@ -68,6 +72,25 @@ async def test_a_run_of_pure_steps_waits_for_the_server_six_times(
     run = await runner.start(StartRunInput("acme", "flow", snapshot, None, "r1"))
     assert run.status == "completed", run.error
     assert run.output == 45
-    assert waits == [3, 3]
+    assert waits == [2, 3]
     steps = await runner.list_steps(run.run_id, scope="acme")
     assert [(s.name, s.output) for s in steps] == [(f"pure {n}", n) for n in range(10)]
+
+
+async def test_a_start_presumes_its_run_is_new_and_is_careful_where_it_is_not(
+    runner: Runner, waits: list[int]
+) -> None:
+    """The run's insert is not read: a run with the id already there fails it, so the whole
+    transaction (nothing of it is written), and the careful start, which reads, answers with
+    the run that is there — or says how the start differs from it."""
+    snapshot = (await runner.publish("acme", {"workflows/flow.ts": PURE})).snapshot_id
+    first = await runner.start(StartRunInput("acme", "flow", snapshot, {"n": 1}, "r1"))
+    counts = table_counts(runner.store)
+    waits.clear()
+    again = await runner.start(StartRunInput("acme", "flow", snapshot, {"n": 1}, "r1"))
+    assert again == first
+    print("WAITS", waits)
+    assert len(waits) == 2  # the presumed start, refused at its commit; the careful one
+    with pytest.raises(RunConflict, match="different input"):
+        await runner.start(StartRunInput("acme", "flow", snapshot, {"n": 2}, "r1"))
+    assert table_counts(runner.store) == counts

@@ -55,12 +55,12 @@ class Creation:
     start its workflow gates raises `GatedStart` before writing anything."""
 
     run_key: str
-    write: Callable[[JournalTransaction, int, bool], tuple[RunRecord, RunRecord | None]]
+    write: Callable[[JournalTransaction, int, bool, bool], tuple[RunRecord, RunRecord | None]]
 
     def __call__(
-        self, tx: JournalTransaction, now: int, *, inline: bool = False
+        self, tx: JournalTransaction, now: int, *, inline: bool = False, presume: bool = False
     ) -> tuple[RunRecord, RunRecord | None]:
-        return self.write(tx, now, inline)
+        return self.write(tx, now, inline, presume)
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,8 +97,10 @@ def creation(request: StartRunInput, *, config: RunnerConfig, configs: ConfigCac
     priority = checked_priority(request.priority)
 
     def create(
-        tx: JournalTransaction, now: int, inline: bool
+        tx: JournalTransaction, now: int, inline: bool, presume: bool = False
     ) -> tuple[RunRecord, RunRecord | None]:
+        """The run, and the one there already (None: it was inserted). `presume`: the run is
+        new, inserted without reading whether it is (`insert_run`)."""
         latest = tx.send_latest_scope_config(scope)  # answered with the snapshot's read
         snapshot = snapshot_in(tx, reference=request.snapshot_id, scope=scope)
         settings = start_settings(latest(), scope, config, configs)
@@ -137,7 +139,7 @@ def creation(request: StartRunInput, *, config: RunnerConfig, configs: ConfigCac
             written = partial(_created, tx, scope=scope, tags=tags, now=now)
             queued = gate_start(tx, record, flow, request.input, now=now, created=written)
             return (record, queued.run) if not queued.created else (queued.run, None)
-        if tx.insert_run(record):
+        if tx.insert_run(record, presumed=presume):
             _created(tx, record, scope=scope, tags=tags, now=now)
             return record, None
         return record, tx.get_run(run_id)

@@ -43,6 +43,9 @@ class Backend(Protocol):
     dialect: Dialect
 
     def is_transient(self, error: BaseException) -> bool: ...
+    def is_refusal(self, error: BaseException) -> bool:
+        """Whether the database refused a statement (rather than the work raising an error of
+        its own): what tells that a transaction's presumption did not hold."""
 
     async def run(self, work: Callable[[Any], T]) -> T: ...
     async def transaction(self, work: Callable[[Any], T], *, here: bool) -> T: ...
@@ -102,6 +105,10 @@ class SqliteBackend:
             # is made before the next try, which writes once the file can be written again.
             self._reopen = True
         return transient
+
+    @staticmethod
+    def is_refusal(error: BaseException) -> bool:
+        return isinstance(error, sqlite3.Error)
 
     def __init__(self, thread: JobThread, connection: sqlite3.Connection, path: Path) -> None:
         self._thread = thread
@@ -419,6 +426,10 @@ class PostgresBackend:
         return isinstance(state, str) and (
             state in _PG_TRANSIENT_STATES or state[:2] in _PG_TRANSIENT_CLASSES
         )
+
+    @staticmethod
+    def is_refusal(error: BaseException) -> bool:
+        return isinstance(error, _psycopg().Error)
 
     def __init__(self, url: str) -> None:
         self._url, self._pooled = transaction_pooled(url)

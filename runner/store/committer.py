@@ -285,24 +285,27 @@ class JournalCore:
         up to `retry_s`: a tool's result, say, is kept and written once the fault clears,
         never lost and the tool run again. Past that, `JournalUnavailable` says why.
 
-        With `careful`, `work` presumes on a pipelined journal: its fence is asserted, not
-        read (it waits for no answer before its commit; `pause_requested` reads False, the
-        assertion failing the transaction otherwise), and it may write without reading what
-        it presumes (a row not there: the insert fails otherwise). If it fails for any reason
-        but a transient fault, nothing of it was written and `careful`, which presumes
-        nothing, runs instead (as `work` does everywhere else).
+        With `careful`, `work` presumes on a pipelined journal: its fence, if it has one, is
+        asserted, not read (it waits for no answer before its commit; `pause_requested` reads
+        False, the assertion failing the transaction otherwise), and it may write without
+        reading what it presumes (a row not there: the insert fails otherwise). If the
+        database refuses it (for any reason but a transient fault), nothing of it was written
+        and `careful`, which presumes nothing, runs instead (as `work` does everywhere else);
+        an error of `work`'s own is raised as it is.
         """
         self._queue_behind()  # (committed before this, as it was asked for before)
         if careful is not None:
-            if self._backend.dialect.pipelined and fence is not None and fence.take is None:
+            if self._backend.dialect.pipelined and (fence is None or fence.take is None):
                 try:
                     return await self._retrying(
                         lambda: self._transact_once(work, fence, durable, writes, asserted=True)
                     )
                 except JournalUnavailable:
                     raise
-                except Exception:  # the presumption did not hold: nothing was written
-                    METRICS.presumptions_failed.inc()
+                except Exception as error:
+                    if not self._backend.is_refusal(error):
+                        raise
+                    METRICS.presumptions_failed.inc()  # it did not hold: nothing was written
             work = careful
         return await self._retrying(lambda: self._transact_once(work, fence, durable, writes, step))
 

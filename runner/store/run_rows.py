@@ -352,17 +352,16 @@ class RunStatements(TransactionBase):
                 (freed, freed, scope),
             )
 
-    def insert_run(self, run: RunRecord) -> bool:
-        """First writer wins: False when a run with this id already exists."""
+    def insert_run(self, run: RunRecord, *, presumed: bool = False) -> bool:
+        """First writer wins: False when a run with this id already exists. `presumed`: it
+        does not (a transaction that presumes, `JournalCore.transact`'s `careful`) — nothing
+        is read, and a run there fails the insert, so the transaction."""
         fields = (getattr(run, name) for name in RUN_FIELDS)  # as RUN_COLUMNS names them
         values = tuple(int(value) if isinstance(value, bool) else value for value in fields)
-        placeholders = ", ".join("?" for _ in values)
-        row = self._one(
-            f"INSERT INTO runs ({RUN_COLUMNS}) VALUES ({placeholders})"
-            " ON CONFLICT DO NOTHING RETURNING 1",
-            values,
-        )
-        if row is None:
+        insert = f"INSERT INTO runs ({RUN_COLUMNS}) VALUES ({', '.join('?' for _ in values)})"
+        if presumed:
+            self._db.execute(insert, values)
+        elif self._one(f"{insert} ON CONFLICT DO NOTHING RETURNING 1", values) is None:
             return False
         self.runs_written = True
         self.wake_workers()  # a new run: a worker drives it

@@ -6,6 +6,7 @@ lease held, to be taken later (docs/ARCHITECTURE.md, "A lease taken late").
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from functools import partial
 from typing import Protocol
 
@@ -36,7 +37,7 @@ from qjsflow.runner.tenancy.scope_config import ConfigCache
 from qjsflow.runner.tenancy.scopes import split_run_key
 
 __all__ = [
-    "BeforeLease", "Begun", "Taken", "begin_drive", "read_begin", "set_budgets",
+    "BeforeLease", "Begun", "Presuming", "Taken", "begin_drive", "read_begin", "set_budgets",
     "take_and_begin", "take_read", "write_nothing",
 ]  # fmt: skip
 
@@ -46,6 +47,16 @@ class BeforeLease(Protocol):
     when it wrote something (the drive's end then makes it durable, whatever the drive did)."""
 
     def __call__(self, tx: JournalTransaction, *, now: int) -> bool: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Presuming:
+    """A `BeforeLease` that presumes what is nearly always so (a run it inserts is new), and
+    the careful one that runs instead where the journal says otherwise
+    (`JournalCore.transact`'s `careful`)."""
+
+    presumed: BeforeLease
+    careful: BeforeLease
 
 
 # the drive began (empty for a scope without budgets).

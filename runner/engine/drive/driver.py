@@ -38,6 +38,7 @@ from qjsflow.runner.config import RunnerConfig
 from qjsflow.runner.engine.drive.beginning import (
     BeforeLease,
     Begun,
+    Presuming,
     Taken,
     read_begin,
     set_budgets,
@@ -117,7 +118,7 @@ class RunDriver:
         run_id: str,
         bindings: Bindings,
         *,
-        first: BeforeLease | None = None,
+        first: BeforeLease | Presuming | None = None,
         read_first: bool = False,
     ) -> RunRecord:
         """Drive `run_id` until it suspends on something not yet due, or ends. A run whose
@@ -141,7 +142,7 @@ class RunDriver:
         run_id: str,
         bindings: Bindings,
         *,
-        first: BeforeLease | None = None,
+        first: BeforeLease | Presuming | None = None,
         read_first: bool = False,
     ) -> RunRecord | None:
         """`drive`, or None when no lease was taken (another driver holds the run, or a lost
@@ -167,12 +168,16 @@ class RunDriver:
                 )  # fmt: skip
             if taken is None:
                 # The lease and the drive's beginning in one transaction: one journal hop fewer.
-                taken = await self.store.transact(
-                    partial(take_and_begin, run_id=run_id, worker_id=self.worker_id, now=now,
-                            ttl_ms=self.ttl_ms, budgets=self.config.scope_budgets,
-                            first=first, configs=self.configs),
-                    durable=False,
-                )  # fmt: skip
+                take = partial(take_and_begin, run_id=run_id, worker_id=self.worker_id, now=now,
+                               ttl_ms=self.ttl_ms, budgets=self.config.scope_budgets,
+                               configs=self.configs)  # fmt: skip
+                if isinstance(first, Presuming):
+                    taken = await self.store.transact(
+                        partial(take, first=first.presumed), durable=False,
+                        careful=partial(take, first=first.careful),
+                    )  # fmt: skip
+                else:
+                    taken = await self.store.transact(partial(take, first=first), durable=False)
             if taken is None:
                 return None
             final = await self._drive_taken(taken, bindings, keep=read_first)
