@@ -11,7 +11,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from qjsflow.runner import RunConflict, Runner, RunnerConfig, StartRunInput
+from qjsflow.runner import Bindings, RunConflict, Runner, RunnerConfig, StartRunInput
 from qjsflow.runner.store import committer
 from qjsflow.sandbox import PoolConfig
 from tests.journal_reads import table_counts
@@ -35,37 +35,46 @@ async def runner(postgres: PostgresServer, tmp_path: Path) -> AsyncIterator[Runn
         yield opened
 
 
-@pytest.fixture
-def waits(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """For each journal transaction committed from now on, how many times it waited."""
+def _per_transaction(monkeypatch: pytest.MonkeyPatch, owner: Any, name: str) -> list[int]:
+    """For each journal transaction committed from now on, how many times it called `name`
+    of `owner`."""
     counted: list[int] = []
-    original_batch, original_sync = committer.run_batch, psycopg.Pipeline.sync
+    original_batch, original = committer.run_batch, getattr(owner, name)
 
     def batch(connection: Any, batch: list[Any], backend: Any) -> Any:
         counted.append(0)
-        print(
-            "JOB", [getattr(getattr(j.work, "func", j.work), "__qualname__", j.work) for j in batch]
-        )
         return original_batch(connection, batch, backend)
 
-    def sync(self: psycopg.Pipeline) -> None:
+    def counting(self: Any, *args: Any, **kwargs: Any) -> Any:
         if counted:
             counted[-1] += 1
-        original_sync(self)
+        return original(self, *args, **kwargs)
 
     monkeypatch.setattr(committer, "run_batch", batch)
-    monkeypatch.setattr(psycopg.Pipeline, "sync", sync)
+    monkeypatch.setattr(owner, name, counting)
     return counted
+
+
+@pytest.fixture
+def waits(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """For each journal transaction committed from now on, how many times it waited."""
+    return _per_transaction(monkeypatch, psycopg.Pipeline, "sync")
+
+
+@pytest.fixture
+def statements(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """For each journal transaction committed from now on, how many statements it sent."""
+    return _per_transaction(monkeypatch, psycopg.Connection, "execute")
 
 
 async def test_a_run_of_pure_steps_waits_for_the_server_five_times(
     runner: Runner, waits: list[int]
 ) -> None:
     """Its start (the run created, its lease taken, its drive begun) waits for its reads (the
-    scope's settings and the snapshot, together), the run's insert (first writer wins) and
-    its commit — not for the lease of the run it has just inserted, whose answers it knows.
-    Its end waits for its fence, for its ten steps (their events and rows in one statement)
-    and for its commit."""
+    scope's settings and the snapshot, together) and its commit — not for the run's insert,
+    which presumes it is new, nor for the lease of the run it has just inserted, whose
+    answers it knows. Its end waits for its fence, for its ten steps (their events and rows
+    in one statement) and for its commit."""
     snapshot = (await runner.publish("acme", {"workflows/flow.ts": PURE})).snapshot_id
     await runner.start(StartRunInput("acme", "flow", snapshot, None, "r0"))  # (what a process
     waits.clear()  # reads once, and the executor's first context, before it)
@@ -94,3 +103,42 @@ async def test_a_start_presumes_its_run_is_new_and_is_careful_where_it_is_not(
     with pytest.raises(RunConflict, match="different input"):
         await runner.start(StartRunInput("acme", "flow", snapshot, {"n": 2}, "r1"))
     assert table_counts(runner.store) == counts
+
+
+TOOLS = """
+export default async (event, step) => {
+  let total = 0;
+  for (let i = 0; i < 10; i++) total += (await step.tool("call " + i, "echo", { i })).i;
+  return total;
+};
+"""
+
+
+async def test_a_tool_steps_transaction_sends_six_statements(
+    postgres: PostgresServer, tmp_path: Path, statements: list[int]
+) -> None:
+    """Each call's transaction, in which the result before it is written: BEGIN, the fence's
+    assertion, that result (its audit row, event and step in one statement), the call's start
+    (its step, audit row and events in one), the commit's mark, COMMIT — each statement costs
+    the worker and the server compute whether or not its answer is waited for."""
+
+    async def echo(args: Any) -> Any:
+        return args
+
+    config = RunnerConfig(pool=PoolConfig(size=1), scope_root=tmp_path / "scopes",
+                          bindings=Bindings(tools={"echo": echo}))  # fmt: skip
+    async with Runner.open(postgres.new_database(), config) as runner:
+        snapshot = (await runner.publish("acme", {"workflows/flow.ts": TOOLS})).snapshot_id
+        await runner.start(StartRunInput("acme", "flow", snapshot, None, "r0"))
+        statements.clear()
+        run = await runner.start(StartRunInput("acme", "flow", snapshot, None, "r1"))
+        assert (run.status, run.output) == ("completed", 45)
+        calls = await runner.list_tool_calls(run.run_id, scope="acme")
+        steps = await runner.list_steps(run.run_id, scope="acme")
+    # the start, the first call's (no result before it), nine more, the end
+    assert len(statements) == 12
+    assert statements[2:11] == [6] * 9
+    assert [(c.attempt, c.result) for c in calls] == [(1, {"i": n}) for n in range(10)]
+    assert [(s.name, s.status, s.output) for s in steps] == [
+        (f"call {n}", "completed", {"i": n}) for n in range(10)
+    ]

@@ -201,10 +201,7 @@ class DriveHost(JournalOps):
             # Presumed: the step has no row (the insert fails otherwise, and `begin` runs).
             if self._refuses(tx, op.step, call):
                 return PARKED, None
-            return written_ahead(tx, steps.begin_first_attempt(
-                tx, self.run_id, "tool", name=op.step, count=op.count, policy=op.config, now=now,
-                digest=op.digest,
-            ))  # fmt: skip
+            return steps.begin_first_call(tx, place, op, now)
 
         if not ready:
             return await self.transact(begin, step=place)

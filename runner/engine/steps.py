@@ -22,6 +22,7 @@ from qjsflow.bridge.types import (
     StepCheck,
     StepRecord,
     StepSleep,
+    StepTool,
     StepWaitForEvent,
     Suspend,
     Value,
@@ -29,6 +30,7 @@ from qjsflow.bridge.types import (
 from qjsflow.bridge.values import tagged_date
 from qjsflow.bridge.wire import ProtocolError
 from qjsflow.runner.store import JournalTransaction, SettledStep, StepRow, StepStatus
+from qjsflow.runner.store.records import StepPlace
 
 __all__ = [
     "Answered",
@@ -146,6 +148,20 @@ def begin_first_attempt(
         config=policy_to_json(policy), args_digest=digest,
     )  # fmt: skip
     event(tx, run_id, "step_started", now, step_key(kind, count, name), attempt=1)
+    return 1
+
+
+def begin_first_call(tx: JournalTransaction, place: StepPlace, op: StepTool, now: int) -> int:
+    """Start the first attempt of a call whose step has no row (inserted: if it had one, the
+    insert fails its transaction), its audit row written ahead of the call, as `begin_attempt`
+    and the host's `written_ahead` write it for any attempt."""
+    key = place.key
+    tx.begin_first_call(
+        place, config=policy_to_json(op.config), digest=op.digest, address=op.address,
+        args=op.args, at=now,
+        events=(dumps_text({"key": key, "attempt": 1}),
+                dumps_text({"key": key, "address": op.address})),
+    )  # fmt: skip
     return 1
 
 

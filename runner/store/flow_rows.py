@@ -8,8 +8,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
+from qjsflow.runner.store.call_rows import CallStatements
 from qjsflow.runner.store.records import ENDED_SQL, RunStatus
-from qjsflow.runner.store.step_rows import StepStatements
 
 __all__ = ["COUNTED_WHILE_LIVE", "FLOW_COLUMNS", "FlowRow", "FlowStatements"]
 
@@ -62,7 +62,7 @@ def _flow_row(row: Any) -> FlowRow:
     return FlowRow(**values, status=RunStatus(status), priority=int(priority))
 
 
-class FlowStatements(StepStatements):
+class FlowStatements(CallStatements):
     def lock_gate(self, scope: str, workflow: str, *, wait: bool = True) -> bool:
         """Hold the workflow's gate for the rest of the transaction (made if it is new).
         Without `wait`, False when another transaction holds it (a worker's look: the holder

@@ -16,7 +16,6 @@ caller holds the transaction (hence no `_txn` suffix on a class whose every meth
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
@@ -24,8 +23,6 @@ from qjsflow.bridge import dumps_text
 from qjsflow.runner.store.lease_types import Lease, LeaseLost, lease_now
 from qjsflow.runner.store.records import (
     InboxRecord,
-    StepPlace,
-    StepStatus,
     WorkerRecord,
 )
 from qjsflow.runner.store.run_rows import (
@@ -404,56 +401,7 @@ class JournalTransaction(ScopeChangeStatements):
     def consume(self, seq: int, step_key: str) -> None:
         self._db.execute("UPDATE inbox SET consumed_by = ? WHERE seq = ?", (step_key, seq))
 
-    # -- tool calls and logs -----------------------------------------------------------------
-
-    def start_tool_call(
-        self, run_id: str, step_key: str, attempt: int, *, address: str, args: str, at: int
-    ) -> None:
-        """The audit row of a call an attempt makes (one an attempt: the step and attempt
-        name it, and nothing is read back)."""
-        self._db.execute(
-            "INSERT INTO tool_calls (run_id, step_key, attempt, address, args, started_at)"
-            " VALUES (?, ?, ?, ?, ?, ?)",
-            (run_id, step_key, attempt, address, args, at),
-        )
-
-    def finish_tool_call(
-        self,
-        run_id: str,
-        step_key: str,
-        attempt: int,
-        *,
-        result: str | None,
-        error: str | None,
-        duration_ms: int,
-    ) -> None:
-        self._db.execute(
-            "UPDATE tool_calls SET result = ?, error = ?, duration_ms = ?"
-            " WHERE run_id = ? AND step_key = ? AND attempt = ?",
-            (result, error, duration_ms, run_id, step_key, attempt),
-        )
-
-    def settle_call_answered(
-        self, place: StepPlace, attempt: int, *, result: str, duration_ms: int, at: int
-    ) -> None:
-        """A tool call's result its drive answered before writing it (runner/engine/host.py):
-        the audit row and the step settled, reading nothing. They change no other step's row,
-        so a read of one sent ahead (`send_step_read`) still answers after them."""
-        sent = self._step_read
-        self.finish_tool_call(place.run_id, place.key, attempt, result=result, error=None,
-                              duration_ms=duration_ms)  # fmt: skip
-        self.settle_step(place, status=StepStatus.completed, output=result, error=None, at=at,
-                         event_type="step_completed")  # fmt: skip
-        if sent is not None and sent.place != place:
-            self._step_read = dataclasses.replace(sent, sent_at=self._db.statements_sent)
-
-    def mark_tool_calls_unknown(self, run_id: str, step_key: str, attempt: int, error: str) -> None:
-        """Audit rows of an attempt that never reported: their outcome is unknown."""
-        self._db.execute(
-            "UPDATE tool_calls SET error = ? WHERE run_id = ? AND step_key = ? AND attempt = ?"
-            " AND result IS NULL AND error IS NULL",
-            (error, run_id, step_key, attempt),
-        )
+    # -- logs ------------------------------------------------------------------------------
 
     def insert_log(
         self, run_id: str, source: str, level: str, text: str, at: int, *, max_lines: int
