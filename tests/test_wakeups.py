@@ -7,9 +7,11 @@ from __future__ import annotations
 
 from typing import Any
 
+import psycopg
 import pytest
 
 from qjsflow.runner import Runner, RunnerConfig, StartRunInput
+from qjsflow.runner.store.dialect import WAKE_CHANNEL
 from qjsflow.sandbox import PoolConfig
 from tests.worker_pool import Workers
 
@@ -44,3 +46,28 @@ async def test_a_start_an_event_and_a_timer_wake_a_worker_that_hardly_polls(
                 assert (done.status, done.output) == ("completed", n * 10)
         finally:
             pool.stop_all()
+
+
+@pytest.mark.slow
+async def test_a_start_driven_where_it_is_made_wakes_no_worker(
+    postgres: Any, tmp_path: Any
+) -> None:
+    """Its run is leased in the transaction that creates it: a worker woken would only find
+    it taken. A start left to the workers wakes them. (Notifications come in the order their
+    transactions committed: those before the test's own marker are the starts'.)"""
+    db = postgres.new_database()
+    config = RunnerConfig(pool=PoolConfig(size=1), scope_root=tmp_path / "api")
+    async with Runner.open(db, config) as api:
+        await api.publish("acme", {"workflows/flow.ts": "export default async () => 1;"})
+        with psycopg.connect(db, autocommit=True) as listener:
+            listener.execute(f"LISTEN {WAKE_CHANNEL}")
+            driven = await api.start(StartRunInput("acme", "flow", "latest", None, "here"))
+            assert driven.status == "completed"
+            await api.start(StartRunInput("acme", "flow", "latest", None, "there"), drive=False)
+            listener.execute(f"NOTIFY {WAKE_CHANNEL}, 'marker'")
+            told = []
+            for note in listener.notifies(timeout=_WAIT_S):
+                if note.payload == "marker":
+                    break
+                told.append(note.payload)
+    assert told == [""]  # the start left to the workers, alone

@@ -116,6 +116,7 @@ def run_batch(connection: Any, batch: list[BatchJob], backend: Backend) -> _Batc
                 held = None
                 result = job.work(tx)
                 tx.check_leases_written()
+                tx.wake_for_new_runs()
                 if not alone:  # its statements' errors are its own (alone: the commit's)
                     tx.sync()
                     connection.execute("RELEASE job")

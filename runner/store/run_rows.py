@@ -192,6 +192,9 @@ class TransactionBase:
         # when the batch collects it; None: written at once.
         self.usage: list[UsageCharge] | None = None
         self._woke = False  # whether it told waiting workers of a claimable run
+        # Runs it inserted whose lease it has not taken: the workers are told of them as the
+        # job ends (`wake_for_new_runs`) — not of a run it drives at once (a start's).
+        self._unclaimed: set[str] = set()
 
     def wake_workers(self) -> None:
         """Tell the workers waiting on the journal that a run may be claimable, as this
@@ -200,6 +203,14 @@ class TransactionBase:
         if self._dialect.wake and not self._woke:
             self._db.execute(self._dialect.wake)
             self._woke = True
+
+    def wake_for_new_runs(self) -> None:
+        """As a job ends: tell the workers of the runs it inserted and did not lease (a run
+        leased by the start that made it is driven here; a worker told of it would only find
+        it taken)."""
+        if self._unclaimed:
+            self._unclaimed.clear()
+            self.wake_workers()
 
     def sync(self) -> None:
         """Raise now the error of any statement sent and not answered yet: on a pipelined
@@ -364,7 +375,7 @@ class RunStatements(TransactionBase):
         elif self._one(f"{insert} ON CONFLICT DO NOTHING RETURNING 1", values) is None:
             return False
         self.runs_written = True
-        self.wake_workers()  # a new run: a worker drives it
+        self._unclaimed.add(run.run_id)  # a new run: a worker drives it, unless this does
         self._locked.add(run.run_id)
         self._created.add(run.run_id)
         self._fresh.add(run.run_id)
