@@ -322,3 +322,43 @@ async def test_pure_results_that_cannot_be_written_together_are_written_one_by_o
     assert host.diverged
     steps = await clocked_runner.list_steps(run.run_id, scope="acme")
     assert [(s.name, s.output) for s in steps if s.name != "s"] == [("a", 1)]
+
+
+async def test_a_drives_end_presumes_its_pure_results_new_and_writes_them_carefully_if_not(
+    clocked_runner: Runner, clock: FakeClock, journal: str
+) -> None:
+    """The pure results a drive's end writes first are presumed new on PostgreSQL: written
+    without reading how many went in, so a step with a row already (or, from a sandbox that
+    lies, one settled twice) fails the end's transaction, and the careful end writes them
+    one by one — the second finds the first's row, and nothing after it is written."""
+    source = 'export default async (e, step) => { await step.sleep("s", "1 hour"); };'
+    run = await start_source(clocked_runner, source)
+    now = int(clock() * 1000)
+    lease = await clocked_runner.store.acquire_lease(
+        run_key("acme", run.run_id), "test", now, 60_000
+    )
+    assert lease is not None
+    host = DriveHost(
+        clocked_runner.store, lease, Bindings(), Limits(), lambda: now,
+        scopes=clocked_runner.scopes,
+    )  # fmt: skip
+    policy = RetryPolicy(0, 0, "constant", 60_000)
+
+    def settled(op_id: int, name: str, value: str) -> OpEnvelope:
+        return OpEnvelope(op_id, StepRecord(name, 1, 1, value, None, now, policy))
+
+    def presumed(tx: JournalTransaction) -> str:
+        return "presumed"
+
+    def careful(tx: JournalTransaction) -> str:
+        return "careful"
+
+    presumes = journal.startswith("postgresql://")
+    assert await host([settled(1, "x", "0")]) == []
+    ended = await host.transact(presumed, careful=careful, reads_fence=True)
+    assert ended == ("presumed" if presumes else "careful")
+    assert await host([settled(2, "a", "1"), settled(3, "a", "2"), settled(4, "b", "3")]) == []
+    assert await host.transact(presumed, careful=careful, reads_fence=True) == "careful"
+    assert host.diverged
+    steps = await clocked_runner.list_steps(run.run_id, scope="acme")
+    assert [(s.name, s.output) for s in steps if s.name != "s"] == [("x", 0), ("a", 1)]

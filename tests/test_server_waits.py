@@ -81,7 +81,7 @@ async def test_a_run_of_pure_steps_waits_for_the_server_five_times(
     run = await runner.start(StartRunInput("acme", "flow", snapshot, None, "r1"))
     assert run.status == "completed", run.error
     assert run.output == 45
-    assert waits == [2, 3]
+    assert waits == [2, 2]
     steps = await runner.list_steps(run.run_id, scope="acme")
     assert [(s.name, s.output) for s in steps] == [(f"pure {n}", n) for n in range(10)]
 

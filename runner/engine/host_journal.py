@@ -353,11 +353,13 @@ class JournalOps:
         step: StepPlace | None = None,
         fenced: bool = True,
         careful: Callable[[JournalTransaction], T] | None = None,
+        reads_fence: bool = False,
     ) -> T:
         """A transaction of this drive, fenced by its lease (unless not `fenced`: the drive's
         end that takes it checks it itself), that first writes what is held (`hold`); if it
         fails, they stay held (nothing of it was written). With `careful`, `work` presumes
-        (`JournalCore.transact`), and `careful` runs if it fails, the held writes first."""
+        (`JournalCore.transact`, and `reads_fence`), and `careful` runs if it fails, the held
+        writes first."""
         held, self._held = self._held, []
 
         fence = self.lease if fenced else None
@@ -365,6 +367,7 @@ class JournalOps:
             return await self.store.transact(
                 _after(held, work), fence, durable=durable, step=step,
                 careful=None if careful is None else _after(held, careful),
+                reads_fence=reads_fence,
             )  # fmt: skip
         except BaseException:
             self._held[:0] = held

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import enum
 import logging
 import time
 import uuid
@@ -56,6 +57,16 @@ _LAST_RETRY_S = 2.0
 _Then = Callable[[Any, bytes | None], None]
 
 
+class Presumption(enum.Enum):
+    """What a transaction that presumes (`JournalCore.transact`'s `careful`) takes as so."""
+
+    # Rows it inserts are not there (`TransactionBase.presumes`); its fence is read.
+    ROWS = "rows"
+    # That, and its fence holds: asserted, not read (`LeaseStatements.assert_fence`), a
+    # statement that fails the transaction if the lease is lost or a pause asked.
+    ROWS_AND_FENCE = "rows and fence"
+
+
 @dataclass(slots=True)
 class BatchJob:
     work: Callable[[JournalTransaction], Any]
@@ -69,9 +80,8 @@ class BatchJob:
     # The step row its work reads first, if it knows: read with the fence's row, in the same
     # round trip on a pipelined journal (`LeaseStatements.send_step_read`).
     step: StepPlace | None = None
-    # Its fence asserted, not read (`LeaseStatements.assert_fence`): a statement that fails
-    # the transaction if the lease is lost or a pause asked, answered with the commit.
-    asserted: bool = False
+    # What it presumes, if anything (`JournalCore.transact`'s `careful`).
+    presumes: Presumption | None = None
 
 
 # A batch's outcomes, one a job, and the mark of its commit (for jobs told `then`).
@@ -106,10 +116,11 @@ def run_batch(connection: Any, batch: list[BatchJob], backend: Backend) -> _Batc
                 connection.execute("SAVEPOINT job")
             try:
                 tx = JournalTransaction(connection, job.fence, backend.dialect)
+                tx.presumes = job.presumes is not None
                 charged = tx.collect_usage()
                 if job.fence is not None and held is not None and held[0] == job.fence:
                     tx.fence_held(job.fence, held[1])
-                elif job.fence is not None and job.asserted:
+                elif job.fence is not None and job.presumes is Presumption.ROWS_AND_FENCE:
                     tx.assert_fence(job.fence)
                 elif job.fence is not None:
                     tx.check_fence(job.fence, step=job.step)
@@ -122,7 +133,8 @@ def run_batch(connection: Any, batch: list[BatchJob], backend: Backend) -> _Batc
                     connection.execute("RELEASE job")
                 outcomes.append((True, result))
                 usage += charged
-                if job.fence is not None and not tx.runs_written and not job.asserted:
+                asserted = job.presumes is Presumption.ROWS_AND_FENCE
+                if job.fence is not None and not tx.runs_written and not asserted:
                     held = (job.fence, tx.fence_read(job.fence))
             except Exception as error:
                 if not alone:
@@ -271,6 +283,7 @@ class JournalCore:
         writes: bool = True,
         step: StepPlace | None = None,
         careful: Callable[[JournalTransaction], T] | None = None,
+        reads_fence: bool = False,
     ) -> T:
         """Run `work` in a write transaction; return its result once it is committed.
 
@@ -286,10 +299,11 @@ class JournalCore:
         up to `retry_s`: a tool's result, say, is kept and written once the fault clears,
         never lost and the tool run again. Past that, `JournalUnavailable` says why.
 
-        With `careful`, `work` presumes on a pipelined journal: its fence, if it has one, is
-        asserted, not read (it waits for no answer before its commit; `pause_requested` reads
-        False, the assertion failing the transaction otherwise), and it may write without
-        reading what it presumes (a row not there: the insert fails otherwise). If the
+        With `careful`, `work` presumes on a pipelined journal: it may write without reading
+        what it presumes (a row not there: the insert fails otherwise), and its fence, if it
+        has one, is asserted, not read (it waits for no answer before its commit;
+        `pause_requested` reads False, the assertion failing the transaction otherwise) —
+        unless it `reads_fence` (a drive's end, which reads its run with it). If the
         database refuses it (for any reason but a transient fault), nothing of it was written
         and `careful`, which presumes nothing, runs instead (as `work` does everywhere else);
         an error of `work`'s own is raised as it is.
@@ -298,9 +312,9 @@ class JournalCore:
         if careful is not None:
             if self._backend.dialect.pipelined and (fence is None or fence.take is None):
                 try:
-                    return await self._retrying(
-                        lambda: self._transact_once(work, fence, durable, writes, asserted=True)
-                    )
+                    presumes = Presumption.ROWS if reads_fence else Presumption.ROWS_AND_FENCE
+                    once = partial(self._transact_once, work, fence, durable, writes)
+                    return await self._retrying(lambda: once(presumes=presumes))
                 except JournalUnavailable:
                     raise
                 except Exception as error:
@@ -409,18 +423,18 @@ class JournalCore:
         writes: bool,
         step: StepPlace | None = None,
         *,
-        asserted: bool = False,
+        presumes: Presumption | None = None,
     ) -> T:
         if not self._queue and not self._busy and self.commit_here():
             # Nothing queued or being committed, and the loop would only wait for this: it
             # commits now, in the caller's task (no committer task, no turns of the loop).
             future = asyncio.get_running_loop().create_future()
-            job = BatchJob(work, fence, durable, future, writes, step=step, asserted=asserted)
+            job = BatchJob(work, fence, durable, future, writes, step=step, presumes=presumes)
             ok, value = (await self._commit([job]))[0][0]
             if not ok:
                 raise value
             return cast(T, value)
-        result: T = await self._enqueue(work, fence, durable, writes, step=step, asserted=asserted)
+        result: T = await self._enqueue(work, fence, durable, writes, step=step, presumes=presumes)
         return result
 
     def _enqueue(
@@ -432,11 +446,11 @@ class JournalCore:
         *,
         then: _Then | None = None,
         step: StepPlace | None = None,
-        asserted: bool = False,
+        presumes: Presumption | None = None,
     ) -> asyncio.Future[Any]:
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Any] = loop.create_future()
-        self._queue.append(BatchJob(work, fence, durable, future, writes, then, step, asserted))
+        self._queue.append(BatchJob(work, fence, durable, future, writes, then, step, presumes))
         if self._committer is None or self._committer.done():
             self._committer = loop.create_task(self._commit_queued())
         return future

@@ -192,6 +192,9 @@ class TransactionBase:
         # when the batch collects it; None: written at once.
         self.usage: list[UsageCharge] | None = None
         self._woke = False  # whether it told waiting workers of a claimable run
+        # Whether rows it inserts are presumed not there (`JournalCore.transact`'s `careful`):
+        # a statement may then fail the transaction rather than be read and answered.
+        self.presumes = False
         # Runs it inserted whose lease it has not taken: the workers are told of them as the
         # job ends (`wake_for_new_runs`) — not of a run it drives at once (a start's).
         self._unclaimed: set[str] = set()

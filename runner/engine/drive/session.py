@@ -236,8 +236,10 @@ class DriveSession:
             driver.pool.prepare_idle()
         try:
             # Queued behind the drive's last writes, in the same commit where it can be; what
-            # the host holds (its last results) is written first in the same job.
-            ended = await host.transact(end, fenced=not taking, durable=durable)
+            # the host holds (its last results) is written first in the same job, presumed
+            # new (a step with a row already fails it, and it is written again carefully).
+            ended = await host.transact(end, fenced=not taking, durable=durable, careful=end,
+                                        reads_fence=True)  # fmt: skip
         except NotAllWritten:
             await host.flush()  # raises what failed, or waits for a write made again
             ended = await host.transact(end, fenced=not taking, durable=durable)
