@@ -55,6 +55,7 @@ from qjsflow.runner.views import (
 
 __all__ = [
     "RUN_ID",
+    "SNAPSHOT_ID",
     "RunReads",
     "caller_key",
     "found_run",
@@ -63,7 +64,7 @@ __all__ = [
 ]
 
 RUN_ID = re.compile(r"^[A-Za-z0-9_-]{1,128}$")
-_SNAPSHOT_ID = re.compile(r"[0-9a-f]{64}")
+SNAPSHOT_ID = re.compile(r"[0-9a-f]{64}")
 _SNAPSHOT_PREFIX = re.compile(r"[0-9a-f]{8,63}")
 _MAX_PAGE = 10_001  # runs a page may hold (the CLI asks for one more than it shows)
 
@@ -279,7 +280,7 @@ def snapshot_in(tx: JournalTransaction, *, reference: str, scope: str) -> Snapsh
     """`find_snapshot`, within a transaction (a start reads it in its own)."""
     if reference == "latest":
         rows = tx.snapshot_rows(scope, limit=1)
-    elif _SNAPSHOT_ID.fullmatch(reference):
+    elif SNAPSHOT_ID.fullmatch(reference):
         rows = tx.snapshot_rows(scope, snapshot_id=reference)
     elif _SNAPSHOT_PREFIX.fullmatch(reference):
         rows = tx.snapshot_rows(scope, id_prefix=reference, limit=2)

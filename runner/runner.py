@@ -47,6 +47,7 @@ from qjsflow.runner.operations.scope_configs import (
     ScopeConfigs,
     move_to_config,
 )
+from qjsflow.runner.operations.start_reads import StartReads
 from qjsflow.runner.operations.starts import (
     BatchItem,
     GatedStart,
@@ -112,6 +113,7 @@ class Runner(Schedules, ScopeConfigs, RunReads):
         # The engine under this runner: what a `Worker` serves with, and tests' seam into the
         # drive (its clock, its pool, `take_after_s`).
         self.configs = ConfigCache()  # scopes' configuration versions, parsed once
+        self._start_reads = StartReads()  # what starts read, for the next to presume
         self.driver = RunDriver(store, pool, config, self.scopes, configs=self.configs)
         self.driver.children = partial(serve_call, self)  # workflow bindings' calls
         store.serve_runner(retry_s=config.journal_retry_s, commit_here=self.driver.alone)
@@ -196,7 +198,8 @@ class Runner(Schedules, ScopeConfigs, RunReads):
         With a caller-supplied `run_id` start is idempotent: the same arguments return the
         existing run; different ones raise `RunConflict`.
         """
-        create = creation(request, config=self.config, configs=self.configs)
+        create = creation(request, config=self.config, configs=self.configs,
+                          reads=self._start_reads)  # fmt: skip
         now = self.driver.now_ms()
 
         if not drive:

@@ -67,21 +67,21 @@ def statements(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     return _per_transaction(monkeypatch, psycopg.Connection, "execute")
 
 
-async def test_a_run_of_pure_steps_waits_for_the_server_five_times(
+async def test_a_run_of_pure_steps_waits_for_the_server_three_times(
     runner: Runner, waits: list[int]
 ) -> None:
-    """Its start (the run created, its lease taken, its drive begun) waits for its reads (the
-    scope's settings and the snapshot, together) and its commit — not for the run's insert,
-    which presumes it is new, nor for the lease of the run it has just inserted, whose
-    answers it knows. Its end waits for its fence, for its ten steps (their events and rows
-    in one statement) and for its commit."""
+    """Its start (the run created, its lease taken, its drive begun) waits for its commit
+    alone: not for its reads (the scope's settings and the snapshot, as the start before it
+    read them), nor for the run's insert (presumed new), nor for the lease of the run it has
+    just inserted, whose answers it knows. Its end waits for its fence, with which it reads
+    its run, and for its commit: its ten steps are written presumed new."""
     snapshot = (await runner.publish("acme", {"workflows/flow.ts": PURE})).snapshot_id
     await runner.start(StartRunInput("acme", "flow", snapshot, None, "r0"))  # (what a process
     waits.clear()  # reads once, and the executor's first context, before it)
     run = await runner.start(StartRunInput("acme", "flow", snapshot, None, "r1"))
     assert run.status == "completed", run.error
     assert run.output == 45
-    assert waits == [2, 2]
+    assert waits == [1, 2]
     steps = await runner.list_steps(run.run_id, scope="acme")
     assert [(s.name, s.output) for s in steps] == [(f"pure {n}", n) for n in range(10)]
 
@@ -98,8 +98,8 @@ async def test_a_start_presumes_its_run_is_new_and_is_careful_where_it_is_not(
     waits.clear()
     again = await runner.start(StartRunInput("acme", "flow", snapshot, {"n": 1}, "r1"))
     assert again == first
-    print("WAITS", waits)
-    assert len(waits) == 2  # the presumed start, refused at its commit; the careful one
+    # Presumed: its commit, refused. Careful: its reads, the run's insert, the run there.
+    assert waits == [1, 3]
     with pytest.raises(RunConflict, match="different input"):
         await runner.start(StartRunInput("acme", "flow", snapshot, {"n": 2}, "r1"))
     assert table_counts(runner.store) == counts
@@ -142,3 +142,28 @@ async def test_a_tool_steps_transaction_sends_six_statements(
     assert [(s.name, s.status, s.output) for s in steps] == [
         (f"call {n}", "completed", {"i": n}) for n in range(10)
     ]
+
+
+async def test_a_start_presumes_what_the_start_before_read_and_reads_again_what_changed(
+    runner: Runner, waits: list[int]
+) -> None:
+    """A start takes the scope's settings version and the snapshot its reference finds as
+    the start before it read them, asserting with its commit that they still hold: a
+    snapshot published or settings applied since fail that start, which is made again
+    reading them, so every start runs what the journal holds as it is made."""
+    await runner.publish("acme", {"workflows/flow.ts": PURE})
+    first = await runner.start(StartRunInput("acme", "flow", "latest", None, "r1"))
+    assert (first.output, first.config_version) == (45, None)
+    doubled = PURE.replace("async () => i)", "async () => 2 * i)")
+    newer = (await runner.publish("acme", {"workflows/flow.ts": doubled})).snapshot_id
+    waits.clear()
+    second = await runner.start(StartRunInput("acme", "flow", "latest", None, "r2"))
+    assert (second.snapshot_id, second.output) == (newer, 90)
+    assert len(waits) == 3  # presumed (refused), careful, the end
+    applied = await runner.apply_scope_config("acme", '{"vars": {"REGION": "eu"}}')
+    third = await runner.start(StartRunInput("acme", "flow", newer[:12], None, "r3"))
+    assert third.config_version == applied.version
+    waits.clear()
+    fourth = await runner.start(StartRunInput("acme", "flow", newer[:12], None, "r4"))
+    assert (fourth.snapshot_id, fourth.config_version) == (newer, applied.version)
+    assert waits == [1, 2]  # as the start before read them: presumed, and so

@@ -22,6 +22,7 @@ from qjsflow.runner.config import RunnerConfig
 from qjsflow.runner.errors import InvalidRunId, UnknownWorkflow
 from qjsflow.runner.operations.control import check_same_start
 from qjsflow.runner.operations.scope_configs import start_settings
+from qjsflow.runner.operations.start_reads import KeptReads, StartReads
 from qjsflow.runner.reads import RUN_ID, snapshot_in
 from qjsflow.runner.store import JournalTransaction, RunRecord, RunStatus
 from qjsflow.runner.telemetry.tracing import new_traceparent
@@ -84,9 +85,16 @@ def new_run_id(run_id: str | None) -> str:
     return run_id
 
 
-def creation(request: StartRunInput, *, config: RunnerConfig, configs: ConfigCache) -> Creation:
+def creation(
+    request: StartRunInput,
+    *,
+    config: RunnerConfig,
+    configs: ConfigCache,
+    reads: StartReads | None = None,
+) -> Creation:
     """What writes `request`'s run (its input encoded and its id made here, once: a
-    transaction run again after a fault writes the same run)."""
+    transaction run again after a fault writes the same run). `reads`: what earlier starts
+    read, which one that presumes takes as still so (runner/operations/start_reads.py)."""
     scope = validate_scope(request.scope)
     run_id = run_key(scope, new_run_id(request.run_id))
     limit = config.limits.value_bytes
@@ -100,10 +108,17 @@ def creation(request: StartRunInput, *, config: RunnerConfig, configs: ConfigCac
         tx: JournalTransaction, now: int, inline: bool, presume: bool = False
     ) -> tuple[RunRecord, RunRecord | None]:
         """The run, and the one there already (None: it was inserted). `presume`: the run is
-        new, inserted without reading whether it is (`insert_run`)."""
-        latest = tx.send_latest_scope_config(scope)  # answered with the snapshot's read
-        snapshot = snapshot_in(tx, reference=request.snapshot_id, scope=scope)
-        settings = start_settings(latest(), scope, config, configs)
+        new, inserted without reading whether it is (`insert_run`), and what an earlier start
+        read is still so (`reads`)."""
+        kept = reads.presumed(tx, scope, request.snapshot_id) if presume and reads else None
+        if kept is None:
+            latest = tx.send_latest_scope_config(scope)  # answered with the snapshot's read
+            snapshot = snapshot_in(tx, reference=request.snapshot_id, scope=scope)
+            kept = KeptReads(latest(), snapshot)
+            if reads is not None:
+                reads.keep(scope, request.snapshot_id, kept)
+        snapshot = kept.snapshot
+        settings = start_settings(kept.latest, scope, config, configs)
         entries = {w.workflow: w for w in snapshot.workflows}
         found = entries.get(request.workflow)
         if found is None or request.entry_path not in (None, found.entry_path):

@@ -252,6 +252,30 @@ class JournalTransaction(ScopeChangeStatements):
 
         return answer
 
+    def assert_start_reads(
+        self, scope: str, version: int | None, *, latest: str | None, prefix: str | None
+    ) -> None:
+        """A start's reads presumed from an earlier start (runner/operations/start_reads.py):
+        a statement, not waited for, that fails the transaction (dividing by zero) unless the
+        scope's latest configuration version is still `version` (None: it has none) and —
+        snapshots are never changed or deleted — the snapshot it named is still the one
+        found: `latest` the scope's newest, `prefix` the only one that starts so (neither:
+        it was named by its full id)."""
+        conditions = ["(SELECT max(version) FROM scope_configs WHERE scope = ?)"
+                      " IS NOT DISTINCT FROM CAST(? AS BIGINT)"]  # fmt: skip
+        args: list[object] = [scope, version]
+        if latest is not None:
+            conditions.append("(SELECT snapshot_id FROM snapshots WHERE scope = ?"
+                              " ORDER BY created_at DESC, snapshot_id LIMIT 1) = ?")  # fmt: skip
+            args += [scope, latest]
+        if prefix is not None:
+            conditions.append("(SELECT count(*) FROM snapshots WHERE scope = ?"
+                              " AND substr(snapshot_id, 1, ?) = ?) = 1")  # fmt: skip
+            args += [scope, len(prefix), prefix]
+        self._db.execute(
+            f"SELECT 1 / (CASE WHEN {' AND '.join(conditions)} THEN 1 ELSE 0 END)", args
+        )
+
     def put_sealed_secret(
         self, scope: str, name: str, sealed: tuple[str, str, str], now: int
     ) -> None:
