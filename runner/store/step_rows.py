@@ -74,7 +74,8 @@ class StepStatements(LeaseStatements):
     def insert_settled_steps(self, run_id: str, steps: Sequence[SettledStep]) -> bool:
         """Steps completed by their first attempt, begun and settled at once (a pure step's
         record): for each, in order, its `step_started` and `step_completed` events and its row
-        settled at the latter — every event in one statement, every row in another. False,
+        settled at the latter — every event in one statement, every row in another (on
+        PostgreSQL both in one). False,
         with nothing written, when one of them has a row already or comes twice. A
         transaction that `presumes` (on PostgreSQL) reads nothing: such a step fails it, and
         its careful transaction writes them here again."""

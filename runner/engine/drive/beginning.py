@@ -51,9 +51,9 @@ class BeforeLease(Protocol):
 
 @dataclass(frozen=True, slots=True)
 class Presuming:
-    """A `BeforeLease` that presumes what is nearly always so (a run it inserts is new), and
-    the careful one that runs instead where the journal says otherwise
-    (`JournalCore.transact`'s `careful`)."""
+    """A `BeforeLease` that presumes what is nearly always so (a start's: its run is new, what
+    the start before it read is still so), and the careful one that runs instead where the
+    journal says otherwise (`JournalCore.transact`'s `careful`)."""
 
     presumed: BeforeLease
     careful: BeforeLease
