@@ -6,7 +6,7 @@ sandbox sent after it (docs/ARCHITECTURE.md, Pure steps)."""
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -294,27 +294,33 @@ async def test_pure_results_of_one_frame_are_written_together_in_the_order_seen(
     assert [settled for _, settled in rows] == completed
 
 
+async def _sleeping_run_host(
+    runner: Runner, clock: FakeClock
+) -> tuple[Any, DriveHost, Callable[[int, str, str], OpEnvelope]]:
+    """A run asleep, a host driving it under a lease of its own, and a maker of frames that
+    settle a pure step (op id, name, result) as a sandbox sends them."""
+    source = 'export default async (e, step) => { await step.sleep("s", "1 hour"); };'
+    run = await start_source(runner, source)
+    now = int(clock() * 1000)
+    lease = await runner.store.acquire_lease(run_key("acme", run.run_id), "test", now, 60_000)
+    assert lease is not None
+    host = DriveHost(runner.store, lease, Bindings(), Limits(), lambda: now,
+                     scopes=runner.scopes)  # fmt: skip
+    policy = RetryPolicy(0, 0, "constant", 60_000)
+
+    def settled(op_id: int, name: str, value: str) -> OpEnvelope:
+        return OpEnvelope(op_id, StepRecord(name, 1, 1, value, None, now, policy))
+
+    return run, host, settled
+
+
 async def test_pure_results_that_cannot_be_written_together_are_written_one_by_one(
     clocked_runner: Runner, clock: FakeClock
 ) -> None:
     """A frame that settles the same step twice (a sandbox that lies): written together, the
     second would break the batch; written one by one, as always, the second finds the first's
     row, its result differs from what the sandbox assumed, and nothing after it is written."""
-    source = 'export default async (e, step) => { await step.sleep("s", "1 hour"); };'
-    run = await start_source(clocked_runner, source)
-    now = int(clock() * 1000)
-    lease = await clocked_runner.store.acquire_lease(
-        run_key("acme", run.run_id), "test", now, 60_000
-    )
-    assert lease is not None
-    host = DriveHost(
-        clocked_runner.store, lease, Bindings(), Limits(), lambda: now,
-        scopes=clocked_runner.scopes,
-    )  # fmt: skip
-    policy = RetryPolicy(0, 0, "constant", 60_000)
-
-    def settled(op_id: int, name: str, value: str) -> OpEnvelope:
-        return OpEnvelope(op_id, StepRecord(name, 1, 1, value, None, now, policy))
+    run, host, settled = await _sleeping_run_host(clocked_runner, clock)
 
     answers = await host([settled(1, "a", "1"), settled(2, "a", "2"), settled(3, "b", "3")])
     assert answers == []  # results the sandbox settled await no answer
@@ -331,21 +337,7 @@ async def test_a_drives_end_presumes_its_pure_results_new_and_writes_them_carefu
     without reading how many went in, so a step with a row already (or, from a sandbox that
     lies, one settled twice) fails the end's transaction, and the careful end writes them
     one by one — the second finds the first's row, and nothing after it is written."""
-    source = 'export default async (e, step) => { await step.sleep("s", "1 hour"); };'
-    run = await start_source(clocked_runner, source)
-    now = int(clock() * 1000)
-    lease = await clocked_runner.store.acquire_lease(
-        run_key("acme", run.run_id), "test", now, 60_000
-    )
-    assert lease is not None
-    host = DriveHost(
-        clocked_runner.store, lease, Bindings(), Limits(), lambda: now,
-        scopes=clocked_runner.scopes,
-    )  # fmt: skip
-    policy = RetryPolicy(0, 0, "constant", 60_000)
-
-    def settled(op_id: int, name: str, value: str) -> OpEnvelope:
-        return OpEnvelope(op_id, StepRecord(name, 1, 1, value, None, now, policy))
+    run, host, settled = await _sleeping_run_host(clocked_runner, clock)
 
     def presumed(tx: JournalTransaction) -> str:
         return "presumed"
