@@ -179,7 +179,8 @@ class LeaseStatements(RunStatements):
             f"{BEGIN_DRIVE_SQL if begin else ''}"
         )
         set_args = (worker_id, *at, ttl_ms, *((now,) if begin else ()))
-        if run_id in self._fresh and self._runs[run_id].status not in ENDED:
+        fresh = run_id in self._fresh and mode is not LeaseMode.AS_READ
+        if fresh and self._runs[run_id].status not in ENDED:
             self._fresh.discard(run_id)
             self._unclaimed.discard(run_id)
             update = (f"UPDATE runs SET {sets} WHERE run_id = ?", (*set_args, run_id))
