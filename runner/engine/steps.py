@@ -102,9 +102,12 @@ def begin_attempt(
     row = tx.get_step(run_id, kind, name, count)
     key = step_key(kind, count, name)
     if row is None:
-        return begin_first_attempt(
-            tx, run_id, kind, name=name, count=count, policy=policy, now=now, digest=digest
-        )
+        tx.insert_step(
+            run_id, kind, name, count, status=StepStatus.running, attempt=1, started_at=now,
+            config=policy_to_json(policy), args_digest=digest,
+        )  # fmt: skip
+        event(tx, run_id, "step_started", now, key, attempt=1)
+        return 1
     answer = settled(row)
     if answer is not None:
         return answer
@@ -135,20 +138,6 @@ def begin_attempt(
         tx.reopen_failed_steps(run_id, key + "/")
     event(tx, run_id, "step_started", now, key, attempt=attempt)
     return attempt
-
-
-def begin_first_attempt(
-    tx: JournalTransaction, run_id: str, kind: str, *, name: str, count: int,
-    policy: RetryPolicy, now: int, digest: str | None = None,
-) -> int:  # fmt: skip
-    """Start the first attempt of a step that has no row (inserted: if it had one, the
-    insert fails its transaction)."""
-    tx.insert_step(
-        run_id, kind, name, count, status=StepStatus.running, attempt=1, started_at=now,
-        config=policy_to_json(policy), args_digest=digest,
-    )  # fmt: skip
-    event(tx, run_id, "step_started", now, step_key(kind, count, name), attempt=1)
-    return 1
 
 
 def begin_first_call(tx: JournalTransaction, place: StepPlace, op: StepTool, now: int) -> int:

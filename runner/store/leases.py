@@ -182,7 +182,6 @@ class LeaseStatements(RunStatements):
         fresh = run_id in self._fresh and mode is not LeaseMode.AS_READ
         if fresh and self._runs[run_id].status not in ENDED:
             self._fresh.discard(run_id)
-            self._unclaimed.discard(run_id)
             update = (f"UPDATE runs SET {sets} WHERE run_id = ?", (*set_args, run_id))
             return self._take_fresh(run_id, worker_id, update, begin=now if begin else None,
                                     looks=wake_ups)  # fmt: skip

@@ -46,6 +46,9 @@ RUN_TABLES = (
 )  # fmt: skip
 
 
+# An event of a run (`RunStatements.append_event`).
+EVENT_SQL = "INSERT INTO events (run_id, type, at, data, epoch) VALUES (?, ?, ?, ?, ?)"
+
 # A scope's usage to add, (measure, window start, amount) rows, and the windows to forget.
 UsageCharge = tuple[str, tuple[tuple[str, int, float], ...], dict[str, int]]
 
@@ -175,7 +178,8 @@ class TransactionBase:
         self._locked: set[str] = set()
         self._created: set[str] = set()  # runs this transaction inserted
         # Those of them whose lease it has not taken yet: at epoch 0, held by nobody, with no
-        # timer or step (`acquire_lease` knows what taking it finds).
+        # timer or step (`acquire_lease` knows what taking it finds); the workers are told of
+        # them as the job ends (`wake_for_new_runs`) — not of a run a start drives at once.
         self._fresh: set[str] = set()
         # Runs whose lease this transaction took at a drive's end without writing it yet, and
         # the epoch the drive read them at: the run's last update writes it (`release_lease`).
@@ -195,9 +199,6 @@ class TransactionBase:
         # Whether rows it inserts are presumed not there (`JournalCore.transact`'s `careful`):
         # a statement may then fail the transaction rather than be read and answered.
         self.presumes = False
-        # Runs it inserted whose lease it has not taken: the workers are told of them as the
-        # job ends (`wake_for_new_runs`) — not of a run it drives at once (a start's).
-        self._unclaimed: set[str] = set()
 
     def wake_workers(self) -> None:
         """Tell the workers waiting on the journal that a run may be claimable, as this
@@ -211,8 +212,7 @@ class TransactionBase:
         """As a job ends: tell the workers of the runs it inserted and did not lease (a run
         leased by the start that made it is driven here; a worker told of it would only find
         it taken)."""
-        if self._unclaimed:
-            self._unclaimed.clear()
+        if self._fresh:
             self.wake_workers()
 
     def sync(self) -> None:
@@ -378,10 +378,9 @@ class RunStatements(TransactionBase):
         elif self._one(f"{insert} ON CONFLICT DO NOTHING RETURNING 1", values) is None:
             return False
         self.runs_written = True
-        self._unclaimed.add(run.run_id)  # a new run: a worker drives it, unless this does
         self._locked.add(run.run_id)
         self._created.add(run.run_id)
-        self._fresh.add(run.run_id)
+        self._fresh.add(run.run_id)  # a new run: a worker drives it, unless this does
         self._runs[run.run_id] = as_read(run)
         self._holders[run.run_id] = None
         return True
@@ -431,7 +430,4 @@ class RunStatements(TransactionBase):
     def append_event(self, run_id: str, event_type: str, at: int, data: str | None) -> None:
         """An event of the run; the next statement may name its seq (`Dialect.last_seq`).
         Nothing is read back: on a pipelined journal it costs no round trip of its own."""
-        self._db.execute(
-            "INSERT INTO events (run_id, type, at, data, epoch) VALUES (?, ?, ?, ?, ?)",
-            (run_id, event_type, at, data, self._epoch),
-        )
+        self._db.execute(EVENT_SQL, (run_id, event_type, at, data, self._epoch))

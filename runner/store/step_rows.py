@@ -17,6 +17,7 @@ from qjsflow.runner.store.records import (
     StepRow,
     step_row,
 )
+from qjsflow.runner.store.run_rows import EVENT_SQL
 
 __all__ = ["STEP_COLUMNS", "SettledStep", "StepStatements"]
 
@@ -35,6 +36,12 @@ class SettledStep:
     replay_at: int | None
 
 
+# A step settled at an event (`settle_step`): the row's update naming the event's seq.
+_SETTLE_SQL = (
+    "UPDATE steps SET status = ?, output = ?, error = ?, completed_at = ?, replay_at = ?,"
+    " settled_seq ="
+)
+_SETTLE_WHERE = " WHERE run_id = ? AND kind = ? AND name = ? AND count = ? AND settled_seq IS NULL"
 _STEPS_PER_STATEMENT = 100  # 1,000 arguments a statement: within both databases' limits
 
 
@@ -75,11 +82,11 @@ class StepStatements(LeaseStatements):
         """Steps completed by their first attempt, begun and settled at once (a pure step's
         record): for each, in order, its `step_started` and `step_completed` events and its row
         settled at the latter — every event in one statement, every row in another (on
-        PostgreSQL both in one). False,
-        with nothing written, when one of them has a row already or comes twice. A
-        transaction that `presumes` (on PostgreSQL) reads nothing: such a step fails it, and
-        its careful transaction writes them here again."""
-        if self.presumes and self._dialect.pipelined:
+        PostgreSQL both in one). False, with nothing written, when one of them has a row
+        already or comes twice. A transaction that `presumes` (only ever on PostgreSQL)
+        reads nothing: such a step fails it, and its careful transaction writes them here
+        again."""
+        if self.presumes:
             for at in range(0, len(steps), _STEPS_PER_STATEMENT):
                 self.insert_settled_batch(run_id, steps[at : at + _STEPS_PER_STATEMENT])
             return True
@@ -99,7 +106,8 @@ class StepStatements(LeaseStatements):
         return written == len(steps)
 
     def insert_settled_batch(self, run_id: str, steps: Sequence[SettledStep]) -> int:
-        """Write `steps` (at most `_STEPS_PER_STATEMENT`): how many rows were inserted."""
+        """Write `steps` (at most `_STEPS_PER_STATEMENT`): how many rows were inserted (in a
+        transaction that presumes, not read: all of them, or the transaction fails)."""
         events: list[Any] = []
         completions = []
         for step in steps:
@@ -224,20 +232,27 @@ class StepStatements(LeaseStatements):
         at: int,
         event_type: str,
         replay_at: int | None = None,
+        also: tuple[str, tuple[Any, ...]] | None = None,
     ) -> None:
         """Record a step's final result, settled at the event written with it (once: a step
         settled already is left as it is). `replay_at`: the run's clock a replay reaches at
-        it, when not `at` (StepRow)."""
-        self.append_event(step.run_id, event_type, at, f'{{"key":{dumps_text(step.key)}}}')
-        self._db.execute(
-            "UPDATE steps SET status = ?, output = ?, error = ?, completed_at = ?,"
-            f" settled_seq = {self._dialect.last_seq}, replay_at = ? WHERE run_id = ?"
-            " AND kind = ? AND name = ? AND count = ? AND settled_seq IS NULL",
-            (
-                status, output, error, at, replay_at, step.run_id, step.kind, step.name,
-                step.count,
-            ),
-        )  # fmt: skip
+        it, when not `at` (StepRow). `also`: a statement written with it (a call's audit
+        row). On PostgreSQL all of it is one statement; elsewhere, one each, in turn."""
+        event = (step.run_id, event_type, at, f'{{"key":{dumps_text(step.key)}}}', self._epoch)
+        settle = (status, output, error, at, replay_at, step.run_id, step.kind, step.name,
+                  step.count)  # fmt: skip
+        if self._dialect.pipelined:
+            first, first_args = ("", ()) if also is None else (f"also AS ({also[0]}), ", also[1])
+            self._db.execute(
+                f"WITH {first}settled AS ({EVENT_SQL} RETURNING seq) {_SETTLE_SQL}"
+                " (SELECT seq FROM settled)" + _SETTLE_WHERE,
+                (*first_args, *event, *settle),
+            )
+            return
+        if also is not None:
+            self._db.execute(*also)
+        self._db.execute(EVENT_SQL, event)
+        self._db.execute(f"{_SETTLE_SQL} {self._dialect.last_seq}{_SETTLE_WHERE}", settle)
 
     def load_journal(self, run_id: str) -> list[JournalRow]:
         """Every settled step of a run in the order it was reached: one query per drive."""

@@ -92,7 +92,8 @@ class Metrics:
         self.presumptions_failed = make(
             "Counter",
             "qjsflow_journal_presumptions_failed",
-            "Transactions that presumed (a fence asserted, a row absent) and were run again",
+            "Transactions that presumed (rows absent, a fence held, reads unchanged) and were"
+            " run again carefully",
         )
         self.limits_hit = make("Counter", "qjsflow_limits_hit", "Runs failed by a limit, by kind",
                                ("kind",))  # fmt: skip
