@@ -354,3 +354,28 @@ async def test_a_drives_end_presumes_its_pure_results_new_and_writes_them_carefu
     assert host.diverged
     steps = await clocked_runner.list_steps(run.run_id, scope="acme")
     assert [(s.name, s.output) for s in steps if s.name != "s"] == [("x", 0), ("a", 1)]
+
+
+async def test_results_awaiting_no_answer_wait_in_memory_only_while_small_and_few(
+    clocked_runner: Runner, clock: FakeClock
+) -> None:
+    """A drive's last results await no answer and wait in the host's memory for its end's
+    transaction; frame after frame of them (a sandbox that misbehaves) would grow that memory
+    without bound, so past sixteen held, or a frame past 64 kB, they are written at once."""
+    run, host, settled = await _sleeping_run_host(clocked_runner, clock)
+
+    async def written() -> list[str]:
+        steps = await clocked_runner.list_steps(run.run_id, scope="acme")  # waits for writes
+        return [s.name for s in steps if s.name != "s"]
+
+    for n in range(16):
+        assert await host([settled(n + 1, f"small {n}", "1")]) == []
+    assert await written() == []  # held for the drive's next transaction
+    assert await host([settled(17, "one too many", "1")]) == []
+    assert await written() == [*(f"small {n}" for n in range(16)), "one too many"]
+
+    assert await host([settled(18, "held again", "2")]) == []
+    assert await written() == [*(f"small {n}" for n in range(16)), "one too many"]
+    large = '"' + "x" * (64 * 1024) + '"'
+    assert await host([settled(19, "large", large)]) == []
+    assert (await written())[-2:] == ["held again", "large"]
