@@ -2,8 +2,9 @@
 holds its run's row locked only as long as the server's bounds on its session allow
 (runner/store/backends.py, PG_SERVER_BOUNDS): then the run is taken over. Meanwhile the
 surviving worker, whose claims find the row locked, tries it once a poll, not in a busy loop.
-The lost worker is frozen where it matters: its journal thread stopped inside a transaction
-that took the run's lease, which the server sees as a session idle in a transaction."""
+The lost worker is frozen where it matters: its event loop (on a thread of its own here, as a
+process of its own would be) stopped inside a transaction that took the run's lease, which the
+server sees as a session idle in a transaction."""
 
 from __future__ import annotations
 
@@ -31,7 +32,24 @@ QUICK = "export default async (event) => event.payload;"
 
 def _lease_then_freeze(tx: JournalTransaction, run_id: str, frozen: threading.Event) -> None:
     tx.acquire_lease(run_id, "lost-worker", int(time.time() * 1000), 1000)
-    frozen.wait()  # the thread stops here: its session holds the run's row, idle
+    frozen.wait()  # the worker stops here: its session holds the run's row, idle
+
+
+def _lost_worker(url: str, config: RunnerConfig, frozen: threading.Event) -> threading.Thread:
+    """A worker whose whole event loop freezes inside the transaction that leases the run
+    (until `frozen` is set: then its session is gone, and its commit fails)."""
+
+    async def work() -> None:
+        async with Runner.open(url, config) as lost:
+            await lost.store.transact(partial(_lease_then_freeze, run_id="acme/r", frozen=frozen))
+
+    def frozen_loop() -> None:
+        with contextlib.suppress(Exception):
+            asyncio.run(work())
+
+    thread = threading.Thread(target=frozen_loop, daemon=True)
+    thread.start()
+    return thread
 
 
 async def _until(condition: object, what: str, limit_s: float = 90.0) -> None:
@@ -50,12 +68,11 @@ async def test_a_worker_lost_in_a_transaction_holds_its_run_only_within_its_sess
     database = url.rsplit("/", 1)[1]
     config = RunnerConfig(pool=PoolConfig(size=1), lease_ttl_s=1.0)
     frozen = threading.Event()
-    async with Runner.open(url, config) as lost, Runner.open(url, config) as survivor:
-        published = await lost.publish("acme", {"workflows/flow.ts": QUICK})
-        await lost.start(StartRunInput("acme", "flow", published.snapshot_id, 7, "r"), drive=False)
-        stalled = asyncio.create_task(
-            lost.store.transact(partial(_lease_then_freeze, run_id="acme/r", frozen=frozen))
-        )
+    async with Runner.open(url, config) as survivor:
+        published = await survivor.publish("acme", {"workflows/flow.ts": QUICK})
+        request = StartRunInput("acme", "flow", published.snapshot_id, 7, "r")
+        await survivor.start(request, drive=False)
+        lost = _lost_worker(url, config, frozen)
         with psycopg.connect(postgres.admin_url, autocommit=True) as admin:
 
             async def holding() -> bool:
@@ -77,9 +94,8 @@ async def test_a_worker_lost_in_a_transaction_holds_its_run_only_within_its_sess
         finally:
             stop.set()
             await serving
-            frozen.set()  # the lost thread goes on: its session is gone, its commit fails
-            with contextlib.suppress(Exception):
-                await stalled
+            frozen.set()  # the lost worker goes on: its session is gone, its commit fails
+            await asyncio.to_thread(lost.join)
         assert (await survivor.get("r", scope="acme")).output == 7
     tries = [r for r in caplog.records if "its lease could not be taken" in r.getMessage()]
     # Held ~10 s by the lost session; tried once a poll (0.2 s), not hundreds of times a second.

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 from typing import Any
@@ -125,3 +126,21 @@ async def test_calls_inside_a_replayed_body_do_not_shift_the_calls_of_others(
         if s.kind == "tool"
     ]
     assert names == ["do:1:a/x", "do:1:b/x"]
+
+
+async def test_a_read_sees_every_write_this_process_queued_before_it(
+    clocked_runner: Runner,
+) -> None:
+    """Writes queued by one task (a host's results answered ahead) and a read by another made
+    at once after them: the read finds them, whichever task the event loop runs first."""
+    run = await start_source(clocked_runner, 'export default async () => "ok";')
+    key = run_key("acme", run.run_id)
+    store = clocked_runner.store
+
+    def tagging(tag: str, n: int) -> Any:
+        return lambda tx: tx.put_tags(key, {tag: str(n)})
+
+    for n in range(3):
+        queued = [store.transact_soon(tagging(tag, n)) for tag in ("a", "b", "c")]
+        assert await store.tags_of(key) == {"a": str(n), "b": str(n), "c": str(n)}
+        await asyncio.gather(*queued)

@@ -2,14 +2,15 @@
 
 `JournalStore` holds the semantics (group commit, fencing, every statement in
 `JournalTransaction`); a backend only says how a job reaches its database and the few places
-the SQL dialects differ. SQLite (sqlite3, the embedded default) and PostgreSQL (psycopg), each
-connection on a thread of its own (`JobThread`: the transactions are synchronous functions,
-one job each), are chosen by the database URL: a path or `sqlite:///path`, or
-`postgresql://…`.
+the SQL dialects differ. SQLite (sqlite3, the embedded default; its
+connection on a thread of its own, `JobThread`) and PostgreSQL (psycopg; its jobs on the event
+loop's thread, `runner/store/green.py`) run transactions as synchronous functions, one job
+each. The database URL chooses: a path or `sqlite:///path`, or `postgresql://…`.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import importlib
 import os
@@ -262,8 +263,13 @@ def _identity(path: Path) -> tuple[int, int, int] | None:
 
 def _psycopg() -> ModuleType:
     """psycopg, imported only when a postgresql:// journal is opened (`qjsflow[postgres]`)."""
+    return _postgres_module("psycopg")
+
+
+def _postgres_module(name: str) -> ModuleType:
+    """A module of the `qjsflow[postgres]` extra (psycopg, greenlet), or what to install."""
     try:
-        return importlib.import_module("psycopg")
+        return importlib.import_module(name)
     except ImportError:
         raise JournalUnavailable(
             "the given database URL",
@@ -433,8 +439,10 @@ class PostgresBackend:
 
     def __init__(self, url: str) -> None:
         self._url, self._pooled = transaction_pooled(url)
-        self._connection: _PgConnection | None = None  # made by the first job, on the thread
-        self._thread = JobThread("qjsflow-pg")
+        self._connection: _PgConnection | None = None  # made before the first job
+        self._one_job = asyncio.Lock()  # one job at a time on the connection, in order
+        _psycopg()  # says how to install it, if it is not
+        self._green = _postgres_module("qjsflow.runner.store.green")  # it needs greenlet
 
     @property
     def wake_source(self) -> str | None:
@@ -462,31 +470,35 @@ class PostgresBackend:
         raise ValueError("statement traces are a SQLite journal's (use pg_stat_statements)")
 
     async def run(self, work: Callable[[Any], T]) -> T:
-        return await self._thread.run(self._with_connection, work)
+        """`work` on the event loop's thread, its waits for the server the loop's
+        (runner/store/green.py): neither a thread hop each way nor a stalled loop."""
+        async with self._one_job:
+            connection = await self._connected()
+            done: T = await self._green.run_green(work, connection)
+            return done
 
     async def transaction(self, work: Callable[[Any], T], *, here: bool) -> T:
-        """Always on the backend's thread: on the event loop's, a server's round trips would
-        stall every other task."""
         return await self.run(work)
 
     async def read(self, work: Callable[[Any], T], *, here: bool) -> T:
-        """Always on the backend's thread (as `transaction`)."""
         return await self.run(work)
 
-    def _with_connection(self, work: Callable[[Any], T]) -> T:
-        """On the backend's thread, where the connection is made. One the server dropped (a
-        restart, a failover) is replaced before the job: the job that met the drop failed and
-        was rolled back."""
+    async def _connected(self) -> _PgConnection:
+        """The connection, made on a thread (a connect waits for the server as psycopg does).
+        One the server dropped (a restart, a failover) is replaced before the job: the job
+        that met the drop failed and was rolled back."""
         current = self._connection
         if current is None or current.raw.broken or current.raw.closed:
-            # Behind a transaction pooler a statement psycopg prepared on one server session
-            # may be run on another: nothing is prepared.
-            prepared: dict[str, Any] = {"prepare_threshold": None} if self._pooled else {}
-            current = _PgConnection(
-                _psycopg().connect(_bounded(self._url), autocommit=True, **prepared)
-            )
+            current = await asyncio.to_thread(self._connect)
             self._connection = current
-        return work(current)
+        return current
+
+    def _connect(self) -> _PgConnection:
+        # Behind a transaction pooler a statement psycopg prepared on one server session
+        # may be run on another: nothing is prepared.
+        prepared: dict[str, Any] = {"prepare_threshold": None} if self._pooled else {}
+        connect = self._green.green_connection_class().connect
+        return _PgConnection(connect(_bounded(self._url), autocommit=True, **prepared))
 
     async def all(self, sql: str, args: tuple[Any, ...] = ()) -> list[Any]:
         rows: list[Any] = await self.run(lambda c: c.execute(sql, args).fetchall())
@@ -504,10 +516,6 @@ class PostgresBackend:
         return None
 
     async def close(self) -> None:
-        await self._thread.run(self._close_connection)
-        self._thread.stop()
-
-    def _close_connection(self) -> None:
-        # Read when the job runs: a job queued before it may have replaced the connection.
-        if self._connection is not None:
-            self._connection.close()
+        async with self._one_job:  # after the jobs before it (one may replace the connection)
+            if self._connection is not None:
+                await self._green.run_green(self._connection.close)

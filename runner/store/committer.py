@@ -509,9 +509,17 @@ class JournalCore:
                 else:
                     job.future.set_exception(value)
 
-    async def _all(self, sql: str, args: tuple[Any, ...] = ()) -> list[Any]:
+    async def _after_earlier_writes(self) -> None:
+        """A read sees what this process asked to write before it: the writes behind, and the
+        jobs queued and not yet taken by the committer (whose task may not have run since:
+        one taken holds the connection, and a read waits for it there)."""
         if self._unqueued or self._behind:
             await self.caught_up()
+        if self._queue:
+            await asyncio.wait([job.future for job in self._queue])
+
+    async def _all(self, sql: str, args: tuple[Any, ...] = ()) -> list[Any]:
+        await self._after_earlier_writes()
         return await self._retrying(lambda: self._backend.all(sql, args))
 
     async def read(self, work: Callable[[JournalTransaction], T], *, here: bool = False) -> T:
@@ -520,8 +528,7 @@ class JournalCore:
         or, `here`, on the event loop's when a transaction could (`commit_here`; a drive's
         end that only reads): each of its statements then sees the journal as of its own
         moment."""
-        if self._unqueued or self._behind:
-            await self.caught_up()
+        await self._after_earlier_writes()
         dialect = self._backend.dialect
         on_loop = here and self.commit_here()
         return await self._retrying(
