@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import importlib
 import os
 import sqlite3
@@ -297,6 +298,7 @@ class _PgConnection:
     """
 
     def __init__(self, raw: Any) -> None:
+        raw.cursor_factory = _psycopg().RawCursor  # its statements numbered (`_numbered`)
         self.raw = raw
         self._mode = contextlib.ExitStack()  # left when the connection is closed
         self._pipeline = self._mode.enter_context(raw.pipeline())
@@ -311,7 +313,7 @@ class _PgConnection:
                 self.sync()
         self._unsynced = True
         self.statements_sent += 1
-        cursor = _Unanswered(self.raw.execute(sql.replace("?", "%s"), args or None), self)
+        cursor = _Unanswered(self.raw.execute(_numbered(sql), args or None), self)
         if sql == "COMMIT":  # its outcome, and any error of a statement sent before it
             self.sync()
         return cursor
@@ -331,11 +333,21 @@ class _PgConnection:
         self._unsynced = True
         self.statements_sent += 1
         with self.raw.cursor() as cursor:
-            cursor.executemany(sql.replace("?", "%s"), rows)
+            cursor.executemany(_numbered(sql), rows)
 
     @property
     def in_transaction(self) -> bool:
         return bool(self.raw.info.transaction_status != _psycopg().pq.TransactionStatus.IDLE)
+
+
+@functools.lru_cache(maxsize=1024)
+def _numbered(sql: str) -> str:
+    """A statement's `?` placeholders as the server's own `$1, $2, …`, for psycopg's raw
+    cursor, which parses nothing. With `%s` psycopg parses every statement it has not
+    cached, and it caches none of over 50 parameters: a drive's settled steps (173 for ten)
+    cost ~180 µs to parse, each time."""
+    first, *rest = sql.split("?")
+    return first + "".join(f"${n}{part}" for n, part in enumerate(rest, 1))
 
 
 class _Unanswered:
