@@ -43,9 +43,22 @@ def holder(url: str, backend: Backend) -> Iterator[psycopg.Connection[Any]]:
         yield connection
 
 
-def _waits_for_the_row(threads: list[int], *, then_writes: int | None = None) -> Any:
+class _Begun:
+    """Which threads a job ran on, and an event set (from any of them) once it has begun."""
+
+    def __init__(self) -> None:
+        self.threads: list[int] = []
+        self.event = asyncio.Event()
+        self._loop = asyncio.get_running_loop()
+
+    def note(self) -> None:
+        self.threads.append(threading.get_ident())
+        self._loop.call_soon_threadsafe(self.event.set)
+
+
+def _waits_for_the_row(begun: _Begun, *, then_writes: int | None = None) -> Any:
     def work(c: Any) -> Any:
-        threads.append(threading.get_ident())
+        begun.note()
         c.execute("BEGIN")
         c.execute("SET LOCAL lock_timeout = '5s'")  # a loop held by the wait fails, not hangs
         row = c.execute("SELECT v FROM held WHERE k = 1 FOR UPDATE").fetchone()
@@ -62,15 +75,14 @@ async def test_a_job_waiting_for_the_server_leaves_the_loop_free(
 ) -> None:
     """The job waits for a row another session holds; only this task, on the loop, lets the
     row go: had the job's wait held the loop, it would have waited out its lock timeout."""
-    threads: list[int] = []
-    job = asyncio.create_task(backend.run(_waits_for_the_row(threads)))
-    while not threads:  # the job has begun, and is waiting for the row
-        await asyncio.sleep(0)
+    begun = _Begun()
+    job = asyncio.create_task(backend.run(_waits_for_the_row(begun)))
+    await begun.event.wait()  # the job has begun, and is waiting for the row
     assert not job.done()
     holder.execute("UPDATE held SET v = 7 WHERE k = 1")
     holder.commit()
     assert await job == 7
-    assert threads == [threading.get_ident()]  # on the loop's own thread
+    assert begun.threads == [threading.get_ident()]  # on the loop's own thread
 
 
 async def test_a_job_whose_caller_is_cancelled_runs_to_its_end(
@@ -78,10 +90,9 @@ async def test_a_job_whose_caller_is_cancelled_runs_to_its_end(
 ) -> None:
     """A transaction is never cut in half: the caller learns of its cancellation once the job
     has committed, and the next job runs after it, on a connection as usable as before."""
-    threads: list[int] = []
-    job = asyncio.create_task(backend.run(_waits_for_the_row(threads, then_writes=42)))
-    while not threads:
-        await asyncio.sleep(0)
+    begun = _Begun()
+    job = asyncio.create_task(backend.run(_waits_for_the_row(begun, then_writes=42)))
+    await begun.event.wait()
     job.cancel()
     after = asyncio.create_task(backend.run(lambda c: c.execute("SELECT v FROM held").fetchone()))
     holder.commit()
@@ -95,7 +106,7 @@ async def test_jobs_run_one_at_a_time_in_the_order_asked(backend: Backend) -> No
 
     def noting(n: int) -> Any:
         def work(c: Any) -> None:
-            c.execute("SELECT pg_sleep(0)").fetchall()  # each job waits for the server
+            c.execute("SELECT 1").fetchall()  # each job waits for the server's answer
             seen.append(n)
 
         return work
@@ -110,17 +121,16 @@ async def test_a_cancelled_caller_learns_of_its_cancellation_whatever_its_job_di
     """The job fails once the row is let go (a statement the server refuses): the caller,
     cancelled meanwhile, is told it was cancelled (what a timeout around it relies on), and
     the connection serves the next job."""
-    threads: list[int] = []
+    begun = _Begun()
 
     def failing(c: Any) -> None:
-        threads.append(threading.get_ident())
+        begun.note()
         c.execute("BEGIN")
         c.execute("SELECT v FROM held WHERE k = 1 FOR UPDATE").fetchone()
         c.execute("SELECT no_such_column FROM held").fetchone()
 
     job = asyncio.create_task(backend.run(failing))
-    while not threads:
-        await asyncio.sleep(0)
+    await begun.event.wait()
     job.cancel()
     holder.commit()
     with pytest.raises(asyncio.CancelledError):
