@@ -1,11 +1,12 @@
 """A journal connection's own thread, and opening a SQLite journal: the one place the SQLite
 pragmas are set.
 
-Each backend's database connection lives on one thread of its own; a job (a whole
-transaction, a synchronous function) reaches it in one hop. A library that hops once per call
-cost ~15 hops for a transaction of five statements, which dominated a step
-(docs/PERFORMANCE.md). A SQLite journal's transaction may also run on the event loop's thread,
-never while this thread has a job (`SqliteBackend.transaction`).
+A SQLite journal's connection lives on one thread of its own; a job (a whole transaction, a
+synchronous function) reaches it in one hop. A library that hops once per call cost ~15 hops
+for a transaction of five statements, which dominated a step (docs/PERFORMANCE.md). A SQLite
+journal's transaction may also run on the event loop's thread, never while this thread has a
+job (`SqliteBackend.transaction`). (A PostgreSQL journal's jobs run on the loop's thread, their
+waits the loop's: runner/store/green.py.)
 """
 
 from __future__ import annotations

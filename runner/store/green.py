@@ -99,7 +99,9 @@ def green_connection_class() -> type[Any]:
 
     class GreenConnection(psycopg.Connection):
         def wait(self, gen: Any, interval: float = 0.1, timeout: float | None = None) -> Any:
-            if not isinstance(getcurrent(), _Job):
+            if timeout is not None or not isinstance(getcurrent(), _Job):
+                # A wait with a deadline (psycopg's `notifies`; no journal job waits so) is
+                # psycopg's own, which keeps it.
                 return super().wait(gen, interval, timeout)
             fileno = self.pgconn.socket
             try:
