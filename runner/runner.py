@@ -223,7 +223,8 @@ class Runner(Schedules, ScopeConfigs, RunReads):
         # the run is there, which, if it is, fails the insert and the careful transaction runs.
         first = Presuming(partial(create_to_drive, presume=True), create_to_drive)
         try:
-            return await self._drive(create.run_key, bindings, first=first)
+            return await self._drive(create.run_key, bindings, first=first,
+                                     foresee=create.foresee)  # fmt: skip
         except ExistingRun as already:
             check_same_start(already.run, already.wanted)
             return run_view(already.run)
@@ -564,9 +565,14 @@ class Runner(Schedules, ScopeConfigs, RunReads):
         *,
         first: BeforeLease | Presuming | None = None,
         read_first: bool = False,
+        foresee: Callable[[int], RunRecord | None] | None = None,
     ) -> RunView:
         run = await self.driver.drive(
-            run_id, bindings or self.config.bindings, first=first, read_first=read_first
+            run_id,
+            bindings or self.config.bindings,
+            first=first,
+            read_first=read_first,
+            foresee=foresee,
         )
         return run_view(run)
 

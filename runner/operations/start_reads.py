@@ -53,6 +53,10 @@ class StartReads:
         )  # fmt: skip
         return kept
 
+    def kept(self, scope: str, reference: str) -> KeptReads | None:
+        """The reads kept for this start, not asserted (what a start that presumes takes)."""
+        return self._kept.get((scope, reference))
+
     def keep(self, scope: str, reference: str, reads: KeptReads) -> None:
         key = (scope, reference)
         self._kept.pop(key, None)

@@ -21,7 +21,7 @@ from qjsflow.bundles.flow import PRIORITY_RULE, FlowControl, flow_from_json, is_
 from qjsflow.runner.config import RunnerConfig
 from qjsflow.runner.errors import InvalidRunId, UnknownWorkflow
 from qjsflow.runner.operations.control import check_same_start
-from qjsflow.runner.operations.scope_configs import start_settings
+from qjsflow.runner.operations.scope_configs import StartSettings, start_settings
 from qjsflow.runner.operations.start_reads import KeptReads, StartReads
 from qjsflow.runner.reads import RUN_ID, snapshot_in
 from qjsflow.runner.store import JournalTransaction, RunRecord, RunStatus
@@ -57,6 +57,9 @@ class Creation:
 
     run_key: str
     write: Callable[[JournalTransaction, int, bool, bool], tuple[RunRecord, RunRecord | None]]
+    # The run a presuming start would write at a time, if that can be told without the
+    # journal (runner/engine/drive/ahead.py); None when it cannot.
+    foresee: Callable[[int], RunRecord | None] = lambda now: None
 
     def __call__(
         self, tx: JournalTransaction, now: int, *, inline: bool = False, presume: bool = False
@@ -85,6 +88,50 @@ def new_run_id(run_id: str | None) -> str:
     return run_id
 
 
+@dataclass(frozen=True, slots=True)
+class _Asked:
+    """A start's request, checked and encoded once (a transaction run again after a fault
+    writes the same run)."""
+
+    request: StartRunInput
+    scope: str
+    run_id: str
+    input: str
+    traceparent: str | None
+    flow: FlowControl | None
+    priority: int | None
+
+    def planned(
+        self, kept: KeptReads, now: int, config: RunnerConfig, configs: ConfigCache
+    ) -> tuple[RunRecord, StartSettings, FlowControl | None]:
+        """The run as this start writes it at `now`, from what it read (or kept)."""
+        request, scope, snapshot = self.request, self.scope, kept.snapshot
+        settings = start_settings(kept.latest, scope, config, configs)
+        entries = {w.workflow: w for w in snapshot.workflows}
+        found = entries.get(request.workflow)
+        if found is None or request.entry_path not in (None, found.entry_path):
+            raise UnknownWorkflow(request.workflow, sorted(entries))
+        flow = self.flow or (None if found.flow is None else stored_flow(found.flow))
+        bindings_text = from_python(
+            env_of(settings.environment, request.persisted_bindings,
+                   Reach(snapshot.capabilities, settings.policy).binding_allowed,
+                   workflows=[w.binding for w in snapshot.workflows if w.binding],
+                   defaults=snapshot.vars),
+            max_bytes=config.limits.value_bytes, what="the persisted bindings",
+        )  # fmt: skip
+        priority = self.priority
+        record = RunRecord(
+            run_id=self.run_id, scope=scope, workflow=request.workflow,
+            snapshot_id=snapshot.snapshot_id, entry_path=found.entry_path,
+            status=RunStatus.running, input=self.input, persisted_bindings=bindings_text,
+            output=None, error=None, created_at=now, updated_at=now, wake_at=None,
+            waiting_for=None, cpu_used_s=0.0, logs_count=0, cancel_requested=False,
+            traceparent=self.traceparent, config_version=settings.version,
+            priority=priority if priority is not None else 0 if flow is None else flow.priority,
+        )  # fmt: skip
+        return record, settings, flow
+
+
 def creation(
     request: StartRunInput,
     *,
@@ -92,17 +139,19 @@ def creation(
     configs: ConfigCache,
     reads: StartReads | None = None,
 ) -> Creation:
-    """What writes `request`'s run (its input encoded and its id made here, once: a
-    transaction run again after a fault writes the same run). `reads`: what earlier starts
-    read, which one that presumes takes as still so (runner/operations/start_reads.py)."""
+    """What writes `request`'s run. `reads`: what earlier starts read, which one that
+    presumes takes as still so (runner/operations/start_reads.py)."""
     scope = validate_scope(request.scope)
     run_id = run_key(scope, new_run_id(request.run_id))
-    limit = config.limits.value_bytes
-    encoded_input = from_python(request.input, max_bytes=limit, what="the run input")
-    traceparent = new_traceparent(request.traceparent)
+    asked = _Asked(
+        request, scope, run_id,
+        input=from_python(request.input, max_bytes=config.limits.value_bytes,
+                          what="the run input"),
+        traceparent=new_traceparent(request.traceparent),
+        flow=None if request.flow is None else _flow(request.flow, "the start's flow"),
+        priority=checked_priority(request.priority),
+    )  # fmt: skip
     tags = checked_tags(request.tags)
-    asked_flow = None if request.flow is None else _flow(request.flow, "the start's flow")
-    priority = checked_priority(request.priority)
 
     def create(
         tx: JournalTransaction, now: int, inline: bool, presume: bool = False
@@ -117,30 +166,7 @@ def creation(
             kept = KeptReads(latest(), snapshot)
             if reads is not None:
                 reads.keep(scope, request.snapshot_id, kept)
-        snapshot = kept.snapshot
-        settings = start_settings(kept.latest, scope, config, configs)
-        entries = {w.workflow: w for w in snapshot.workflows}
-        found = entries.get(request.workflow)
-        if found is None or request.entry_path not in (None, found.entry_path):
-            raise UnknownWorkflow(request.workflow, sorted(entries))
-        entry_path = found.entry_path
-        flow = asked_flow or (None if found.flow is None else stored_flow(found.flow))
-        bindings_text = from_python(
-            env_of(settings.environment, request.persisted_bindings,
-                   Reach(snapshot.capabilities, settings.policy).binding_allowed,
-                   workflows=[w.binding for w in snapshot.workflows if w.binding],
-                   defaults=snapshot.vars),
-            max_bytes=limit, what="the persisted bindings",
-        )  # fmt: skip
-        record = RunRecord(
-            run_id=run_id, scope=scope, workflow=request.workflow,
-            snapshot_id=snapshot.snapshot_id, entry_path=entry_path, status=RunStatus.running,
-            input=encoded_input, persisted_bindings=bindings_text, output=None, error=None,
-            created_at=now, updated_at=now, wake_at=None, waiting_for=None, cpu_used_s=0.0,
-            logs_count=0, cancel_requested=False, traceparent=traceparent,
-            config_version=settings.version,
-            priority=priority if priority is not None else 0 if flow is None else flow.priority,
-        )  # fmt: skip
+        record, settings, flow = asked.planned(kept, now, config, configs)
         gated = flow is not None and flow.gated
         # Looked for only when it matters before the insert (which finds it otherwise).
         existing = tx.get_run(run_id) if gated or settings.budgets is not None else None
@@ -159,7 +185,22 @@ def creation(
             return record, None
         return record, tx.get_run(run_id)
 
-    return Creation(run_id, create)
+    def foreseen(now: int) -> RunRecord | None:
+        """The run a start that presumes would write at `now`, from the reads an earlier
+        start kept, if it is plain: no budgets to admit it under, no gate to queue it. None
+        when it cannot be told without the journal."""
+        kept = None if reads is None else reads.kept(scope, request.snapshot_id)
+        if kept is None:
+            return None
+        try:
+            record, settings, flow = asked.planned(kept, now, config, configs)
+        except QjsflowError:  # (the start's own transaction says so)
+            return None
+        if settings.budgets is not None or (flow is not None and flow.gated):
+            return None
+        return record
+
+    return Creation(run_id, create, foreseen)
 
 
 def _created(

@@ -35,6 +35,7 @@ from qjsflow.bridge.types import DriveOutcome
 from qjsflow.bundles.manifest import Capabilities
 from qjsflow.runner.bindings import Bindings, ToolFn
 from qjsflow.runner.config import RunnerConfig
+from qjsflow.runner.engine.drive.ahead import StartAhead, foreseen_start
 from qjsflow.runner.engine.drive.beginning import (
     BeforeLease,
     Begun,
@@ -120,6 +121,7 @@ class RunDriver:
         *,
         first: BeforeLease | Presuming | None = None,
         read_first: bool = False,
+        foresee: Callable[[int], RunRecord | None] | None = None,
     ) -> RunRecord:
         """Drive `run_id` until it suspends on something not yet due, or ends. A run whose
         lease another live driver holds is returned as it is. `first` is written in the
@@ -129,8 +131,11 @@ class RunDriver:
         run that is not paused and has no cancel or pause asked. A worker's claim takes the
         lease first: claims skip leased runs (a run in flight is not claimed again, here or by
         another worker) and number each scope's turns without them. A resume may begin from
-        what the run's last drive here left kept (runner/engine/kept.py)."""
-        run = await self.claim(run_id, bindings, first=first, read_first=read_first)
+        what the run's last drive here left kept (runner/engine/kept.py). `foresee`: the run a
+        start's `first` writes, if that can be told now (the drive then begins ahead of it:
+        runner/engine/drive/ahead.py)."""
+        run = await self.claim(run_id, bindings, first=first, read_first=read_first,
+                               foresee=foresee)  # fmt: skip
         if run is None:
             run = await self.store.get_run(run_id)
         if run is None:
@@ -144,6 +149,7 @@ class RunDriver:
         *,
         first: BeforeLease | Presuming | None = None,
         read_first: bool = False,
+        foresee: Callable[[int], RunRecord | None] | None = None,
     ) -> RunRecord | None:
         """`drive`, or None when no lease was taken (another driver holds the run, or a lost
         one's session still locks its row): nothing was done, and nothing is read."""
@@ -172,16 +178,51 @@ class RunDriver:
                                ttl_ms=self.ttl_ms, budgets=self.config.scope_budgets,
                                configs=self.configs)  # fmt: skip
                 if isinstance(first, Presuming):
-                    taken = await self.store.transact(
+                    start = asyncio.ensure_future(self.store.transact(
                         partial(take, first=first.presumed), durable=False,
                         careful=partial(take, first=first.careful),
-                    )  # fmt: skip
+                    ))  # fmt: skip
+                    run = None if foresee is None else self._foreseen(run_id, foresee, now)
+                    if run is not None:
+                        ahead = StartAhead(start, foreseen_start(run, self.worker_id))
+                        final = await self._drive_ahead(ahead, bindings)
+                        if ahead.held:
+                            return final or await self.store.get_run(run_id)
+                    # Not driven ahead, or its start was not written as foreseen (what it
+                    # raised is raised here): driven as the start left it.
+                    taken = await start
                 else:
                     taken = await self.store.transact(partial(take, first=first), durable=False)
             if taken is None:
                 return None
             final = await self._drive_taken(taken, bindings, keep=read_first)
             return final or await self.store.get_run(run_id)
+
+    def _foreseen(
+        self, run_id: str, foresee: Callable[[int], RunRecord | None], now: int
+    ) -> RunRecord | None:
+        """The run a start will write at `now`, where its drive may begin ahead of that: a
+        scope whose budgets and limits leave nothing to settle first (`_may_read_first`)."""
+        return foresee(now) if self._may_read_first(run_id) else None
+
+    async def _drive_ahead(self, ahead: StartAhead, bindings: Bindings) -> RunRecord | None:
+        """A start's drive begun while its transaction commits: the run as it left it, or None
+        when that drive wrote nothing (its start was not written as foreseen, or its lease
+        was lost since, and then given up here)."""
+        lease, begun, wrote = ahead.foreseen
+        assert not isinstance(begun, RunRecord)
+        final: RunRecord | None = None
+        try:
+            session = DriveSession(self, lease, bindings, keep=False, mark=None, ahead=ahead)
+            final = await session.run(begun, wrote)
+        except LeaseLost:
+            pass  # not the drive's lease, or another driver has the run now
+        finally:
+            if final is None:
+                await ahead.settled()
+                if ahead.held:  # the lease is the drive's, and was not given up with it
+                    await self.store.release_lease(lease)
+        return final
 
     @property
     def _late_take(self) -> partial[None]:

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 from qjsflow.bridge.printable import printable
 from qjsflow.bridge.types import DriveOutcome, Failed, JournalEntry, Suspended
 from qjsflow.runner.bindings import Bindings
+from qjsflow.runner.engine.drive.ahead import StartAhead
 from qjsflow.runner.engine.drive.beginning import Begun, begin_drive, write_nothing
 from qjsflow.runner.engine.drive.ending import (
     NotAllWritten,
@@ -71,6 +72,7 @@ class DriveSession:
         *,
         keep: bool,
         mark: bytes | None,
+        ahead: StartAhead | None = None,
     ) -> None:
         self.driver = driver
         self.store = driver.store
@@ -79,6 +81,9 @@ class DriveSession:
         self.bindings = bindings
         self.keep = keep
         self.mark = mark
+        # A start's drive begun before its transaction is written (runner/engine/drive/
+        # ahead.py): nothing of it is serviced or written before that is confirmed.
+        self.ahead = ahead
         self.watch = LeaseWatch(read=lease.take is not None)
 
     async def run(self, begun: Begun, wrote: bool) -> RunRecord:
@@ -127,6 +132,8 @@ class DriveSession:
                 await asyncio.sleep(self._beat_s)
                 continue
             try:
+                if self.ahead is not None:
+                    await self.ahead.confirmed()
                 if watch.heartbeat_takes():  # a transaction fenced by the lease takes it
                     renewed = await self.store.transact(write_nothing, lease, durable=False)
                 else:
@@ -168,6 +175,8 @@ class DriveSession:
                     run, journal, unsettled, used=used, traced=span is not None
                 )
                 _observe(span, run.run_id, outcome, time.monotonic() - began)
+            if self.ahead is not None:
+                await self.ahead.confirmed()  # before anything of the drive is written
             if isinstance(outcome, Failed) and outcome.retryable:
                 # The executor process died: the OOM killer, an operator, or the run's own
                 # code. Try again at once a few times, then park the run and come back later;
@@ -337,7 +346,10 @@ class DriveSession:
             return Failed(False, str(damaged), 0.0), host
         request = run_request(run, bundle, journal, config.limits, open_steps=unsettled)
         try:
-            outcome = await driver.pool.drive(request, host)
+            ahead = self.ahead
+            outcome = await driver.pool.drive(
+                request, host if ahead is None else ahead.gating(host)
+            )
         except BaseException:
             # What the host answered ahead is committed first (a failure there, such as a
             # lost lease, ends the drive as it would have then).

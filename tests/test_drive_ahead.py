@@ -1,0 +1,167 @@
+"""A start's first drive begun while its start's transaction commits (docs/ARCHITECTURE.md,
+"A start's drive, begun ahead"): nothing of the drive is serviced or written before that
+transaction is found written as foreseen; a start written otherwise drops the drive unwritten
+and answers as it would have."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+
+from qjsflow.bridge.types import Answer, OpEnvelope
+from qjsflow.runner import Bindings, Runner, RunnerConfig, StartRunInput
+from qjsflow.runner.tenancy.budgets import Budgets
+from qjsflow.sandbox import ExecutorPool, PoolConfig
+from qjsflow.sandbox.pool import Host
+from tests.journal_reads import query
+from tests.postgres import PostgresServer
+
+FLOW = """
+export default async (event, step, env) => {
+  const seen = await step.tool("probe", "probe", {});
+  return { region: env.REGION ?? null, seen };
+};
+"""
+
+
+class Drives:
+    """Every drive the pool is asked for, and an event set as the first op of one reaches
+    the host the drive was given (before anything of the host's own runs)."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.asked = asyncio.Event()
+
+    def install(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        original = ExecutorPool.drive
+        drives = self
+
+        async def counted(pool: ExecutorPool, request: Any, host: Host) -> Any:
+            drives.count += 1
+
+            async def asking(ops: Sequence[OpEnvelope]) -> Sequence[Answer]:
+                drives.asked.set()
+                return await host(ops)
+
+            return await original(pool, request, asking)
+
+        monkeypatch.setattr(ExecutorPool, "drive", counted)
+
+
+@pytest.fixture
+def drives(monkeypatch: pytest.MonkeyPatch) -> Drives:
+    found = Drives()
+    found.install(monkeypatch)
+    return found
+
+
+def _runner(journal: str | Path, tmp_path: Path, **more: Any) -> Any:
+    config = RunnerConfig(pool=PoolConfig(size=2), scope_root=tmp_path / "scopes", **more)
+    return Runner.open(journal, config)
+
+
+def _probe(journal: str | Path, calls: list[int]) -> Bindings:
+    """A tool that says how many rows its own run has in the journal, read on a connection of
+    its own: 1 once the start's transaction is committed."""
+
+    async def probe(args: Any) -> int:
+        rows = query(journal, "SELECT count(*) FROM runs WHERE run_id = ?", ("acme/r2",))
+        calls.append(int(rows[0][0]))
+        return calls[-1]
+
+    return Bindings(tools={"probe": probe})
+
+
+async def test_a_plain_starts_drive_begins_before_its_transaction_commits_and_waits_for_it(
+    postgres: PostgresServer, tmp_path: Path, drives: Drives
+) -> None:
+    journal = postgres.new_database()
+    calls: list[int] = []
+    async with _runner(journal, tmp_path, bindings=_probe(journal, calls)) as runner:
+        snapshot = (await runner.publish("acme", {"workflows/flow.ts": FLOW})).snapshot_id
+        first = await runner.start(StartRunInput("acme", "flow", snapshot, {}, "r1"))
+        assert first.status == "completed", first.error
+        drives.asked.clear()
+        # The next start's insert waits for the snapshot's row, which this test locks.
+        with psycopg.connect(journal) as locker:
+            locker.execute("SELECT 1 FROM snapshots WHERE scope = 'acme' FOR UPDATE")
+            start = asyncio.create_task(
+                runner.start(StartRunInput("acme", "flow", snapshot, {}, "r2"))
+            )
+            # The drive asks for its tool while the start is not committed...
+            await asyncio.wait_for(drives.asked.wait(), 60)
+            assert query(journal, "SELECT count(*) FROM runs WHERE run_id = 'acme/r2'") == [(0,)]
+            assert calls == [0]  # ...and the tool is not called: only r1's call so far
+        run = await asyncio.wait_for(start, 60)
+    assert run.status == "completed", run.error
+    assert calls == [0, 1]  # r2's tool saw its run committed
+    assert drives.count == 3  # publish's look at the exports, r1, r2: each driven once
+
+
+@pytest.mark.parametrize("journal", ["sqlite", pytest.param("postgresql", marks=pytest.mark.slow)],
+                         indirect=True)  # fmt: skip
+async def test_a_start_of_a_run_already_there_answers_it_and_calls_nothing_again(
+    journal: str, tmp_path: Path, drives: Drives
+) -> None:
+    calls: list[int] = []
+    async with _runner(journal, tmp_path, bindings=_probe(journal, calls)) as runner:
+        snapshot = (await runner.publish("acme", {"workflows/flow.ts": FLOW})).snapshot_id
+        for run_id in ("r1", "r2", "r2"):
+            run = await runner.start(StartRunInput("acme", "flow", snapshot, {}, run_id))
+            assert run.status == "completed", run.error
+        # The third start's drive, begun ahead, was dropped: its tool never called, its
+        # executor not killed (its op was answered as a lost lease's), nothing written twice.
+        assert calls == [0, 1]
+        assert runner.driver.pool.replaced == 0
+        assert runner.driver.pool.stats()["live"] == runner.driver.pool.stats()["idle"]
+    created = query(journal, "SELECT count(*) FROM events WHERE run_id = ? AND type = ?",
+                    ("acme/r2", "run_created"))  # fmt: skip
+    assert created == [(1,)]
+    assert drives.count == 4  # the exports, r1, r2, and r2's start again (driven ahead)
+
+
+@pytest.mark.parametrize("journal", ["sqlite", pytest.param("postgresql", marks=pytest.mark.slow)],
+                         indirect=True)  # fmt: skip
+async def test_a_start_not_written_as_foreseen_is_driven_as_written(
+    journal: str, tmp_path: Path, drives: Drives
+) -> None:
+    """A configuration applied since the last start (here by another runner on the journal):
+    the start's presumption fails, it writes the run with the new settings, and the drive
+    begun from the old ones is dropped before its tool is called."""
+    calls: list[int] = []
+    async with _runner(journal, tmp_path, bindings=_probe(journal, calls)) as runner:
+        snapshot = (await runner.publish("acme", {"workflows/flow.ts": FLOW})).snapshot_id
+        run = await runner.start(StartRunInput("acme", "flow", snapshot, {}, "r1"))
+        assert run.output == {"region": None, "seen": 0}
+        async with _runner(journal, tmp_path / "other") as other:
+            await other.apply_scope_config("acme", '{"vars": {"REGION": "eu"}}')
+        before = drives.count
+        run = await runner.start(StartRunInput("acme", "flow", snapshot, {}, "r2"))
+    assert run.status == "completed", run.error
+    assert run.output == {"region": "eu", "seen": 1}
+    assert calls == [0, 1]  # r2's tool, once
+    assert drives.count == before + 2  # the drive from what was foreseen, dropped; then r2's
+
+
+@pytest.mark.parametrize("journal", ["sqlite", pytest.param("postgresql", marks=pytest.mark.slow)],
+                         indirect=True)  # fmt: skip
+async def test_a_budgeted_scopes_start_is_not_driven_ahead(
+    journal: str, tmp_path: Path, drives: Drives
+) -> None:
+    """A budgeted scope's drive is charged and admitted under its lease: a start that finds
+    its run there already drives nothing (a plain scope's would have driven it ahead)."""
+    calls: list[int] = []
+    budgets = {"acme": Budgets(steps_per_day=1000)}
+    async with _runner(journal, tmp_path, bindings=_probe(journal, calls),
+                       scope_budgets=budgets) as runner:  # fmt: skip
+        snapshot = (await runner.publish("acme", {"workflows/flow.ts": FLOW})).snapshot_id
+        for run_id in ("r1", "r1", "r1"):
+            run = await runner.start(StartRunInput("acme", "flow", snapshot, {}, run_id))
+            assert run.status == "completed", run.error
+    assert calls == [0]
+    assert drives.count == 2  # the exports, and r1 once
