@@ -103,11 +103,10 @@ async def test_a_plain_starts_drive_begins_before_its_transaction_commits_and_wa
     assert drives.count == 3  # publish's look at the exports, r1, r2: each driven once
 
 
-@pytest.mark.parametrize("journal", ["sqlite", pytest.param("postgresql", marks=pytest.mark.slow)],
-                         indirect=True)  # fmt: skip
 async def test_a_start_of_a_run_already_there_answers_it_and_calls_nothing_again(
-    journal: str, tmp_path: Path, drives: Drives
+    postgres: PostgresServer, tmp_path: Path, drives: Drives
 ) -> None:
+    journal = postgres.new_database()
     calls: list[int] = []
     async with _runner(journal, tmp_path, bindings=_probe(journal, calls)) as runner:
         snapshot = (await runner.publish("acme", {"workflows/flow.ts": FLOW})).snapshot_id
@@ -125,14 +124,13 @@ async def test_a_start_of_a_run_already_there_answers_it_and_calls_nothing_again
     assert drives.count == 4  # the exports, r1, r2, and r2's start again (driven ahead)
 
 
-@pytest.mark.parametrize("journal", ["sqlite", pytest.param("postgresql", marks=pytest.mark.slow)],
-                         indirect=True)  # fmt: skip
 async def test_a_start_not_written_as_foreseen_is_driven_as_written(
-    journal: str, tmp_path: Path, drives: Drives
+    postgres: PostgresServer, tmp_path: Path, drives: Drives
 ) -> None:
     """A configuration applied since the last start (here by another runner on the journal):
     the start's presumption fails, it writes the run with the new settings, and the drive
     begun from the old ones is dropped before its tool is called."""
+    journal = postgres.new_database()
     calls: list[int] = []
     async with _runner(journal, tmp_path, bindings=_probe(journal, calls)) as runner:
         snapshot = (await runner.publish("acme", {"workflows/flow.ts": FLOW})).snapshot_id
@@ -148,17 +146,29 @@ async def test_a_start_not_written_as_foreseen_is_driven_as_written(
     assert drives.count == before + 2  # the drive from what was foreseen, dropped; then r2's
 
 
-@pytest.mark.parametrize("journal", ["sqlite", pytest.param("postgresql", marks=pytest.mark.slow)],
-                         indirect=True)  # fmt: skip
-async def test_a_budgeted_scopes_start_is_not_driven_ahead(
-    journal: str, tmp_path: Path, drives: Drives
+_PLAIN: dict[str, Any] = {}
+_BUDGETED: dict[str, Any] = {"scope_budgets": {"acme": Budgets(steps_per_day=1000)}}
+_LIMITED: dict[str, Any] = {"scope_concurrency": {"acme": 5}}
+
+
+@pytest.mark.parametrize(
+    ("journal", "settings"),
+    [
+        ("sqlite", _PLAIN), ("sqlite", _BUDGETED),
+        pytest.param("postgresql", _BUDGETED, marks=pytest.mark.slow),
+        pytest.param("postgresql", _LIMITED, marks=pytest.mark.slow),
+    ],
+    indirect=["journal"],
+)  # fmt: skip
+async def test_no_start_is_driven_ahead_on_sqlite_nor_in_a_budgeted_or_limited_scope(
+    journal: str, tmp_path: Path, drives: Drives, settings: dict[str, Any]
 ) -> None:
-    """A budgeted scope's drive is charged and admitted under its lease: a start that finds
-    its run there already drives nothing (a plain scope's would have driven it ahead)."""
+    """A budgeted scope's drive is charged and admitted under its lease; a scope whose runs at
+    once are limited counts drives by their leases; and a SQLite start's commit is over before
+    a drive could be sent: a start that finds its run there already drives nothing (a plain
+    scope's on PostgreSQL would have driven it ahead)."""
     calls: list[int] = []
-    budgets = {"acme": Budgets(steps_per_day=1000)}
-    async with _runner(journal, tmp_path, bindings=_probe(journal, calls),
-                       scope_budgets=budgets) as runner:  # fmt: skip
+    async with _runner(journal, tmp_path, bindings=_probe(journal, calls), **settings) as runner:
         snapshot = (await runner.publish("acme", {"workflows/flow.ts": FLOW})).snapshot_id
         for run_id in ("r1", "r1", "r1"):
             run = await runner.start(StartRunInput("acme", "flow", snapshot, {}, run_id))

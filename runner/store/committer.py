@@ -399,6 +399,12 @@ class JournalCore:
             _log.warning("a record written behind was lost: %s", str(written.exception())[:200])
 
     @property
+    def pipelined(self) -> bool:
+        """Whether a transaction's statements go to a server without waiting for it (PostgreSQL):
+        its commit is a round trip its caller may do something useful during."""
+        return self._backend.dialect.pipelined
+
+    @property
     def marks_commits(self) -> bool:
         """Whether this journal has marks (`journal_mark`): SQLite's WAL-index; a server has
         none, so nothing written here is worth certifying by one."""

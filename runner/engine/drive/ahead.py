@@ -13,8 +13,10 @@ was there already, a read it presumed changed, the transaction failed) drops the
 unwritten — its ops are answered as a lost lease's are, so that its body suspends — and the
 run is driven as the transaction left it, or the start answers as it would have.
 
-Only a plain start is driven ahead: in a scope with no budgets to admit it under or charge
-its drive to, and no limit on its runs at once, of a workflow with no gate (flow control).
+Only a plain start is driven ahead, on a PostgreSQL journal (a SQLite commit is over before a
+drive could be sent: ahead, a sequential run gained nothing there): in a scope with no
+budgets to admit it under or charge its drive to, and no limit on its runs at once, of a
+workflow with no gate (flow control).
 Its author code may run once for nothing (a start of a run id already there); that costs
 compute no budget counts, which is why budgeted scopes are left out.
 """

@@ -201,9 +201,13 @@ class RunDriver:
     def _foreseen(
         self, run_id: str, foresee: Callable[[int], RunRecord | None], now: int
     ) -> RunRecord | None:
-        """The run a start will write at `now`, where its drive may begin ahead of that: a
-        scope whose budgets and limits leave nothing to settle first (`_may_read_first`)."""
-        return foresee(now) if self._may_read_first(run_id) else None
+        """The run a start will write at `now`, where its drive may begin ahead of that: on a
+        journal whose commit is a round trip to a server (SQLite's is over before the drive
+        could be sent: ahead, a sequential run gained nothing), in a scope whose budgets and
+        limits leave nothing to settle first (`_may_read_first`)."""
+        if not self.store.pipelined or not self._may_read_first(run_id):
+            return None
+        return foresee(now)
 
     async def _drive_ahead(self, ahead: StartAhead, bindings: Bindings) -> RunRecord | None:
         """A start's drive begun while its transaction commits: the run as it left it, or None
