@@ -6,7 +6,8 @@ and answers as it would have."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+import contextlib
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -65,6 +66,16 @@ def _runner(journal: str | Path, tmp_path: Path, **more: Any) -> Any:
     return Runner.open(journal, config)
 
 
+@contextlib.asynccontextmanager
+async def _published(
+    journal: str, tmp_path: Path, calls: list[int], **more: Any
+) -> AsyncIterator[tuple[Runner, str]]:
+    """A runner binding the probe (its answers in `calls`), and FLOW's snapshot."""
+    async with _runner(journal, tmp_path, bindings=_probe(journal, calls), **more) as runner:
+        snapshot = (await runner.publish("acme", {"workflows/flow.ts": FLOW})).snapshot_id
+        yield runner, snapshot
+
+
 def _probe(journal: str | Path, calls: list[int]) -> Bindings:
     """A tool that says how many rows its own run has in the journal, read on a connection of
     its own: 1 once the start's transaction is committed."""
@@ -82,8 +93,7 @@ async def test_a_plain_starts_drive_begins_before_its_transaction_commits_and_wa
 ) -> None:
     journal = postgres.new_database()
     calls: list[int] = []
-    async with _runner(journal, tmp_path, bindings=_probe(journal, calls)) as runner:
-        snapshot = (await runner.publish("acme", {"workflows/flow.ts": FLOW})).snapshot_id
+    async with _published(journal, tmp_path, calls) as (runner, snapshot):
         first = await runner.start(StartRunInput("acme", "flow", snapshot, {}, "r1"))
         assert first.status == "completed", first.error
         drives.asked.clear()
@@ -108,8 +118,7 @@ async def test_a_start_of_a_run_already_there_answers_it_and_calls_nothing_again
 ) -> None:
     journal = postgres.new_database()
     calls: list[int] = []
-    async with _runner(journal, tmp_path, bindings=_probe(journal, calls)) as runner:
-        snapshot = (await runner.publish("acme", {"workflows/flow.ts": FLOW})).snapshot_id
+    async with _published(journal, tmp_path, calls) as (runner, snapshot):
         for run_id in ("r1", "r2", "r2"):
             run = await runner.start(StartRunInput("acme", "flow", snapshot, {}, run_id))
             assert run.status == "completed", run.error
@@ -132,8 +141,7 @@ async def test_a_start_not_written_as_foreseen_is_driven_as_written(
     begun from the old ones is dropped before its tool is called."""
     journal = postgres.new_database()
     calls: list[int] = []
-    async with _runner(journal, tmp_path, bindings=_probe(journal, calls)) as runner:
-        snapshot = (await runner.publish("acme", {"workflows/flow.ts": FLOW})).snapshot_id
+    async with _published(journal, tmp_path, calls) as (runner, snapshot):
         run = await runner.start(StartRunInput("acme", "flow", snapshot, {}, "r1"))
         assert run.output == {"region": None, "seen": 0}
         async with _runner(journal, tmp_path / "other") as other:
@@ -168,8 +176,7 @@ async def test_no_start_is_driven_ahead_on_sqlite_nor_in_a_budgeted_or_limited_s
     a drive could be sent: a start that finds its run there already drives nothing (a plain
     scope's on PostgreSQL would have driven it ahead)."""
     calls: list[int] = []
-    async with _runner(journal, tmp_path, bindings=_probe(journal, calls), **settings) as runner:
-        snapshot = (await runner.publish("acme", {"workflows/flow.ts": FLOW})).snapshot_id
+    async with _published(journal, tmp_path, calls, **settings) as (runner, snapshot):
         for run_id in ("r1", "r1", "r1"):
             run = await runner.start(StartRunInput("acme", "flow", snapshot, {}, run_id))
             assert run.status == "completed", run.error
