@@ -182,3 +182,34 @@ async def test_no_start_is_driven_ahead_on_sqlite_nor_in_a_budgeted_or_limited_s
             assert run.status == "completed", run.error
     assert calls == [0]
     assert drives.count == 2  # the exports, and r1 once
+
+
+async def test_a_start_cancelled_by_its_caller_mid_drive_gives_its_lease_up(
+    postgres: PostgresServer, tmp_path: Path, drives: Drives
+) -> None:
+    """The caller leaves while the drive begun ahead waits for its tool: the start's
+    transaction (committed: the tool had begun) keeps the run, and its lease is given up at
+    once, so that a worker can take the run now rather than once the lease lapses (and call
+    the tool again: its outcome is unknown)."""
+    journal = postgres.new_database()
+    entered, release = asyncio.Event(), asyncio.Event()
+
+    async def probe(args: Any) -> int:
+        entered.set()
+        await release.wait()
+        return 1
+
+    async with _runner(journal, tmp_path, bindings=Bindings(tools={"probe": probe})) as runner:
+        snapshot = (await runner.publish("acme", {"workflows/flow.ts": FLOW})).snapshot_id
+        release.set()
+        assert (await runner.start(StartRunInput("acme", "flow", snapshot, {}, "r1"))).output
+        entered.clear()
+        release.clear()
+        start = asyncio.create_task(runner.start(StartRunInput("acme", "flow", snapshot, {}, "r2")))
+        await asyncio.wait_for(entered.wait(), 60)
+        start.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await start
+        release.set()
+    rows = query(journal, "SELECT status, worker_id FROM runs WHERE run_id = 'acme/r2'")
+    assert rows == [("running", None)]
