@@ -41,7 +41,7 @@ class StartReads:
 
     def presumed(self, tx: JournalTransaction, scope: str, reference: str) -> KeptReads | None:
         """The reads kept for this start, asserted in `tx` (None: none kept, read them)."""
-        kept = self._kept.get((scope, reference))
+        kept = self.kept(scope, reference)
         if kept is None:
             return None
         version = None if kept.latest is None else kept.latest[0]

@@ -59,7 +59,7 @@ class Creation:
     write: Callable[[JournalTransaction, int, bool, bool], tuple[RunRecord, RunRecord | None]]
     # The run a presuming start would write at a time, if that can be told without the
     # journal (runner/engine/drive/ahead.py); None when it cannot.
-    foresee: Callable[[int], RunRecord | None] = lambda now: None
+    foresee: Callable[[int], RunRecord | None]
 
     def __call__(
         self, tx: JournalTransaction, now: int, *, inline: bool = False, presume: bool = False

@@ -178,19 +178,24 @@ class RunDriver:
                                ttl_ms=self.ttl_ms, budgets=self.config.scope_budgets,
                                configs=self.configs)  # fmt: skip
                 if isinstance(first, Presuming):
-                    start = asyncio.ensure_future(self.store.transact(
-                        partial(take, first=first.presumed), durable=False,
+                    start = partial(
+                        self.store.transact,
+                        partial(take, first=first.presumed),
+                        durable=False,
                         careful=partial(take, first=first.careful),
-                    ))  # fmt: skip
-                    run = None if foresee is None else self._foreseen(run_id, foresee, now)
-                    if run is not None:
-                        ahead = StartAhead(start, foreseen_start(run, self.worker_id))
+                    )
+                    run = self._foreseen(run_id, foresee, now)
+                    if run is None:
+                        taken = await start()
+                    else:
+                        ahead = StartAhead(asyncio.ensure_future(start()),
+                                           foreseen_start(run, self.worker_id))  # fmt: skip
                         final = await self._drive_ahead(ahead, bindings)
                         if ahead.held:
                             return final or await self.store.get_run(run_id)
-                    # Not driven ahead, or its start was not written as foreseen (what it
-                    # raised is raised here): driven as the start left it.
-                    taken = await start
+                        # Its start was not written as foreseen (what it raised is raised
+                        # here): driven as the start left it.
+                        taken = await ahead.start
                 else:
                     taken = await self.store.transact(partial(take, first=first), durable=False)
             if taken is None:
@@ -199,13 +204,13 @@ class RunDriver:
             return final or await self.store.get_run(run_id)
 
     def _foreseen(
-        self, run_id: str, foresee: Callable[[int], RunRecord | None], now: int
+        self, run_id: str, foresee: Callable[[int], RunRecord | None] | None, now: int
     ) -> RunRecord | None:
         """The run a start will write at `now`, where its drive may begin ahead of that: on a
         journal whose commit is a round trip to a server (SQLite's is over before the drive
         could be sent: ahead, a sequential run gained nothing), in a scope whose budgets and
         limits leave nothing to settle first (`_may_read_first`)."""
-        if not self.store.pipelined or not self._may_read_first(run_id):
+        if foresee is None or not self.store.pipelined or not self._may_read_first(run_id):
             return None
         return foresee(now)
 
