@@ -11,8 +11,6 @@ each. The database URL chooses: a path or `sqlite:///path`, or `postgresql://…
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import functools
 import importlib
 import os
 import sqlite3
@@ -26,6 +24,7 @@ from qjsflow.runner.errors import JournalUnavailable
 from qjsflow.runner.store.connection import JobThread, connect_sqlite
 from qjsflow.runner.store.dialect import POSTGRES, SQLITE, Dialect
 from qjsflow.runner.store.migrations import migrate
+from qjsflow.runner.store.pg_connection import PgConnection
 from qjsflow.runner.store.pg_schema import PG_MIGRATIONS
 from qjsflow.runner.store.wal_mark import WalMarks
 
@@ -283,100 +282,6 @@ class _LockedHere(Exception):
     thread, which must not wait for it."""
 
 
-class _PgConnection:
-    """psycopg with `?` placeholders, so that both backends share every statement.
-
-    The connection stays in psycopg's pipeline mode: each statement is sent without waiting
-    for its answer, and the round trip is paid only where an answer is read (a row fetched, a
-    row count) or asked for (`sync`), and for a COMMIT, which is always answered before
-    `execute` returns. A transaction of eight statements took eight round trips, and most of
-    a step's time; now it takes one for each answer its logic reads, and one for its commit.
-    (Entering and leaving the mode for each transaction cost one more: leaving syncs.)
-    A statement's error comes with the next answer read or asked for: every part of a
-    transaction that must fail alone (a job of a group commit, a savepoint) asks (`sync`)
-    before it counts as done.
-    """
-
-    def __init__(self, raw: Any) -> None:
-        raw.cursor_factory = _psycopg().RawCursor  # its statements numbered (`_numbered`)
-        self.raw = raw
-        self._mode = contextlib.ExitStack()  # left when the connection is closed
-        self._pipeline = self._mode.enter_context(raw.pipeline())
-        self._unsynced = False  # a statement was sent since the last sync
-        self.statements_sent = 0  # (a read sent ahead is told by it)
-
-    def execute(self, sql: str, args: Any = ()) -> Any:
-        if sql.startswith("ROLLBACK"):
-            # After a failed statement the server skips what was sent behind it until told
-            # the batch is over: tell it (the skipped statements' errors are the failure's).
-            with contextlib.suppress(_psycopg().Error):
-                self.sync()
-        self._unsynced = True
-        self.statements_sent += 1
-        cursor = _Unanswered(self.raw.execute(_numbered(sql), args or None), self)
-        if sql == "COMMIT":  # its outcome, and any error of a statement sent before it
-            self.sync()
-        return cursor
-
-    def sync(self) -> None:
-        """Wait for the answers of every statement sent; raise the first one's error."""
-        if self._unsynced:
-            self._unsynced = False
-            self._pipeline.sync()
-
-    def close(self) -> None:
-        with contextlib.suppress(_psycopg().Error):
-            self._mode.close()
-        self.raw.close()
-
-    def executemany(self, sql: str, rows: Any) -> Any:
-        self._unsynced = True
-        self.statements_sent += 1
-        with self.raw.cursor() as cursor:
-            cursor.executemany(_numbered(sql), rows)
-
-    @property
-    def in_transaction(self) -> bool:
-        return bool(self.raw.info.transaction_status != _psycopg().pq.TransactionStatus.IDLE)
-
-
-@functools.lru_cache(maxsize=1024)
-def _numbered(sql: str) -> str:
-    """A statement's `?` placeholders as the server's own `$1, $2, …`, for psycopg's raw
-    cursor, which parses nothing. With `%s` psycopg parses every statement it has not
-    cached, and it caches none of over 50 parameters: a drive's settled steps (173 for ten)
-    cost ~180 µs to parse, each time."""
-    first, *rest = sql.split("?")
-    return first + "".join(f"${n}{part}" for n, part in enumerate(rest, 1))
-
-
-class _Unanswered:
-    """A pipelined statement's cursor: reading its answer (rows, or how many it changed) ends
-    the batch sent so far with a sync, not a flush — the server then waits for this worker
-    idle in its transaction (bounded by `idle_in_transaction_session_timeout`), not inside a
-    batch that counts as one statement. And a row count read before the answer came would be
-    psycopg's -1."""
-
-    def __init__(self, cursor: Any, connection: _PgConnection) -> None:
-        self._cursor, self._connection = cursor, connection
-
-    def _answered(self) -> Any:
-        if self._cursor.pgresult is None:
-            self._connection.sync()
-        return self._cursor
-
-    def fetchone(self) -> Any:
-        return self._answered().fetchone()
-
-    def fetchall(self) -> list[Any]:
-        rows: list[Any] = self._answered().fetchall()
-        return rows
-
-    @property
-    def rowcount(self) -> int:
-        return int(self._answered().rowcount)
-
-
 # What bounds a worker's server session, so that a worker lost in the middle of a transaction
 # (its machine gone, its link cut, its process frozen) holds no lock past about its lease: the
 # server ends a session idle in a transaction, or a statement, past these; TCP keepalives and
@@ -451,7 +356,7 @@ class PostgresBackend:
 
     def __init__(self, url: str) -> None:
         self._url, self._pooled = transaction_pooled(url)
-        self._connection: _PgConnection | None = None  # made before the first job
+        self._connection: PgConnection | None = None  # made before the first job
         self._one_job = asyncio.Lock()  # one job at a time on the connection, in order
         _psycopg()  # says how to install it, if it is not
         self._green = _postgres_module("qjsflow.runner.store.green")  # it needs greenlet
@@ -495,22 +400,22 @@ class PostgresBackend:
     async def read(self, work: Callable[[Any], T], *, here: bool) -> T:
         return await self.run(work)
 
-    async def _connected(self) -> _PgConnection:
+    async def _connected(self) -> PgConnection:
         """The connection, made on a thread (a connect waits for the server as psycopg does).
         One the server dropped (a restart, a failover) is replaced before the job: the job
         that met the drop failed and was rolled back."""
         current = self._connection
-        if current is None or current.raw.broken or current.raw.closed:
+        if current is None or current.broken:
             current = await asyncio.to_thread(self._connect)
             self._connection = current
         return current
 
-    def _connect(self) -> _PgConnection:
-        # Behind a transaction pooler a statement psycopg prepared on one server session
-        # may be run on another: nothing is prepared.
-        prepared: dict[str, Any] = {"prepare_threshold": None} if self._pooled else {}
+    def _connect(self) -> PgConnection:
+        # Behind a transaction pooler a statement prepared on one server session may be run
+        # on another: nothing is prepared.
         connect = self._green.green_connection_class().connect
-        return _PgConnection(connect(_bounded(self._url), autocommit=True, **prepared))
+        return PgConnection(connect(_bounded(self._url), autocommit=True),
+                            prepare=not self._pooled)  # fmt: skip
 
     async def all(self, sql: str, args: tuple[Any, ...] = ()) -> list[Any]:
         rows: list[Any] = await self.run(lambda c: c.execute(sql, args).fetchall())

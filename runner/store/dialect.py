@@ -33,7 +33,7 @@ class Dialect:
     wake: str = ""
     # Whether the journal connection's statements are pipelined: sent without waiting for
     # their answers, a failure told with the next answer read or by `sync`
-    # (runner/store/backends.py, `_PgConnection`).
+    # (runner/store/pg_connection.py).
     pipelined: bool = False
     # The seq of the event this connection inserted last, named in the statement right after
     # it (a step settled at its event) so that nothing is read back in between.
