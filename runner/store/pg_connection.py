@@ -7,12 +7,13 @@ returns. A statement's error comes with the next answer read or asked for: every
 transaction that must fail alone (a job of a group commit, a savepoint) asks (`sync`) before
 it counts as done.
 
-psycopg's cursors did this first, at ~18 µs of the worker's compute a statement (a cursor,
-its transformer and adapters made, the pipeline's queues walked, the socket polled), against
-~2 µs here: the statement goes to psycopg's libpq wrapper (`pq.PGconn`) at once, with its
-parameters dumped and its rows loaded by psycopg's own transformer (so every value is adapted
-exactly as psycopg's cursors adapt it), and its errors are psycopg's. A pure ten-step run
-sends 18 statements, a tool step six (docs/performance-log.md, 2026-12-05).
+psycopg's cursors did this first, at 17-21 µs of the worker's compute a statement (a
+cursor, its transformer and adapters made, the pipeline's queues walked, the socket polled),
+against 3-6 here, the send itself most of it: the statement goes to psycopg's libpq wrapper
+(`pq.PGconn`) at once, with its parameters dumped and its rows loaded by psycopg's own
+transformer (so every value is adapted exactly as psycopg's cursors adapt it), and its errors
+are psycopg's. A pure ten-step run sends 18 statements, a tool step six
+(docs/performance-log.md, 2026-12-05).
 """
 
 from __future__ import annotations
@@ -134,11 +135,12 @@ class PgConnection:
         self._unsynced = False  # a statement was sent since the last sync
         self.statements_sent = 0  # (a read sent ahead is told by it)
         self.waits = 0  # round trips waited for (syncs): what a transaction costs the run
+        self._lost = False  # a send or a wait failed: the connection is made again
         self._pg.enter_pipeline_mode()
 
     @property
     def broken(self) -> bool:
-        return bool(self.raw.closed or self._pg.status != 0)  # (libpq's CONNECTION_OK)
+        return bool(self._lost or self.raw.closed or self._pg.status != 0)  # (CONNECTION_OK)
 
     def execute(self, sql: str, args: Any = ()) -> _Answer:
         if sql.startswith("ROLLBACK"):
@@ -156,15 +158,20 @@ class PgConnection:
         else:
             params, types, formats = None, None, None
         answer = _Answer(self)
-        if self._prepare and worth_preparing:
-            pg.send_query_prepared(self._name(query, types), params, param_formats=formats)
-        else:
-            pg.send_query_params(query, params, param_types=types, param_formats=formats)
-        self._awaited.append(answer)
-        if changes_schema and self._prepared:
-            self._forget_prepared()
-        if pg.flush():  # the rest once the socket takes it (reading the server meanwhile)
-            self.raw.wait(self._send(pg))
+        try:
+            if self._prepare and worth_preparing:
+                name = self._name(query, types)
+                pg.send_query_prepared(name, params, param_formats=formats)
+            else:
+                pg.send_query_params(query, params, param_types=types, param_formats=formats)
+            self._awaited.append(answer)
+            if changes_schema and self._prepared:
+                self._forget_prepared()
+            if pg.flush():  # the rest once the socket takes it (reading the server meanwhile)
+                self.raw.wait(self._send(pg))
+        except BaseException:
+            self._lost = True  # what was sent and what is awaited may no longer match
+            raise
         if sql == "COMMIT":  # its outcome, and any error of a statement sent before it
             self.sync()
         return answer
@@ -205,16 +212,25 @@ class PgConnection:
             return
         self._unsynced = False
         self.waits += 1
-        pg = self._pg
-        pg.pipeline_sync()
-        self._awaited.append(_SYNC)
-        self.raw.wait(self._send(pg))
+        try:
+            self._pg.pipeline_sync()
+            self._awaited.append(_SYNC)
+            self.raw.wait(self._send(self._pg))
+            first = self._answers()
+        except BaseException:
+            self._lost = True  # (the server gone, or the socket: answers lost with it)
+            raise
+        if first is not None:
+            raise first
+
+    def _answers(self) -> BaseException | None:
+        """Each answer awaited up to the sync, given to its statement: the first error."""
         first: BaseException | None = None
         while True:
             awaited = self._awaited.popleft()
-            results = self.raw.wait(self._fetch_many(pg))
+            results = self.raw.wait(self._fetch_many(self._pg))
             if awaited is _SYNC:
-                return self._raise(first)
+                return first
             error = self._error(results[-1]) if results else None
             if isinstance(awaited, _Answer):
                 awaited.result, awaited.error = (results[-1] if error is None else None), error
@@ -230,11 +246,6 @@ class PgConnection:
         (unless the name was dropped already)."""
         if self._prepared.get(failed.key) == failed.name:
             del self._prepared[failed.key]
-
-    @staticmethod
-    def _raise(error: BaseException | None) -> None:
-        if error is not None:
-            raise error
 
     def _error(self, result: Any) -> BaseException | None:
         status = result.status
