@@ -17,6 +17,7 @@ from qjsflow.bridge.types import Answer, DriveRequest, OpEnvelope
 from qjsflow.bridge.wire import request_to_wire
 from qjsflow.bundles import build_snapshot
 from qjsflow.runner import Bindings, Runner, RunnerConfig, RunView, StartRunInput
+from qjsflow.runner.store.backends import Backend, open_backend
 from qjsflow.sandbox import ExecutorPool, PoolConfig
 from qjsflow.sandbox.messages import Message, drive_message, read_message
 from tests.postgres import PostgresServer, postgres_server
@@ -118,6 +119,20 @@ def clock() -> FakeClock:
 def postgres() -> Iterator[PostgresServer]:
     with postgres_server() as server:
         yield server
+
+
+@pytest.fixture
+def pg_url(postgres: PostgresServer) -> str:
+    """A new database of the test server."""
+    return postgres.new_database()
+
+
+@pytest.fixture
+async def pg_backend(pg_url: str) -> AsyncIterator[Backend]:
+    """A journal backend on `pg_url`, its schema made, closed after the test."""
+    opened = await open_backend(pg_url)
+    yield opened
+    await opened.close()
 
 
 @pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.slow)])

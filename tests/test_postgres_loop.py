@@ -6,33 +6,29 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import psycopg
 import pytest
 
-from qjsflow.runner.store.backends import Backend, open_backend
-from tests.postgres import PostgresServer
+from qjsflow.runner.store.backends import Backend
 
 
 @pytest.fixture
-def url(postgres: PostgresServer) -> str:
-    return postgres.new_database()
+def url(pg_url: str) -> str:
+    return pg_url
 
 
 @pytest.fixture
-async def backend(url: str) -> AsyncIterator[Backend]:
-    opened = await open_backend(url)
-
+async def backend(pg_backend: Backend) -> Backend:
     def made(c: Any) -> None:
         c.execute("CREATE TABLE held (k INT PRIMARY KEY, v INT)")
         c.execute("INSERT INTO held VALUES (1, 0)")
         c.sync()
 
-    await opened.run(made)
-    yield opened
-    await opened.close()
+    await pg_backend.run(made)
+    return pg_backend
 
 
 @pytest.fixture
