@@ -80,7 +80,7 @@ async def test_an_error_is_psycopgs_told_at_the_next_answer_and_the_connection_g
         c.execute("BEGIN")
         c.execute("INSERT INTO u VALUES (?)", (2,))
         c.execute("INSERT INTO u VALUES (?)", (1,))  # sent, not yet refused
-        c.execute("INSERT INTO u VALUES (?)", (3,))  # skipped by the server
+        c.execute("INSERT INTO u (k) VALUES (?)", (3,))  # skipped, its preparation too
         try:
             c.sync()
         finally:
@@ -91,7 +91,8 @@ async def test_an_error_is_psycopgs_told_at_the_next_answer_and_the_connection_g
         await pg_backend.run(twice)
     rows = await pg_backend.run(lambda c: c.execute("SELECT k FROM u ORDER BY k").fetchall())
     assert rows == [(1,)]
-    await pg_backend.run(lambda c: (c.execute("INSERT INTO u VALUES (?)", (3,)), c.sync()))
+    # The statement whose preparation was skipped is prepared when sent again.
+    await pg_backend.run(lambda c: (c.execute("INSERT INTO u (k) VALUES (?)", (3,)), c.sync()))
     assert await pg_backend.all("SELECT k FROM u ORDER BY k") == [(1,), (3,)]
 
 

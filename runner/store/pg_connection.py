@@ -103,11 +103,11 @@ class _Prepared:
         self.key, self.name = key, name
 
 
-class _Unprepared:
-    """A statement sent to be parsed where it is run; its answer is checked, not kept."""
+class _Deallocation:
+    """A DEALLOCATE this connection sent itself: its answer is checked, not kept."""
 
 
-_UNPREPARED = _Unprepared()
+_DEALLOCATION = _Deallocation()
 _SYNC = None  # a sync's place among the answers awaited
 
 
@@ -131,7 +131,7 @@ class PgConnection:
         self._prepare = prepare
         self._prepared: OrderedDict[tuple[bytes, Any], bytes] = OrderedDict()
         self._names = 0
-        self._awaited: deque[_Answer | _Prepared | _Unprepared | None] = deque()
+        self._awaited: deque[_Answer | _Prepared | _Deallocation | None] = deque()
         self._unsynced = False  # a statement was sent since the last sync
         self.statements_sent = 0  # (a read sent ahead is told by it)
         self.waits = 0  # round trips waited for (syncs): what a transaction costs the run
@@ -191,7 +191,7 @@ class PgConnection:
         if len(self._prepared) >= _PREPARED_MAX:
             _, oldest = self._prepared.popitem(last=False)
             self._pg.send_query_params(b"DEALLOCATE " + oldest, None)
-            self._awaited.append(_UNPREPARED)
+            self._awaited.append(_DEALLOCATION)
         self._names += 1
         name = b"qjsflow_%d" % self._names
         self._pg.send_prepare(name, query, param_types=types)
@@ -204,7 +204,7 @@ class PgConnection:
         again (psycopg's rule too: a prepared statement's result may no longer fit)."""
         self._prepared.clear()
         self._pg.send_query_params(b"DEALLOCATE ALL", None)
-        self._awaited.append(_UNPREPARED)
+        self._awaited.append(_DEALLOCATION)
 
     def sync(self) -> None:
         """Wait for the answers of every statement sent; raise the first one's error."""
