@@ -20,7 +20,6 @@ from qjsflow.runner.tenancy.budgets import Budgets
 from qjsflow.sandbox import ExecutorPool, PoolConfig
 from qjsflow.sandbox.pool import Host
 from tests.journal_reads import query
-from tests.postgres import PostgresServer
 
 FLOW = """
 export default async (event, step, env) => {
@@ -89,23 +88,22 @@ def _probe(journal: str | Path, calls: list[int]) -> Bindings:
 
 
 async def test_a_plain_starts_drive_begins_before_its_transaction_commits_and_waits_for_it(
-    postgres: PostgresServer, tmp_path: Path, drives: Drives
+    pg_url: str, tmp_path: Path, drives: Drives
 ) -> None:
-    journal = postgres.new_database()
     calls: list[int] = []
-    async with _published(journal, tmp_path, calls) as (runner, snapshot):
+    async with _published(pg_url, tmp_path, calls) as (runner, snapshot):
         first = await runner.start(StartRunInput("acme", "flow", snapshot, {}, "r1"))
         assert first.status == "completed", first.error
         drives.asked.clear()
         # The next start's insert waits for the snapshot's row, which this test locks.
-        with psycopg.connect(journal) as locker:
+        with psycopg.connect(pg_url) as locker:
             locker.execute("SELECT 1 FROM snapshots WHERE scope = 'acme' FOR UPDATE")
             start = asyncio.create_task(
                 runner.start(StartRunInput("acme", "flow", snapshot, {}, "r2"))
             )
             # The drive asks for its tool while the start is not committed...
             await asyncio.wait_for(drives.asked.wait(), 60)
-            assert query(journal, "SELECT count(*) FROM runs WHERE run_id = 'acme/r2'") == [(0,)]
+            assert query(pg_url, "SELECT count(*) FROM runs WHERE run_id = 'acme/r2'") == [(0,)]
             assert calls == [0]  # ...and the tool is not called: only r1's call so far
         run = await asyncio.wait_for(start, 60)
     assert run.status == "completed", run.error
@@ -114,11 +112,10 @@ async def test_a_plain_starts_drive_begins_before_its_transaction_commits_and_wa
 
 
 async def test_a_start_of_a_run_already_there_answers_it_and_calls_nothing_again(
-    postgres: PostgresServer, tmp_path: Path, drives: Drives
+    pg_url: str, tmp_path: Path, drives: Drives
 ) -> None:
-    journal = postgres.new_database()
     calls: list[int] = []
-    async with _published(journal, tmp_path, calls) as (runner, snapshot):
+    async with _published(pg_url, tmp_path, calls) as (runner, snapshot):
         for run_id in ("r1", "r2", "r2"):
             run = await runner.start(StartRunInput("acme", "flow", snapshot, {}, run_id))
             assert run.status == "completed", run.error
@@ -127,24 +124,23 @@ async def test_a_start_of_a_run_already_there_answers_it_and_calls_nothing_again
         assert calls == [0, 1]
         assert runner.driver.pool.replaced == 0
         assert runner.driver.pool.stats()["live"] == runner.driver.pool.stats()["idle"]
-    created = query(journal, "SELECT count(*) FROM events WHERE run_id = ? AND type = ?",
+    created = query(pg_url, "SELECT count(*) FROM events WHERE run_id = ? AND type = ?",
                     ("acme/r2", "run_created"))  # fmt: skip
     assert created == [(1,)]
     assert drives.count == 4  # the exports, r1, r2, and r2's start again (driven ahead)
 
 
 async def test_a_start_not_written_as_foreseen_is_driven_as_written(
-    postgres: PostgresServer, tmp_path: Path, drives: Drives
+    pg_url: str, tmp_path: Path, drives: Drives
 ) -> None:
     """A configuration applied since the last start (here by another runner on the journal):
     the start's presumption fails, it writes the run with the new settings, and the drive
     begun from the old ones is dropped before its tool is called."""
-    journal = postgres.new_database()
     calls: list[int] = []
-    async with _published(journal, tmp_path, calls) as (runner, snapshot):
+    async with _published(pg_url, tmp_path, calls) as (runner, snapshot):
         run = await runner.start(StartRunInput("acme", "flow", snapshot, {}, "r1"))
         assert run.output == {"region": None, "seen": 0}
-        async with _runner(journal, tmp_path / "other") as other:
+        async with _runner(pg_url, tmp_path / "other") as other:
             await other.apply_scope_config("acme", '{"vars": {"REGION": "eu"}}')
         before = drives.count
         run = await runner.start(StartRunInput("acme", "flow", snapshot, {}, "r2"))
@@ -185,13 +181,12 @@ async def test_no_start_is_driven_ahead_on_sqlite_nor_in_a_budgeted_or_limited_s
 
 
 async def test_a_start_cancelled_by_its_caller_mid_drive_gives_its_lease_up(
-    postgres: PostgresServer, tmp_path: Path, drives: Drives
+    pg_url: str, tmp_path: Path, drives: Drives
 ) -> None:
     """The caller leaves while the drive begun ahead waits for its tool: the start's
     transaction (committed: the tool had begun) keeps the run, and its lease is given up at
     once, so that a worker can take the run now rather than once the lease lapses (and call
     the tool again: its outcome is unknown)."""
-    journal = postgres.new_database()
     entered, release = asyncio.Event(), asyncio.Event()
 
     async def probe(args: Any) -> int:
@@ -199,7 +194,7 @@ async def test_a_start_cancelled_by_its_caller_mid_drive_gives_its_lease_up(
         await release.wait()
         return 1
 
-    async with _runner(journal, tmp_path, bindings=Bindings(tools={"probe": probe})) as runner:
+    async with _runner(pg_url, tmp_path, bindings=Bindings(tools={"probe": probe})) as runner:
         snapshot = (await runner.publish("acme", {"workflows/flow.ts": FLOW})).snapshot_id
         release.set()
         assert (await runner.start(StartRunInput("acme", "flow", snapshot, {}, "r1"))).output
@@ -211,5 +206,5 @@ async def test_a_start_cancelled_by_its_caller_mid_drive_gives_its_lease_up(
         with pytest.raises(asyncio.CancelledError):
             await start
         release.set()
-    rows = query(journal, "SELECT status, worker_id FROM runs WHERE run_id = 'acme/r2'")
+    rows = query(pg_url, "SELECT status, worker_id FROM runs WHERE run_id = 'acme/r2'")
     assert rows == [("running", None)]
